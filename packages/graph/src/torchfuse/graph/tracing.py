@@ -1,0 +1,386 @@
+"""Fake tensors and an ATen recorder: how Graphs are built by running torch code.
+
+Capture (bytecode interpretation) and autograd (the joint graph) both need the same thing:
+run ordinary torch code on tensors that carry only metadata, and write down every ATen op
+the dispatcher sees. They cannot import each other, so this lives in the format package.
+
+* :class:`FakeTensor` is a wrapper tensor subclass that claims a real device (``cuda``,
+  ``cpu``) and dtype/shape/strides, but holds only a ``meta`` tensor. No data, no kernels.
+* :class:`Recorder` is a dispatch mode. Every ATen op called while it is active is run on
+  the meta tensors (so output metadata comes from torch's own meta kernels) and appended to
+  a :class:`GraphBuilder` as a :class:`~torchfuse.graph.schema.Node`.
+
+Example::
+
+    rec = Recorder()
+    with rec:
+        x = rec.input(torch.empty(4, 8), name="x")
+        y = (x + 1).relu().sum(1)
+    rec.output(y)
+    graph = rec.builder.build()   # aten.add.Tensor, aten.relu.default, aten.sum.dim_IntList
+
+In-place ops keep the Python identity of the mutated tensor and give its new contents a new
+value name, so the graph stays in SSA form while recording mutation faithfully.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_map
+from torchfuse.graph import schema as S
+from torchfuse.graph.ops import device_name, encode_arg, meta_of, op_name
+
+ATEN_OPSET = 1
+"""Opset number written for ``aten`` in graphs this version produces."""
+
+
+class DataDependentError(RuntimeError):
+    """An op whose result depends on tensor *values* (``.item()``, ``nonzero``, ``if t:``)."""
+
+
+# Ops that only read metadata and return Python values: never recorded.
+_METADATA_OPS = {
+    "aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default",
+    "aten.sym_storage_offset.default", "aten.is_contiguous.default",
+    "aten.is_contiguous.memory_format", "aten.is_strides_like_format.default",
+    "aten.is_non_overlapping_and_dense.default", "aten.size.default", "aten.stride.default",
+    "aten.dim.default", "aten.numel.default",
+}
+_DATA_DEPENDENT_OPS = {
+    "aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+    "aten.unique.default", "aten._unique2.default", "aten.item.default",
+    "aten.equal.default", "aten.is_nonzero.default", "aten.allclose.default",
+}
+
+
+class FakeTensor(torch.Tensor):
+    """A tensor with metadata but no data: a ``meta`` tensor that reports a real device."""
+
+    _elem: torch.Tensor
+    fake_device: torch.device
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, device: torch.device | str, requires_grad: bool = False):
+        assert elem.device.type == "meta", elem.device
+        device = torch.device(device)
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(),
+            dtype=elem.dtype, device=device, requires_grad=requires_grad,
+        )
+        r._elem = elem
+        r.fake_device = device
+        return r
+
+    def __repr__(self) -> str:  # never touch data
+        return f"FakeTensor({tuple(self.shape)}, {self.dtype}, device={self.fake_device})"
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        # Outside a Recorder: propagate metadata only.
+        return _run_on_meta(func, args, kwargs or {})[0]
+
+    @staticmethod
+    def like(t: torch.Tensor, requires_grad: bool | None = None) -> FakeTensor:
+        """A fake with the same metadata as ``t`` (real, meta or fake)."""
+        with _disable_current_modes():
+            return FakeTensor._like(t, requires_grad)
+
+    @staticmethod
+    def _like(t: torch.Tensor, requires_grad: bool | None) -> FakeTensor:
+        elem = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        if t.storage_offset():
+            base = torch.empty(t.storage_offset() + _extent(t), dtype=t.dtype, device="meta")
+            elem = base.as_strided(t.shape, t.stride(), t.storage_offset())
+        rg = t.requires_grad if requires_grad is None else requires_grad
+        return FakeTensor(elem, _fake_device(t), requires_grad=rg)
+
+
+def _extent(t: torch.Tensor) -> int:
+    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
+
+
+def _fake_device(t: torch.Tensor) -> torch.device:
+    return t.fake_device if isinstance(t, FakeTensor) else t.device
+
+
+_DEVICE_KWARGS = ("device",)
+
+
+def _out_device(func, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.device:
+    if kwargs.get("device") is not None:
+        return torch.device(kwargs["device"])
+    devices = [_fake_device(a) for a in _flat_tensors(args, kwargs)]
+    for d in devices:  # a cpu 0-dim tensor mixed with cuda tensors: the result is on cuda
+        if d.type != "cpu":
+            return d
+    return devices[0] if devices else torch.device("cpu")
+
+
+def _flat_tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
+    for a in itertools.chain(args, kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, list | tuple):
+            yield from (x for x in a if isinstance(x, torch.Tensor))
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, FakeTensor):
+        return x._elem
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            return x
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, torch.device):
+        return torch.device("meta")
+    return x
+
+
+def _run_on_meta(func, args, kwargs) -> tuple[Any, torch.device]:
+    name = op_name(func)
+    if name in _DATA_DEPENDENT_OPS:
+        raise DataDependentError(f"{name} needs tensor values, which are unknown while tracing")
+    device = _out_device(func, args, kwargs)
+    margs = tree_map(_to_meta, args)
+    mkwargs = tree_map(_to_meta, kwargs)
+    if "device" in mkwargs:
+        mkwargs["device"] = torch.device("meta")
+    try:
+        out = func(*margs, **mkwargs)
+    except NotImplementedError as e:
+        raise DataDependentError(f"{name} has no meta kernel: {e}") from e
+    except RuntimeError as e:
+        if "data-dependent" in str(e) or ("meta" in str(e).lower() and "not" in str(e)):
+            raise DataDependentError(f"{name}: {e}") from e
+        raise
+
+    # In-place and out= ops return (one of) their inputs: keep the Python identity.
+    aliased = _mutated_returns(func, args, kwargs)
+
+    def wrap(i_out: tuple[int, Any]) -> Any:
+        i, o = i_out
+        if i in aliased:
+            return aliased[i]
+        if isinstance(o, torch.Tensor):
+            return FakeTensor(o, device)
+        return o
+
+    if isinstance(out, tuple | list):
+        wrapped = type(out)(wrap((i, o)) for i, o in enumerate(out))
+        return wrapped, device
+    return wrap((0, out)), device
+
+
+def _mutated_returns(func, args, kwargs) -> dict[int, torch.Tensor]:
+    """Return index -> the input tensor object an in-place/out= op returns."""
+    out: dict[int, torch.Tensor] = {}
+    schema = func._schema
+    by_alias: dict[str, torch.Tensor] = {}
+    for i, a in enumerate(schema.arguments):
+        info = a.alias_info
+        if info is None or not info.is_write:
+            continue
+        val = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+        if isinstance(val, torch.Tensor):
+            for s in info.before_set:
+                by_alias[s] = val
+    for i, r in enumerate(schema.returns):
+        if r.alias_info is not None and r.alias_info.is_write:
+            for s in r.alias_info.before_set:
+                if s in by_alias:
+                    out[i] = by_alias[s]
+    return out
+
+
+def mutated_arguments(op: torch._ops.OpOverload) -> list[int]:
+    """Positions of the arguments an op writes to (from its schema's alias annotations)."""
+    return [i for i, a in enumerate(op._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
+
+
+def is_view_op(op: torch._ops.OpOverload) -> bool:
+    """True when the op's first output aliases an input without writing to it."""
+    rets = op._schema.returns
+    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+# ----------------------------------------------------------------------------- builder
+
+
+class GraphBuilder:
+    """Appends inputs, nodes and outputs and hands out unique, readable value names."""
+
+    def __init__(self, name: str = "graph") -> None:
+        self.name = name
+        self.inputs: list[S.GraphInput] = []
+        self.outputs: list[S.GraphOutput] = []
+        self.nodes: list[S.Node] = []
+        self.values: dict[str, S.TensorMeta] = {}
+        self.symbols: list[S.Symbol] = []
+        self.guards: list[S.Guard] = []
+        self.meta: dict[str, str] = {}
+        self.opsets: dict[str, int] = {}
+        self._taken: set[str] = set()
+
+    def fresh(self, hint: str) -> str:
+        base = re.sub(r"\W", "_", hint).strip("_") or "v"
+        if base[0].isdigit():
+            base = "v" + base
+        name, i = base, 0
+        while name in self._taken:
+            i += 1
+            name = f"{base}_{i}"
+        self._taken.add(name)
+        return name
+
+    def add_input(self, meta: S.TensorMeta, *, name: str = "arg", kind: S.InputKind = "user_input",
+                  target: str | None = None) -> str:
+        vname = self.fresh(name)
+        self.values[vname] = meta
+        self.inputs.append(S.GraphInput(name=vname, kind=kind, target=target))
+        return vname
+
+    def add_node(self, op: str, args: Sequence[S.Argument], kwargs: dict[str, S.Argument],
+                 out_metas: Sequence[S.TensorMeta | None], *, loc: S.SourceLoc | None = None,
+                 module_path: str | None = None, hint: str | None = None) -> list[str]:
+        ns = op.split(".", 1)[0]
+        self.opsets.setdefault(ns, ATEN_OPSET if ns == "aten" else 1)
+        base = hint or op.split(".")[1]
+        outs: list[str] = []
+        for meta in out_metas:
+            if meta is None:
+                outs.append("")
+                continue
+            vname = self.fresh(base)
+            self.values[vname] = meta
+            outs.append(vname)
+        node_name = next((o for o in outs if o), None) or self.fresh(base)
+        self.nodes.append(S.Node(name=node_name, op=op, args=tuple(args), kwargs=dict(kwargs),
+                                 outputs=tuple(outs), loc=loc, module_path=module_path))
+        return outs
+
+    def add_output(self, value: S.Argument, *, kind: S.OutputKind = "user_output",
+                   target: str | None = None, aliases_input: str | None = None) -> None:
+        self.outputs.append(S.GraphOutput(value=value, kind=kind, target=target,
+                                          aliases_input=aliases_input))
+
+    def build(self) -> S.Graph:
+        return S.Graph(
+            name=self.name, inputs=tuple(self.inputs), outputs=tuple(self.outputs),
+            nodes=tuple(self.nodes), values=dict(self.values), symbols=tuple(self.symbols),
+            guards=tuple(self.guards), opsets=dict(self.opsets), meta=dict(self.meta),
+        )
+
+
+# ----------------------------------------------------------------------------- recorder
+
+
+class Recorder(TorchDispatchMode):
+    """A dispatch mode that runs ATen ops on fake tensors and records them into a builder.
+
+    Tensors that are not fakes of this recorder (a real tensor from a global, say) are
+    turned into graph inputs through :attr:`on_constant`, which by default adds an input of
+    kind ``constant`` and remembers the tensor in :attr:`constants`.
+    """
+
+    def __init__(self, builder: GraphBuilder | None = None) -> None:
+        super().__init__()
+        self.builder = builder or GraphBuilder()
+        self.names: dict[int, str] = {}
+        self._keep: list[torch.Tensor] = []  # ids stay valid while we hold the objects
+        self.constants: dict[str, torch.Tensor] = {}
+        self.loc: S.SourceLoc | None = None
+        self.module_path: str | None = None
+
+    # -- naming
+    def name_of(self, t: torch.Tensor) -> str:
+        name = self.names.get(id(t))
+        if name is None:
+            name = self.on_constant(t)
+        return name
+
+    def bind(self, t: torch.Tensor, name: str) -> None:
+        if id(t) not in self.names:
+            self._keep.append(t)
+        self.names[id(t)] = name
+
+    def on_constant(self, t: torch.Tensor) -> str:
+        if isinstance(t, FakeTensor):
+            raise RuntimeError(f"fake tensor {t!r} does not belong to this recorder")
+        name = self.builder.add_input(meta_of(t), name="const", kind="constant",
+                                      target=f"constant{len(self.constants)}")
+        self.constants[name] = t
+        self.bind(t, name)
+        return name
+
+    # -- public helpers
+    def input(self, example: torch.Tensor, *, name: str = "arg", kind: S.InputKind = "user_input",
+              target: str | None = None, requires_grad: bool | None = None) -> FakeTensor:
+        """A fake for ``example`` bound to a new graph input."""
+        fake = FakeTensor.like(example, requires_grad=requires_grad)
+        meta = meta_of(fake, device=device_name(_fake_device(example)))
+        self.bind(fake, self.builder.add_input(meta, name=name, kind=kind, target=target))
+        return fake
+
+    def output(self, value: Any, *, kind: S.OutputKind = "user_output", target: str | None = None) -> None:
+        self.builder.add_output(encode_arg(value, self.name_of), kind=kind, target=target)
+
+    @contextlib.contextmanager
+    def location(self, loc: S.SourceLoc | None, module_path: str | None = None):
+        """Tag nodes recorded inside the block with a source location."""
+        prev = self.loc, self.module_path
+        self.loc, self.module_path = loc, module_path
+        try:
+            yield
+        finally:
+            self.loc, self.module_path = prev
+
+    # -- the mode
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = op_name(func)
+        if name in _METADATA_OPS or name.startswith("prim."):
+            return _run_on_meta(func, args, kwargs)[0]
+        # name inputs before running, so constants become inputs in argument order
+        enc_args = [encode_arg(a, self.name_of) for a in args]
+        enc_kwargs = {k: encode_arg(v, self.name_of) for k, v in kwargs.items()}
+        out, _ = _run_on_meta(func, args, kwargs)
+        flat = out if isinstance(out, tuple | list) else [out]
+        metas: list[S.TensorMeta | None] = []
+        for o in flat:
+            metas.append(meta_of(o, device=device_name(_fake_device(o)))
+                         if isinstance(o, torch.Tensor) else None)
+        if any(o is not None and not isinstance(o, torch.Tensor) for o in flat):
+            raise DataDependentError(f"{name} returns a Python value that depends on data")
+        names = self.builder.add_node(name, enc_args, enc_kwargs, metas, loc=self.loc,
+                                      module_path=self.module_path)
+        for o, n in zip(flat, names, strict=True):
+            if n:
+                self.bind(o, n)
+        return out
+
+
+def trace(
+    fn: Callable[..., Any], *examples: torch.Tensor, name: str = "graph"
+) -> tuple[S.Graph, dict[str, torch.Tensor]]:
+    """Record ``fn`` (plain torch code, no Python control flow on values) as a Graph.
+
+    Returns the graph and the constant tensors it captured (by input name). Useful for
+    tests, fixtures and building graphs by hand; capture is the general tool.
+    """
+    rec = Recorder(GraphBuilder(name))
+    with rec:
+        fakes = [rec.input(e, name=f"arg{i}") for i, e in enumerate(examples)]
+        result = fn(*fakes)
+    for r in result if isinstance(result, tuple | list) else [result]:
+        rec.output(r)
+    return rec.builder.build(), rec.constants
