@@ -1,0 +1,150 @@
+"""Observability shared by every torchfuse package: one log switch, one debug switch.
+
+``TORCHFUSE_LOGS=graph,guards,recompiles,breaks,aot,schedule,output_code`` (or ``all``)
+turns on the named log channels. Each channel is a ``logging`` logger named
+``torchfuse.<channel>`` that prints to stderr when enabled. ``TORCHFUSE_DEBUG=1`` writes
+every compiled graph's artifacts under ``torchfuse_debug/run_<time>/<graph>/``.
+
+The environment is read once, here, through :class:`ObserveConfig`; packages ask
+:func:`log_enabled`, :func:`get_logger` and :func:`debug_dir` rather than reading it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHANNELS = ("graph", "guards", "recompiles", "breaks", "aot", "schedule", "output_code", "runtime")
+
+
+@dataclass
+class ObserveConfig:
+    """What ``TORCHFUSE_LOGS`` / ``TORCHFUSE_DEBUG`` / ``TORCHFUSE_DEBUG_DIR`` asked for."""
+
+    logs: frozenset[str] = frozenset()
+    debug: bool = False
+    debug_root: Path = Path("torchfuse_debug")
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> ObserveConfig:
+        env = dict(os.environ if env is None else env)
+        names = {n.strip().lstrip("+") for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()}
+        if "all" in names:
+            names = set(CHANNELS)
+        unknown = names - set(CHANNELS)
+        if unknown:
+            print(f"torchfuse: unknown TORCHFUSE_LOGS channel(s) {sorted(unknown)}; "
+                  f"known: {', '.join(CHANNELS)}", file=sys.stderr)
+        return cls(
+            logs=frozenset(names & set(CHANNELS)),
+            debug=env.get("TORCHFUSE_DEBUG", "0") not in ("", "0", "false", "False"),
+            debug_root=Path(env.get("TORCHFUSE_DEBUG_DIR", "torchfuse_debug")),
+        )
+
+
+config = ObserveConfig.from_env()
+_handler: logging.Handler | None = None
+
+
+def reload_config() -> None:
+    """Re-read the environment (tests change it)."""
+    global config, _run_dir
+    config = ObserveConfig.from_env()
+    _run_dir = None
+    for ch in CHANNELS:
+        _configure(logging.getLogger(f"torchfuse.{ch}"), ch)
+
+
+def log_enabled(channel: str) -> bool:
+    return channel in config.logs
+
+
+def _configure(logger: logging.Logger, channel: str) -> None:
+    global _handler
+    if _handler is None:
+        _handler = logging.StreamHandler(sys.stderr)
+        _handler.setFormatter(logging.Formatter("[torchfuse.%(channel)s] %(message)s"))
+    logger.propagate = False
+    if channel in config.logs:
+        if _handler not in logger.handlers:
+            logger.addHandler(_handler)
+        logger.setLevel(logging.INFO)
+    else:
+        logger.setLevel(logging.WARNING)
+
+
+class _ChannelAdapter(logging.LoggerAdapter):
+    def process(self, msg, kwargs):
+        kwargs.setdefault("extra", {})["channel"] = self.extra["channel"]
+        return msg, kwargs
+
+
+def get_logger(channel: str) -> logging.LoggerAdapter:
+    """The logger of one channel (``graph``, ``guards``, ``recompiles`` …)."""
+    if channel not in CHANNELS:
+        raise ValueError(f"unknown log channel {channel!r}; known: {', '.join(CHANNELS)}")
+    logger = logging.getLogger(f"torchfuse.{channel}")
+    _configure(logger, channel)
+    return _ChannelAdapter(logger, {"channel": channel})
+
+
+# ----------------------------------------------------------------------------- debug directory
+
+_run_dir: Path | None = None
+
+
+def debug_dir(graph_name: str | None = None) -> Path | None:
+    """``torchfuse_debug/run_<time>/[<graph_name>/]`` when ``TORCHFUSE_DEBUG`` is on, else None."""
+    global _run_dir
+    if not config.debug:
+        return None
+    if _run_dir is None:
+        stamp = time.strftime("%Y_%m_%d_%H_%M_%S")
+        _run_dir = config.debug_root / f"run_{stamp}_pid{os.getpid()}"
+        _run_dir.mkdir(parents=True, exist_ok=True)
+    if graph_name is None:
+        return _run_dir
+    d = _run_dir / graph_name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def write_artifact(graph_name: str, filename: str, text: str) -> Path | None:
+    """Write one debug artifact if the debug switch is on; returns its path."""
+    d = debug_dir(graph_name)
+    if d is None:
+        return None
+    path = d / filename
+    path.write_text(text)
+    return path
+
+
+# ----------------------------------------------------------------------------- stage timings
+
+
+@dataclass
+class Timings:
+    """Durations of named compile stages, in seconds, in the order they ran."""
+
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - t0
+
+    def total(self) -> float:
+        return sum(self.stages.values())
+
+    def to_json(self) -> str:
+        return json.dumps({"stages_s": self.stages, "total_s": self.total()}, indent=2)
