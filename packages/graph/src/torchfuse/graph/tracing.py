@@ -104,6 +104,29 @@ class FakeTensor(torch.Tensor):
         return FakeTensor(elem, _fake_device(t), requires_grad=rg)
 
 
+def fake_from_meta(meta: S.TensorMeta, symbols: dict[str, int] | None = None, *,
+                   requires_grad: bool | None = None) -> FakeTensor:
+    """A fake tensor with the metadata of a value-table entry; symbolic sizes, strides and
+    offsets are evaluated with ``symbols`` (e.g. the symbols' hints)."""
+    from torchfuse.graph.expr import evaluate
+    from torchfuse.graph.ops import to_dtype
+
+    env = symbols or {}
+    sizes = [evaluate(s, env) for s in meta.sizes]
+    strides = [evaluate(s, env) for s in meta.strides]
+    offset = evaluate(meta.storage_offset, env)
+    dtype = to_dtype(meta.dtype)
+    with _disable_current_modes():
+        if offset:
+            extent = 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True) if n > 0)
+            base = torch.empty(offset + extent, dtype=dtype, device="meta")
+            elem = base.as_strided(sizes, strides, offset)
+        else:
+            elem = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
+        rg = meta.requires_grad if requires_grad is None else requires_grad
+        return FakeTensor(elem, meta.device, requires_grad=rg)
+
+
 def _extent(t: torch.Tensor) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
 
