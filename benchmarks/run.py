@@ -1,0 +1,588 @@
+"""Run the benchmark suite: eager vs torch.compile vs torchfuse, side by side in one process.
+
+    python benchmarks/run.py                         # the whole table on the GPU
+    python benchmarks/run.py --only softmax,rope     # some rows
+    python benchmarks/run.py --small --device cpu --skip-compile --only seed_fn_1k   # smoke run
+
+Per workload and variant it records the median time, speedup over eager, GB/s and % of the
+device-to-device copy bandwidth measured at the start of the same run, TFLOP/s for matmul-bound
+rows, the cold compile time (first call), the cache-hit compile time (first call in a second
+process sharing the same cache directories), the peak extra memory of one call, and whether
+the outputs (and gradients) match eager. A variant that fails records ``error`` in its cell and
+the run goes on. Results go to ``<out>/<tag>.json``, ``.md`` and ``.png`` (when matplotlib is
+importable). See ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gc
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SCHEMA = "torchfuse-bench/1"
+VARIANTS = ("eager", "torch_compile", "torchfuse")
+HIT_MARKER = "CACHE_HIT_JSON:"
+
+
+def _set_cache_dirs(root: str | None) -> str:
+    """Point every compile cache at ``root`` (a fresh temp dir by default) before any import.
+
+    Fresh directories make the first call of each compiler a real cold compile; the cache-hit
+    subprocess inherits the same environment, so its first calls hit those caches.
+    """
+    root = root or tempfile.mkdtemp(prefix="torchfuse_bench_")
+    for var, sub in (("TORCHFUSE_CACHE_DIR", "torchfuse"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                     ("TRITON_CACHE_DIR", "triton")):
+        path = os.path.join(root, sub)
+        os.makedirs(path, exist_ok=True)
+        os.environ[var] = path
+    return root
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="", help="comma-separated workload names (default: all)")
+    p.add_argument("--skip", default="", help="comma-separated workload names to leave out")
+    p.add_argument("--skip-compile", action="store_true", help="no torch.compile column")
+    p.add_argument("--skip-torchfuse", action="store_true", help="no torchfuse column")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke runs)")
+    p.add_argument("--mode", default=None, help="torchfuse compile mode (e.g. reduce-overhead)")
+    p.add_argument("--dynamic", default=None, choices=("true", "false"), help="torchfuse dynamic=")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: default mode)")
+    p.add_argument("--tag", default=None, help="result file name (default: <device>_<date>)")
+    p.add_argument("--out", default=str(HERE / "results"), help="directory for the result files")
+    p.add_argument("--cache-dir", default=None, help="root of the compile caches (default: fresh temp)")
+    p.add_argument("--no-cache-hit", action="store_true", help="skip the cache-hit subprocess")
+    p.add_argument("--hit-timeout", type=float, default=240.0, help="seconds for the cache-hit run")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no new workload after this many seconds (rows left are marked skipped)")
+    p.add_argument("--variant-timeout-s", type=float, default=180.0,
+                   help="give up on one variant's compile + first call after this long (0: never)")
+    p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warmup")
+    p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
+    p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    p.add_argument("--cache-hit-worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+class VariantTimeout(Exception):
+    """A variant's compile or first call ran past ``--variant-timeout-s``."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`VariantTimeout` in this (main) thread after ``seconds``; 0 = no limit.
+
+    A slow compiler is mostly Python code, which a signal interrupts; this keeps one stuck
+    workload from eating the time of the whole suite.
+    """
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise VariantTimeout(f"no result within {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def short_error(e: BaseException, limit: int = 240) -> str:
+    """``Type: first line of the message``, shortened: what goes into a result cell."""
+    msg = str(e).strip().splitlines()
+    text = f"{type(e).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Device:
+    """Timing, synchronization and memory statistics for one device."""
+
+    def __init__(self, name: str, warmup_ms: float, rep_ms: float) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(name)
+        self.is_cuda = self.device.type == "cuda"
+        self.warmup_ms = warmup_ms
+        self.rep_ms = rep_ms
+
+    def sync(self) -> None:
+        if self.is_cuda:
+            self.torch.cuda.synchronize()
+
+    def healthy(self) -> str | None:
+        """None when the device still works; else why not (a failed kernel can poison CUDA)."""
+        try:
+            self.sync()
+            return None
+        except Exception as e:  # a sticky CUDA error surfaces here
+            return short_error(e)
+
+    def bench_ms(self, step: Callable[[], Any]) -> float:
+        """Median milliseconds of ``step()``: CUDA events via do_bench, else a timeit median."""
+        if self.is_cuda:
+            import triton.testing
+
+            return float(triton.testing.do_bench(step, warmup=self.warmup_ms, rep=self.rep_ms,
+                                                 return_mode="median"))
+        step()
+        times: list[float] = []
+        deadline = time.perf_counter() + self.rep_ms / 1e3
+        while len(times) < 5 or (time.perf_counter() < deadline and len(times) < 100):
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    def timed_call(self, step: Callable[[], Any]) -> tuple[Any, float]:
+        """Run ``step`` once; return its result and wall seconds (synchronized)."""
+        self.sync()
+        t0 = time.perf_counter()
+        result = step()
+        self.sync()
+        return result, time.perf_counter() - t0
+
+    def peak_extra_mb(self, step: Callable[[], Any]) -> float | None:
+        """Peak memory of one call above what was allocated before it (inputs excluded)."""
+        if not self.is_cuda:
+            return None
+        cuda = self.torch.cuda
+        self.sync()
+        cuda.reset_peak_memory_stats(self.device)
+        base = cuda.memory_allocated(self.device)
+        result = step()
+        self.sync()
+        peak = cuda.max_memory_allocated(self.device) - base
+        del result
+        return peak / 2**20
+
+    def copy_bandwidth_gbps(self) -> float:
+        """Device-to-device copy bandwidth: ``2 * bytes / time`` of a large ``dst.copy_(src)``."""
+        torch = self.torch
+        nbytes = 2**30 if self.is_cuda else 2**26
+        src = torch.empty(nbytes // 4, dtype=torch.float32, device=self.device).uniform_()
+        dst = torch.empty_like(src)
+        ms = self.bench_ms(lambda: dst.copy_(src))
+        return 2 * nbytes / (ms * 1e-3) / 1e9
+
+    def name(self) -> str:
+        if self.is_cuda:
+            return self.torch.cuda.get_device_name(self.device)
+        import platform
+
+        return platform.processor() or platform.machine() or "cpu"
+
+
+class Compilers:
+    """Makes the callable of each variant, resetting the compiler's state first."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.torchfuse_import_error: str | None = None
+        self._tf: Any = None
+        if not args.skip_torchfuse:
+            try:
+                import torchfuse.capture as tf
+
+                self._tf = tf
+            except Exception as e:
+                self.torchfuse_import_error = short_error(e)
+
+    def variants(self) -> list[str]:
+        out = ["eager"]
+        if not self.args.skip_compile:
+            out.append("torch_compile")
+        if not self.args.skip_torchfuse:
+            out.append("torchfuse")
+        return out
+
+    def make(self, variant: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if variant == "eager":
+            return fn
+        if variant == "torch_compile":
+            import torch
+
+            torch._dynamo.reset()
+            kwargs = {"mode": self.args.compile_mode} if self.args.compile_mode else {}
+            return torch.compile(fn, **kwargs)
+        if self._tf is None:
+            raise RuntimeError(f"torchfuse.capture does not import: {self.torchfuse_import_error}")
+        if not self.args.skip_compile:
+            import torch
+
+            # Drop torch.compile's state for this function so nothing of it is left around
+            # torchfuse's run (its caches hang off the same code objects).
+            torch._dynamo.reset()
+        if hasattr(self._tf, "reset"):
+            self._tf.reset()
+        kwargs: dict[str, Any] = {}
+        if self.args.mode:
+            kwargs["mode"] = self.args.mode
+        if self.args.dynamic is not None:
+            kwargs["dynamic"] = self.args.dynamic == "true"
+        return self._tf.compile(fn, **kwargs)
+
+    def prewarm(self, dev: Device) -> dict[str, str]:
+        """Compile a trivial function with each compiler so imports and worker start-up are paid
+        before the first timed compile (as in BENCHMARKS.md). Returns failures by variant."""
+        torch = dev.torch
+        x = torch.ones(8, device=dev.device)
+        failures = {}
+        for variant in self.variants()[1:]:
+            try:
+                self.make(variant, _prewarm_fn)(x)
+                dev.sync()
+            except Exception as e:
+                failures[variant] = short_error(e)
+        return failures
+
+
+def _prewarm_fn(x: Any) -> Any:
+    return x * 2 + 1
+
+
+def make_step(wl: Any, case: Any, compiled: Callable[..., Any]) -> Callable[[], Any]:
+    """The timed unit: a forward call, or forward + loss + gradients for training rows."""
+    import torch
+
+    if not wl.training:
+        return lambda: compiled(*case.inputs)
+
+    def train_step() -> Any:
+        out = compiled(*case.inputs)
+        loss = wl.loss(out)
+        return loss, torch.autograd.grad(loss, case.grad_wrt)
+
+    return train_step
+
+
+def detach_all(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple | list):
+        return type(value)(detach_all(v) for v in value)
+    return value
+
+
+def flatten(value: Any) -> list[Any]:
+    if isinstance(value, tuple | list):
+        return [leaf for v in value for leaf in flatten(v)]
+    return [value]
+
+
+def check_against(expected: Any, actual: Any, tol: dict[str, float]) -> str:
+    """``ok`` or ``MISMATCH: ...`` for outputs (and loss + gradients of training rows).
+
+    ``atol`` is taken relative to the largest magnitude of each expected tensor: gradients of a
+    mean over millions of elements are ~1e-8 each, where an absolute bf16 tolerance would
+    accept anything.
+    """
+    import torch
+
+    exp, act = flatten(expected), flatten(actual)
+    if len(exp) != len(act):
+        return f"MISMATCH: {len(act)} values, eager gave {len(exp)}"
+    for i, (e, a) in enumerate(zip(exp, act, strict=True)):
+        try:
+            if not isinstance(e, torch.Tensor):
+                if e != a:
+                    return f"MISMATCH: value {i}: {a!r} != {e!r}"
+                continue
+            finite = e[torch.isfinite(e)] if e.is_floating_point() else e.to(torch.int64)
+            scale = float(finite.abs().max()) if finite.numel() else 1.0
+            atol = tol["atol"] * max(scale, 1e-30)
+            torch.testing.assert_close(a, e, rtol=tol["rtol"], atol=atol, equal_nan=True)
+        except AssertionError as err:
+            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+            return f"MISMATCH: value {i}: " + " | ".join(lines[:3])[:300]
+        except Exception as err:
+            return f"MISMATCH: value {i}: " + short_error(err)
+    return "ok"
+
+
+def gradient_bytes(case: Any) -> int:
+    from workloads import tensor_bytes
+
+    return tensor_bytes(case.grad_wrt)
+
+
+# ----------------------------------------------------------------------------- one workload
+
+
+def run_workload(wl: Any, dev: Device, compilers: Compilers, args: argparse.Namespace,
+                 copy_gbps: float) -> dict[str, Any]:
+    from workloads import Bound, tensor_bytes
+
+    scale = "small" if args.small else "full"
+    row: dict[str, Any] = {
+        "name": wl.name, "description": wl.description, "shapes": wl.shapes,
+        "dtype": str(wl.dtype).removeprefix("torch."), "bound": wl.bound.value,
+        "training": wl.training, "scale": scale, "bytes": None, "flops": None,
+        "reference": None if wl.reference is None else {
+            "eager_ms": wl.reference.eager_ms, "torch_compile_ms": wl.reference.compiled_ms,
+            "torch_compile_s": wl.reference.compile_s, "gbps": wl.reference.gbps},
+        "results": {},
+    }
+    try:
+        case = wl.make_case(dev.device, None, scale)
+    except Exception as e:
+        row["error"] = "inputs: " + short_error(e)
+        return row
+    expected: Any = None
+    for variant in compilers.variants():
+        cell: dict[str, Any] = {"ms": None, "error": None}
+        row["results"][variant] = cell
+        try:
+            with deadline(args.variant_timeout_s):
+                compiled = compilers.make(variant, case.fn)
+                step = make_step(wl, case, compiled)
+                first, cold_s = dev.timed_call(step)
+            if variant == "eager":
+                expected = detach_all(first)
+                outputs = first[0] if wl.training else first
+                if wl.bound is not Bound.MODEL:
+                    row["bytes"] = tensor_bytes(case.inputs, outputs) + (
+                        gradient_bytes(case) if wl.training else 0)
+                if wl.flops is not None:
+                    row["flops"] = wl.flops(case.inputs)
+            else:
+                cell["compile_s"] = cold_s
+                cell["check"] = ("no eager reference" if expected is None
+                                 else check_against(expected, detach_all(first), wl.tolerances()))
+            del first
+            cell["peak_mb"] = dev.peak_extra_mb(step)
+            ms = dev.bench_ms(step)
+            cell["ms"] = ms
+            if row["bytes"]:
+                cell["gbps"] = row["bytes"] / (ms * 1e-3) / 1e9
+                cell["pct_copy"] = 100.0 * cell["gbps"] / copy_gbps
+            if row["flops"]:
+                cell["tflops"] = row["flops"] / (ms * 1e-3) / 1e12
+        except Exception as e:
+            cell["error"] = short_error(e)
+        finally:
+            compiled = step = None
+            gc.collect()
+        broken = dev.healthy()
+        if broken:
+            row["device_lost"] = f"after {variant}: {broken}"
+            break
+    eager_ms = row["results"].get("eager", {}).get("ms")
+    for cell in row["results"].values():
+        if eager_ms and cell.get("ms"):
+            cell["speedup"] = eager_ms / cell["ms"]
+    del case, expected
+    gc.collect()
+    if dev.is_cuda:
+        dev.torch.cuda.empty_cache()
+    return row
+
+
+# ----------------------------------------------------------------------------- cache hits
+
+
+def cache_hit_worker(args: argparse.Namespace) -> int:
+    """Child process: first-call time of each named workload, with caches already filled."""
+    import torch
+    import workloads
+
+    dev = Device(args.device, args.warmup_ms, args.rep_ms)
+    compilers = Compilers(args)
+    compilers.prewarm(dev)
+    scale = "small" if args.small else "full"
+    for wl in workloads.select([n for n in args.only.split(",") if n]):
+        times: dict[str, float | str] = {}
+        for variant in compilers.variants()[1:]:
+            try:
+                case = wl.make_case(dev.device, None, scale)
+                with deadline(args.variant_timeout_s):
+                    step = make_step(wl, case, compilers.make(variant, case.fn))
+                    _, seconds = dev.timed_call(step)
+                times[variant] = seconds
+            except Exception as e:
+                times[variant] = "error: " + short_error(e)
+            finally:
+                case = step = None
+                gc.collect()
+        if dev.is_cuda:
+            torch.cuda.empty_cache()
+        # One line per workload, so that a parent that times out keeps what was measured.
+        print(HIT_MARKER + json.dumps({wl.name: times}), flush=True)
+    return 0
+
+
+def run_cache_hits(rows: list[dict[str, Any]], args: argparse.Namespace) -> str | None:
+    """Re-run every compiled workload's first call in a fresh process; fill ``compile_hit_s``."""
+    names = [r["name"] for r in rows
+             if any(r["results"].get(v, {}).get("ms") for v in ("torch_compile", "torchfuse"))]
+    if not names:
+        return None
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--cache-hit-worker", "--only", ",".join(names),
+           "--device", args.device]
+    for flag, on in (("--small", args.small), ("--skip-compile", args.skip_compile),
+                     ("--skip-torchfuse", args.skip_torchfuse)):
+        if on:
+            cmd.append(flag)
+    for flag, value in (("--mode", args.mode), ("--dynamic", args.dynamic),
+                        ("--compile-mode", args.compile_mode),
+                        ("--variant-timeout-s", str(args.variant_timeout_s))):
+        if value:
+            cmd += [flag, value]
+    note = None
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.hit_timeout, cwd=HERE)
+        stdout, stderr = proc.stdout, proc.stderr
+        if proc.returncode != 0:
+            tail = (stderr or stdout).strip().splitlines()[-3:]
+            note = f"cache-hit run failed (rc={proc.returncode}): " + " | ".join(tail)
+    except subprocess.TimeoutExpired as e:
+        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        note = f"cache-hit run timed out after {args.hit_timeout:.0f} s (later workloads have no hit time)"
+    hits: dict[str, dict[str, float | str]] = {}
+    for line in stdout.splitlines():
+        if line.startswith(HIT_MARKER):
+            hits.update(json.loads(line[len(HIT_MARKER):]))
+    for row in rows:
+        for variant, value in hits.get(row["name"], {}).items():
+            cell = row["results"].get(variant)
+            if cell is None or cell.get("ms") is None:
+                continue
+            if isinstance(value, str):
+                cell["compile_hit_error"] = value
+            else:
+                cell["compile_hit_s"] = value
+    return note
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def environment(dev: Device, copy_gbps: float) -> dict[str, Any]:
+    import importlib.metadata as md
+    import platform
+
+    import torch
+
+    def version(dist: str) -> str | None:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    def git(*cmd: str) -> str | None:
+        try:
+            return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=ROOT,
+                                  timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    return {
+        "device": dev.name(), "device_type": dev.device.type,
+        "python": platform.python_version(), "torch": torch.__version__,
+        "triton": version("triton"), "transformers": version("transformers"),
+        "cuda": torch.version.cuda,
+        "torchfuse": {p: version(f"torchfuse-{p}") for p in
+                      ("graph", "capture", "autograd", "inductor", "runtime")},
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+        "copy_gbps": copy_gbps,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cache_root = _set_cache_dirs(args.cache_dir)
+    sys.path.insert(0, str(HERE))
+    import torch
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not args.device.startswith("cuda"):
+        # Triton kernels can only run through its interpreter without a GPU; it must be set
+        # before anything imports triton.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if args.cache_hit_worker:
+        return cache_hit_worker(args)
+
+    import report
+    import workloads
+
+    started = time.perf_counter()
+    only = [n for n in args.only.split(",") if n]
+    skip = {n for n in args.skip.split(",") if n}
+    selected = [w for w in workloads.select(only) if w.name not in skip]
+    dev = Device(args.device, args.warmup_ms, args.rep_ms)
+    tag = args.tag or f"{dev.device.type}_{dt.datetime.now():%Y%m%d_%H%M}"
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    copy_gbps = dev.copy_bandwidth_gbps()
+    compilers = Compilers(args)
+    prewarm_failures = compilers.prewarm(dev)
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "tag": tag, "environment": environment(dev, copy_gbps),
+        "config": {k: v for k, v in vars(args).items() if k != "cache_hit_worker"} | {
+            "cache_root": cache_root, "variants": compilers.variants()},
+        "prewarm_failures": prewarm_failures, "rows": [], "notes": [],
+    }
+    if compilers.torchfuse_import_error:
+        doc["notes"].append(f"torchfuse.capture does not import: {compilers.torchfuse_import_error}")
+    print(f"{dev.name()}: device-to-device copy {copy_gbps:.0f} GB/s; caches under {cache_root}",
+          flush=True)
+
+    for wl in selected:
+        if not wl.available():
+            doc["rows"].append({"name": wl.name, "skipped": f"needs {', '.join(wl.requires)}"})
+            continue
+        if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+            doc["rows"].append({"name": wl.name, "skipped": f"time budget {args.budget_s:.0f} s spent"})
+            continue
+        if doc["rows"] and doc["rows"][-1].get("device_lost"):
+            doc["rows"].append({"name": wl.name, "skipped": "device lost in an earlier workload"})
+            continue
+        t0 = time.perf_counter()
+        row = run_workload(wl, dev, compilers, args, copy_gbps)
+        doc["rows"].append(row)
+        print(report.progress_line(row, time.perf_counter() - t0), flush=True)
+        report.write_json(doc, out_dir / f"{tag}.json")  # partial results survive a timeout
+
+    measured = [r for r in doc["rows"] if "results" in r]
+    if not args.no_cache_hit and not any(r.get("device_lost") for r in measured):
+        note = run_cache_hits(measured, args)
+        if note:
+            doc["notes"].append(note)
+    doc["summary"] = report.summarize(measured)
+    doc["elapsed_s"] = time.perf_counter() - started
+    paths = report.write_all(doc, out_dir, tag, plot_png=not args.no_plot)
+    report.print_table(doc)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# Run the GPU tests and the benchmark suite on the GPU machine. See docs/gpu.md.
+#
+#   scripts/gpu_run.sh                  # every phase: setup tests capture bench overhead
+#   scripts/gpu_run.sh tests bench      # some phases (setup always runs first)
+#
+# The machine has torch, triton, pytest and friends but no internet and no msgspec, bytecode or
+# hatchling: those come as wheels in .whl/ (gitignored; carry it along). Everything is installed
+# under $TORCHFUSE_SITE (default /tmp/site), never into the system site-packages.
+#
+# Environment knobs: OUT (folder collected afterwards: every file is written there as it is
+# produced, so a run cut short still leaves its logs; at most 8 files),
+# PYTHON, TORCHFUSE_SITE, WHEEL_DIR, FORCE_WHEELS=1 (install the wheels even when the module
+# imports), GPU_RUN_BUDGET_S (whole run, default 540), BENCH_ARGS (extra run.py arguments).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 2
+
+PY=${PYTHON:-python3}
+HAVE_PIP=1
+SITE=${TORCHFUSE_SITE:-/tmp/site}
+BUILD_SITE="$SITE.build"   # hatchling and its deps: only needed while pip builds our packages
+WHEEL_DIR=${WHEEL_DIR:-$ROOT/.whl}
+BUDGET=${GPU_RUN_BUDGET_S:-540}
+STAMP=$(date -u +%Y%m%d_%H%M)
+TAG=gpu_$STAMP
+RESULTS=$ROOT/benchmarks/results
+OUT_DIR=${OUT:-}
+# Where every file of this run is written while it runs: $OUT when set (copied to RESULTS at
+# the end), else RESULTS.
+DEST=${OUT_DIR:-$RESULTS}
+START=$SECONDS
+declare -a SUMMARY=()
+
+mkdir -p "$RESULTS" "$DEST"
+MAIN_LOG=$DEST/${TAG}_gpu_run.log
+TESTS_LOG=$DEST/${TAG}_tests.log
+BENCH_LOG=$DEST/${TAG}_bench.log
+: >"$MAIN_LOG"
+
+log() { echo "[gpu_run $(date -u +%H:%M:%S)] $*" | tee -a "$MAIN_LOG"; }
+
+# phase_timeout CAP [END]: seconds a step may take: CAP, cut to what is left of the whole budget
+# and to the phase's own end time END (in $SECONDS) when given.
+phase_timeout() {
+    local cap=$1 left=$((BUDGET - (SECONDS - START) - 15))
+    ((left < cap)) && cap=$left
+    if [[ -n "${2:-}" ]] && (($2 - SECONDS < cap)); then cap=$(($2 - SECONDS)); fi
+    echo "$cap"
+}
+
+# record NAME RC: remember how a phase ended (124 = killed by its timeout).
+record() {
+    local what=ok
+    case $2 in 0) ;; 124) what="TIMEOUT" ;; skip) what="skipped" ;; *) what="FAILED (rc=$2)" ;; esac
+    SUMMARY+=("$1: $what")
+    log "phase $1: $what"
+}
+
+have_cuda() { "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
+
+have_module() { "$PY" -c "import $1" >/dev/null 2>&1; }
+
+# unpack_wheels DEST FILE...: install wheels without pip (a wheel is a zip of its site-packages
+# tree); only used when the machine's python has no pip.
+unpack_wheels() {
+    local dest=$1 whl; shift
+    for whl in "$@"; do "$PY" -m zipfile -e "$whl" "$dest" || return 1; done
+}
+
+# install_wheels DEST NAME...: install the wheel of each NAME from $WHEEL_DIR into DEST.
+install_wheels() {
+    local dest=$1; shift
+    local files=() name whl
+    for name in "$@"; do
+        whl=$(ls "$WHEEL_DIR"/"$name"-*.whl 2>/dev/null | sort -V | tail -n 1)
+        if [[ -z "$whl" ]]; then
+            log "no wheel for $name in $WHEEL_DIR"
+            return 1
+        fi
+        files+=("$whl")
+    done
+    ((${#files[@]})) || return 0
+    log "installing into $dest: ${files[*]##*/}"
+    if ((HAVE_PIP)); then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$dest" "${files[@]}" \
+            2>&1 | tee -a "$MAIN_LOG"
+        return "${PIPESTATUS[0]}"
+    fi
+    unpack_wheels "$dest" "${files[@]}"
+}
+
+# install_packages: the five packages as real installs (entry points need dist-info metadata).
+install_packages() {
+    rm -rf "$SITE"/torchfuse "$SITE"/torchfuse_*.dist-info
+    if ((HAVE_PIP)); then
+        # One pip call for all five: they share the `torchfuse` namespace directory, and
+        # pip --target only merges directories it installs together.
+        PYTHONPATH="$BUILD_SITE:$PYTHONPATH" "$PY" -m pip install -q --no-index --no-deps \
+            --no-build-isolation --no-compile --upgrade --target "$SITE" packages/* 2>&1 | tee -a "$MAIN_LOG"
+        return "${PIPESTATUS[0]}"
+    fi
+    local tmp pkg
+    tmp=$(mktemp -d)
+    for pkg in packages/*/; do
+        (cd "$pkg" && PYTHONPATH="$BUILD_SITE:$PYTHONPATH" "$PY" -m hatchling build -t wheel -d "$tmp") \
+            >>"$MAIN_LOG" 2>&1 || return 1
+    done
+    unpack_wheels "$SITE" "$tmp"/*.whl
+}
+
+phase_setup() {
+    log "python: $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+    mkdir -p "$SITE" "$BUILD_SITE"
+    HAVE_PIP=1
+    "$PY" -m pip --version >/dev/null 2>&1 || { HAVE_PIP=0; log "no pip: wheels are unpacked directly"; }
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+    # Runtime dependencies the machine lacks (module name, wheel name).
+    local missing=() pair
+    for pair in msgspec:msgspec bytecode:bytecode safetensors:safetensors; do
+        if [[ "${FORCE_WHEELS:-0}" == 1 ]] || ! have_module "${pair%%:*}"; then
+            missing+=("${pair#*:}")
+        fi
+    done
+    install_wheels "$SITE" "${missing[@]}" || return 1
+    for mod in torch triton sympy networkx numpy pytest; do
+        have_module "$mod" || log "WARNING: $mod does not import"
+    done
+
+    # Build backend for a real (non-editable) install: entry points need the dist-info metadata.
+    if [[ "${FORCE_WHEELS:-0}" == 1 ]] || ! have_module hatchling; then
+        install_wheels "$BUILD_SITE" hatchling packaging pathspec pluggy trove_classifiers tomlkit || return 1
+    fi
+    log "installing packages/* into $SITE"
+    if ! install_packages; then
+        log "WARNING: package install failed; falling back to packages/*/src on PYTHONPATH" \
+            "(no entry points: backends must then be found without metadata)"
+        local src
+        for src in packages/*/src; do PYTHONPATH="$ROOT/$src:$PYTHONPATH"; done
+        export PYTHONPATH
+    fi
+
+    "$PY" - <<'EOF' 2>&1 | tee -a "$MAIN_LOG"
+import importlib.metadata as md
+import platform
+
+def version(dist):
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "missing"
+
+print("python", platform.python_version())
+for dist in ("torch", "triton", "transformers", "matplotlib", "numpy", "sympy", "networkx",
+             "pytest", "msgspec", "bytecode", "safetensors"):
+    print(f"  {dist:<14} {version(dist)}")
+for name in ("graph", "capture", "autograd", "inductor", "runtime"):
+    print(f"  torchfuse-{name:<8} {version('torchfuse-' + name)}")
+eps = md.entry_points(group="torchfuse.backends")
+print("  backends:", ", ".join(f"{ep.name}={ep.value}" for ep in eps) or "none")
+import torch
+print("  cuda", torch.version.cuda, "available:", torch.cuda.is_available(),
+      torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+EOF
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi 2>&1 | tee -a "$MAIN_LOG"
+    else
+        log "nvidia-smi not found"
+    fi
+}
+
+phase_tests() {
+    local t dir rc failed=0 end
+    end=$((SECONDS + $(phase_timeout 150)))
+    # One pytest per test directory: a collection error in one package must not hide the GPU
+    # tests of the others.
+    for dir in packages/*/tests tests; do
+        [[ -d "$dir" ]] || continue
+        t=$(phase_timeout 120 "$end")
+        ((t < 20)) && return 124
+        log "pytest -m gpu $dir (timeout ${t}s)"
+        timeout "$t" "$PY" -m pytest -m gpu -q -p no:cacheprovider "$dir" 2>&1 | tee -a "$TESTS_LOG"
+        rc=${PIPESTATUS[0]}
+        # 5 = no test selected: nothing there is marked gpu, which is not a failure.
+        ((rc == 5)) && rc=0
+        ((rc != 0)) && { log "$dir: rc=$rc"; failed=$rc; }
+    done
+    return "$failed"
+}
+
+phase_capture() {
+    local t
+    t=$(phase_timeout 120)
+    ((t < 20)) && return 124
+    log "capture tests under $("$PY" -c 'import sys; print(sys.version.split()[0])') bytecode (timeout ${t}s)"
+    timeout "$t" "$PY" -m pytest packages/capture/tests -q -p no:cacheprovider 2>&1 | tee -a "$TESTS_LOG"
+    return "${PIPESTATUS[0]}"
+}
+
+phase_bench() {
+    local t hit=90 extra=() rc
+    t=$(phase_timeout 330)
+    ((t < 60)) && return 124
+    if ! have_cuda; then
+        log "no CUDA device: benchmark smoke run with tiny shapes on the CPU"
+        extra=(--small --device cpu --rep-ms 20)
+        hit=60
+    fi
+    # Stop starting workloads early enough for the cache-hit pass and the report to finish.
+    local budget=$((t - hit - 30))
+    log "benchmarks/run.py --tag $TAG (timeout ${t}s, workloads started within ${budget}s)"
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of words on purpose
+    timeout "$t" "$PY" benchmarks/run.py --tag "$TAG" --out "$DEST" --budget-s "$budget" \
+        --hit-timeout "$hit" "${extra[@]}" ${BENCH_ARGS:-} 2>&1 | tee -a "$BENCH_LOG"
+    rc=${PIPESTATUS[0]}
+    return "$rc"
+}
+
+phase_overhead() {
+    local script t rc=0 r args name end
+    end=$((SECONDS + $(phase_timeout 120)))
+    for script in benchmarks/guard_overhead.py benchmarks/launch_overhead.py; do
+        if [[ ! -f "$script" ]]; then
+            log "$script not present"
+            continue
+        fi
+        t=$(phase_timeout 90 "$end")
+        ((t < 20)) && return 124
+        # Pass the options a script declares: a JSON result file, and the CPU when there is no GPU.
+        args=()
+        name=$(basename "$script" .py)
+        grep -q -- '"--json"' "$script" && args+=(--json "$DEST/${name}_$TAG.json")
+        if grep -q -- '"--device"' "$script" && ! have_cuda; then args+=(--device cpu); fi
+        log "$script ${args[*]} (timeout ${t}s)"
+        timeout "$t" "$PY" "$script" "${args[@]}" 2>&1 | tee -a "$BENCH_LOG"
+        r=${PIPESTATUS[0]}
+        ((r != 0)) && rc=$r
+    done
+    return "$rc"
+}
+
+# With $OUT set, everything was written there; keep a copy in benchmarks/results as well.
+collect() {
+    [[ -z "$OUT_DIR" ]] && return 0
+    local f n=0
+    for f in "$OUT_DIR"/*"$TAG"*; do
+        [[ -f "$f" && "$f" != *.tmp ]] && cp "$f" "$RESULTS/" && n=$((n + 1))
+    done
+    log "$n files in $OUT_DIR, copied to $RESULTS"
+}
+
+main() {
+    local phases=("$@") p rc failed=0
+    ((${#phases[@]})) || phases=(tests capture bench overhead)
+    for p in "${phases[@]}"; do
+        case $p in setup | tests | capture | bench | overhead) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead)" >&2; exit 2 ;; esac
+    done
+    log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"
+    phase_setup
+    rc=$?
+    record setup "$rc"
+    ((rc != 0)) && failed=1
+    for p in "${phases[@]}"; do
+        [[ $p == setup ]] && continue
+        "phase_$p"
+        rc=$?
+        record "$p" "$rc"
+        ((rc != 0)) && failed=1
+    done
+    log "done in $((SECONDS - START))s: ${SUMMARY[*]/%/;}"
+    collect
+    return "$failed"
+}
+
+main "$@"
