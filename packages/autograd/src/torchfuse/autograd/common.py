@@ -1,0 +1,236 @@
+"""Helpers shared by the passes: fakes from metadata, byte sizes, dead code, printing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import msgspec
+import torch
+from torchfuse.graph import schema as S
+from torchfuse.graph.expr import evaluate
+from torchfuse.graph.ops import node_inputs, tensor_refs, to_dtype
+from torchfuse.graph.tracing import FakeTensor, Recorder
+
+
+class AutogradError(RuntimeError):
+    """A graph that torchfuse-autograd cannot transform; the message names the node."""
+
+
+class PassRecorder(Recorder):
+    """The Recorder our passes run under: a real tensor met while re-tracing (a wrapped
+    number inside a derivative formula) becomes an ``aten.scalar_tensor`` node instead of a
+    new graph input, so a pass never changes a graph's inputs."""
+
+    def on_constant(self, t: torch.Tensor) -> str:
+        if isinstance(t, FakeTensor) or t.dim() != 0:
+            raise AutogradError(f"a pass met a real tensor of shape {tuple(t.shape)} that is not a "
+                                "graph input; only scalars can be folded into the graph")
+        from torchfuse.graph.ops import dtype_name, encode_arg, meta_of
+
+        value = encode_arg(t.item(), self.name_of)
+        kwargs = {"dtype": S.DtypeArg(name=dtype_name(t.dtype)), "device": S.DeviceArg(name=str(t.device))}
+        (name,) = self.builder.add_node("aten.scalar_tensor.default", [value], kwargs, [meta_of(t)],
+                                        hint="scalar")
+        self.bind(t, name)
+        return name
+
+
+def where(node: S.Node) -> str:
+    """``node 'add' [aten.add_.Tensor] (from file.py:3)`` for error messages."""
+    loc = f" (from {node.loc})" if node.loc else ""
+    return f"node {node.name!r} [{node.op}]{loc}"
+
+
+def symbol_hints(graph: S.Graph) -> dict[str, int]:
+    """Symbol values used when running a graph on fakes: the hints seen at capture."""
+    return {s.name: s.hint for s in graph.symbols if s.hint is not None}
+
+
+def concrete(expr: S.Expr, hints: Mapping[str, int]) -> int:
+    return expr if isinstance(expr, int) else evaluate(expr, hints)
+
+
+def fake_from_meta(meta: S.TensorMeta, hints: Mapping[str, int], requires_grad: bool = False) -> FakeTensor:
+    """A fake tensor with exactly the metadata recorded in ``meta``."""
+    sizes = [concrete(s, hints) for s in meta.sizes]
+    strides = [concrete(s, hints) for s in meta.strides]
+    offset = concrete(meta.storage_offset, hints)
+    dtype = to_dtype(meta.dtype)
+    extent = offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True) if n > 0)
+    if 0 in sizes:
+        extent = offset
+    storage = torch.empty(max(extent, 0), dtype=dtype, device="meta")
+    elem = storage.as_strided(sizes, strides, offset)
+    rg = requires_grad and (dtype.is_floating_point or dtype.is_complex)
+    return FakeTensor(elem, meta.device, requires_grad=rg)
+
+
+def nbytes(meta: S.TensorMeta, hints: Mapping[str, int] | None = None) -> int:
+    """Bytes a value occupies if kept alive (elements times item size)."""
+    numel = 1
+    for s in meta.sizes:
+        numel *= concrete(s, hints or {})
+    return numel * to_dtype(meta.dtype).itemsize
+
+
+def users(graph: S.Graph) -> dict[str, list[S.Node]]:
+    out: dict[str, list[S.Node]] = {}
+    for n in graph.nodes:
+        for v in node_inputs(n):
+            out.setdefault(v, []).append(n)
+    return out
+
+
+def output_names(graph: S.Graph) -> set[str]:
+    return set(tensor_refs([o.value for o in graph.outputs]))
+
+
+def _rename_arg(arg: S.Argument, rename: Mapping[str, str]) -> S.Argument:
+    if isinstance(arg, S.TensorRef) and arg.name in rename:
+        return S.TensorRef(name=rename[arg.name])
+    if isinstance(arg, S.ListArg):
+        return S.ListArg(items=tuple(_rename_arg(a, rename) for a in arg.items))
+    return arg
+
+
+def rename_node(node: S.Node, rename: Mapping[str, str]) -> S.Node:
+    if not rename:
+        return node
+    return msgspec.structs.replace(
+        node,
+        args=tuple(_rename_arg(a, rename) for a in node.args),
+        kwargs={k: _rename_arg(a, rename) for k, a in node.kwargs.items()},
+    )
+
+
+def rename_output(out: S.GraphOutput, rename: Mapping[str, str]) -> S.GraphOutput:
+    return msgspec.structs.replace(out, value=_rename_arg(out.value, rename))
+
+
+IDENTITY_OPS = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default"})
+"""Ops that are the identity on values once a graph is functional (autograd already ran)."""
+
+
+def strip_identities(graph: S.Graph) -> S.Graph:
+    """Drop ``detach``/``alias`` nodes, pointing their users at the input value."""
+    rename: dict[str, str] = {}
+    nodes = []
+    for n in graph.nodes:
+        n = rename_node(n, rename)
+        if n.op in IDENTITY_OPS and isinstance(n.args[0], S.TensorRef):
+            rename[n.outputs[0]] = n.args[0].name
+            continue
+        nodes.append(n)
+    outputs = tuple(rename_output(o, rename) for o in graph.outputs)
+    return prune_values(msgspec.structs.replace(graph, nodes=tuple(nodes), outputs=outputs))
+
+
+def eliminate_common_subexpressions(graph: S.Graph, keep: Callable[[S.Node], bool]) -> S.Graph:
+    """Merge nodes with the same op and arguments; ``keep(node)`` True exempts a node
+    (random ops must never be merged: two draws are not one)."""
+    rename: dict[str, str] = {}
+    seen: dict[bytes, S.Node] = {}
+    nodes: list[S.Node] = []
+    for n in graph.nodes:
+        n = rename_node(n, rename)
+        if not keep(n):
+            key = msgspec.json.encode((n.op, n.args, sorted(n.kwargs.items())))
+            first = seen.get(key)
+            if first is not None and len(first.outputs) == len(n.outputs):
+                rename.update({o: f for o, f in zip(n.outputs, first.outputs, strict=True) if o})
+                continue
+            seen[key] = n
+        nodes.append(n)
+    outputs = tuple(rename_output(o, rename) for o in graph.outputs)
+    return prune_values(msgspec.structs.replace(graph, nodes=tuple(nodes), outputs=outputs))
+
+
+def eliminate_dead_code(graph: S.Graph) -> S.Graph:
+    """Remove nodes none of whose outputs reach a graph output (graphs here are functional)."""
+    live = output_names(graph)
+    kept: list[S.Node] = []
+    for n in reversed(graph.nodes):
+        if any(o in live for o in n.outputs if o):
+            kept.append(n)
+            live.update(node_inputs(n))
+    return prune_values(msgspec.structs.replace(graph, nodes=tuple(reversed(kept))))
+
+
+def prune_values(graph: S.Graph) -> S.Graph:
+    """Keep only value-table entries that an input or node defines."""
+    defined = {i.name for i in graph.inputs}
+    for n in graph.nodes:
+        defined.update(o for o in n.outputs if o)
+    values = {k: v for k, v in graph.values.items() if k in defined}
+    return msgspec.structs.replace(graph, values=values)
+
+
+def format_graph(graph: S.Graph) -> str:
+    """The graph as Python-like text (``torchfuse.graph``'s printer when it has one)."""
+    try:
+        from torchfuse.graph import to_python  # type: ignore[attr-defined]
+    except ImportError:
+        to_python = None
+    if to_python is not None:
+        try:
+            text = to_python(graph).rstrip()
+        except Exception:  # a printer bug must never break compilation
+            return simple_format(graph)
+        kinds = [f"#   {i}: {_output_tag(o)}" for i, o in enumerate(graph.outputs)]
+        return "\n".join([text, "# outputs:", *kinds])
+    return simple_format(graph)
+
+
+def _output_tag(o: S.GraphOutput) -> str:
+    tag = o.kind if o.target is None else f"{o.kind} {o.target}"
+    return tag + (f", aliases {o.aliases_input}" if o.aliases_input else "")
+
+
+def _fmt_arg(a: S.Argument) -> str:
+    if isinstance(a, S.TensorRef):
+        return a.name
+    if isinstance(a, S.ListArg):
+        return "[" + ", ".join(_fmt_arg(x) for x in a.items) + "]"
+    if isinstance(a, S.NoneArg):
+        return "None"
+    if isinstance(a, S.SymRef):
+        return a.expr
+    if isinstance(a, S.DtypeArg):
+        return f"torch.{a.name}"
+    if isinstance(a, S.DeviceArg):
+        return f"device({a.name!r})"
+    if isinstance(a, S.Str):
+        return repr(a.value)
+    if isinstance(a, S.LayoutArg | S.MemoryFormatArg):
+        return f"torch.{a.name}"
+    return repr(getattr(a, "value", a))
+
+
+def _fmt_meta(m: S.TensorMeta | None) -> str:
+    if m is None:
+        return ""
+    return f"{m.dtype}[{', '.join(str(s) for s in m.sizes)}]"
+
+
+def simple_format(graph: S.Graph) -> str:
+    """One line per input, node and output: ``mul = aten.mul.Tensor(x, y)  # f32[4]``."""
+    lines = []
+    ins = ", ".join(f"{i.name}: {_fmt_meta(graph.values.get(i.name))}" for i in graph.inputs)
+    lines.append(f"def {graph.name}({ins}):")
+    for n in graph.nodes:
+        args = [_fmt_arg(a) for a in n.args] + [f"{k}={_fmt_arg(a)}" for k, a in n.kwargs.items()]
+        lhs = ", ".join(o or "_" for o in n.outputs) or "_"
+        metas = ", ".join(_fmt_meta(graph.values.get(o)) for o in n.outputs if o)
+        lines.append(f"    {lhs} = {n.op}({', '.join(args)})  # {metas}")
+    outs = []
+    for o in graph.outputs:
+        outs.append(f"{_fmt_arg(o.value)},  # {_output_tag(o)}")
+    lines.append("    return (")
+    lines.extend(f"        {o}" for o in outs)
+    lines.append("    )")
+    return "\n".join(lines)
+
+
+def input_kinds(graph: S.Graph, kinds: Iterable[str]) -> list[S.GraphInput]:
+    ks = set(kinds)
+    return [i for i in graph.inputs if i.kind in ks]

@@ -1,0 +1,372 @@
+"""Decompositions: rewrite a graph into a smaller op set, using a table of Python rules.
+
+A table maps an op name (``"aten.silu.default"``, or the ``OpOverload`` itself) to a Python
+function with the op's schema signature, written with ordinary torch calls::
+
+    DEFAULT_TABLE["aten.silu.default"] = lambda x: x * torch.sigmoid(x)
+
+:func:`decompose` re-runs the graph on fake tensors under a Recorder and, for each node whose
+op is in the table, calls the rule instead of the op; what the rule calls is recorded, so the
+result is again a graph of ATen ops. Rules may produce ops that are themselves in the table:
+decomposition repeats until none is left (or ``max_rounds`` is reached).
+
+Before::
+
+    silu = aten.silu.default(x)
+
+After::
+
+    sigmoid = aten.sigmoid.default(x)
+    mul = aten.mul.Tensor(x, sigmoid)
+
+Every entry of :data:`DEFAULT_TABLE` is tested against eager PyTorch on random inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torchfuse.autograd.common import (
+    AutogradError,
+    PassRecorder,
+    eliminate_dead_code,
+    fake_from_meta,
+    strip_identities,
+    symbol_hints,
+    where,
+)
+from torchfuse.graph import schema as S
+from torchfuse.graph.ops import decode_arg, encode_arg, flatten_result, op_name, resolve_op
+from torchfuse.graph.tracing import GraphBuilder
+
+Rule = Callable[..., Any]
+Table = Mapping[str | torch._ops.OpOverload, Rule]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
+def _dims(x: torch.Tensor, dim: int | Sequence[int] | None) -> list[int]:
+    if dim is None:
+        return list(range(x.dim()))
+    if isinstance(dim, int):
+        return [dim % max(x.dim(), 1)]
+    return [d % max(x.dim(), 1) for d in dim] or list(range(x.dim()))
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def _one_minus(x):
+    # ``1 - x`` would record aten.rsub, itself a table entry
+    return torch.neg(x) + 1
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def silu_backward(grad_output, x):
+    s = torch.sigmoid(x)
+    return grad_output * s * (1 + x * _one_minus(s))
+
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_GELU_C = 0.044715
+
+
+def gelu(x, *, approximate="none"):
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)
+        return 0.5 * x * (1 + torch.tanh(inner))
+    return 0.5 * x * (1 + torch.erf(x * (1 / math.sqrt(2))))
+
+
+def gelu_backward(grad_output, x, *, approximate="none"):
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)
+        t = torch.tanh(inner)
+        d_inner = _SQRT_2_OVER_PI * (1 + 3 * _GELU_C * x * x)
+        return grad_output * (0.5 * (1 + t) + 0.5 * x * _one_minus(t * t) * d_inner)
+    cdf = 0.5 * (1 + torch.erf(x * (1 / math.sqrt(2))))
+    pdf = torch.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+    return grad_output * (cdf + x * pdf)
+
+
+def threshold_backward(grad_output, x, threshold):
+    return torch.where(x <= threshold, torch.zeros_like(grad_output), grad_output)
+
+
+def sigmoid_backward(grad_output, output):
+    return grad_output * output * _one_minus(output)
+
+
+def tanh_backward(grad_output, output):
+    return grad_output * _one_minus(output * output)
+
+
+# ----------------------------------------------------------------------------- softmax family
+
+
+def softmax(x, dim, half_to_float):
+    out_dtype = torch.float32 if half_to_float else x.dtype
+    xf = x.to(_compute_dtype(x.dtype))
+    e = torch.exp(xf - torch.amax(xf, dim, keepdim=True))
+    return (e / torch.sum(e, dim, keepdim=True)).to(out_dtype)
+
+
+def softmax_backward_data(grad_output, output, dim, input_dtype):
+    g = grad_output.to(_compute_dtype(grad_output.dtype))
+    o = output.to(g.dtype)
+    return (o * (g - torch.sum(g * o, dim, keepdim=True))).to(input_dtype)
+
+
+def log_softmax(x, dim, half_to_float):
+    out_dtype = torch.float32 if half_to_float else x.dtype
+    xf = x.to(_compute_dtype(x.dtype))
+    shifted = xf - torch.amax(xf, dim, keepdim=True)
+    return (shifted - torch.log(torch.sum(torch.exp(shifted), dim, keepdim=True))).to(out_dtype)
+
+
+def log_softmax_backward_data(grad_output, output, dim, input_dtype):
+    g = grad_output.to(_compute_dtype(grad_output.dtype))
+    o = output.to(g.dtype)
+    return (g - torch.exp(o) * torch.sum(g, dim, keepdim=True)).to(input_dtype)
+
+
+# ----------------------------------------------------------------------------- normalization
+
+
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    axes = list(range(x.dim() - len(normalized_shape), x.dim()))
+    xf = x.to(_compute_dtype(x.dtype))
+    mean = torch.mean(xf, axes, keepdim=True)
+    centered = xf - mean
+    var = torch.mean(centered * centered, axes, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = centered * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
+
+
+def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    axes = list(range(x.dim() - len(normalized_shape), x.dim()))
+    lead = list(range(x.dim() - len(normalized_shape)))
+    n = math.prod(normalized_shape)
+    dtype = _compute_dtype(x.dtype)
+    g, xf = grad_out.to(dtype), x.to(dtype)
+    x_hat = (xf - mean.to(dtype)) * rstd.to(dtype)
+    g_hat = g * weight.to(dtype) if weight is not None else g
+    d_input = d_weight = d_bias = None
+    if output_mask[0]:
+        a = torch.sum(g_hat, axes, keepdim=True)
+        b = torch.sum(g_hat * x_hat, axes, keepdim=True)
+        d_input = ((rstd.to(dtype) / n) * (n * g_hat - a - x_hat * b)).to(x.dtype)
+    if output_mask[1] and weight is not None:
+        d_weight = (torch.sum(g * x_hat, lead) if lead else g * x_hat).to(weight.dtype)
+    if output_mask[2] and bias is not None:
+        d_bias = (torch.sum(g, lead) if lead else g.clone()).to(bias.dtype)
+    return d_input, d_weight, d_bias
+
+
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    dims = _dims(x, dim)
+    n = math.prod(x.shape[d] for d in dims)
+    mean = torch.mean(x, dims, keepdim=True)
+    centered = x - mean
+    c = 1 if correction is None else correction
+    var = torch.sum(centered * centered, dims, keepdim=keepdim) / max(n - c, 0)
+    return var, (mean if keepdim else torch.squeeze(mean, dims))
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+_REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
+
+
+def _nll_weights(x, target, weight, ignore_index):
+    mask = target != ignore_index
+    safe = torch.where(mask, target, torch.zeros_like(target))
+    w = torch.ones_like(safe, dtype=x.dtype) if weight is None else weight[safe]
+    return safe, w * mask.to(x.dtype)
+
+
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    safe, w = _nll_weights(x, target, weight, ignore_index)
+    class_dim = 0 if x.dim() == 1 else 1
+    picked = torch.gather(x, class_dim, safe.unsqueeze(class_dim)).squeeze(class_dim)
+    losses = -picked * w
+    total = torch.sum(w)
+    if reduction == _REDUCTION_NONE:
+        return losses, torch.zeros_like(total)
+    if reduction == _REDUCTION_SUM:
+        return torch.sum(losses), total
+    return torch.sum(losses) / total, total
+
+
+def nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    safe, w = _nll_weights(x, target, weight, ignore_index)
+    class_dim = 0 if x.dim() == 1 else 1
+    scale = -w * grad_output
+    if reduction == _REDUCTION_MEAN:
+        scale = scale / total_weight
+    grad = torch.zeros_like(x)
+    return torch.scatter(grad, class_dim, safe.unsqueeze(class_dim), scale.unsqueeze(class_dim))
+
+
+def mse_loss(x, target, reduction=_REDUCTION_MEAN):
+    d = x - target
+    sq = d * d
+    if reduction == _REDUCTION_NONE:
+        return sq
+    return torch.sum(sq) if reduction == _REDUCTION_SUM else torch.mean(sq)
+
+
+def mse_loss_backward(grad_output, x, target, reduction):
+    scale = 2 / x.numel() if reduction == _REDUCTION_MEAN else 2
+    return grad_output * (x - target) * scale
+
+
+# ----------------------------------------------------------------------------- linear algebra, views
+
+
+def addmm(bias, mat1, mat2, *, beta=1, alpha=1):
+    prod = torch.mm(mat1, mat2)
+    if alpha != 1:
+        prod = prod * alpha
+    if beta == 0:
+        return prod
+    return prod + (bias if beta == 1 else bias * beta)
+
+
+def t(x):
+    return x if x.dim() < 2 else torch.transpose(x, 0, 1)
+
+
+def rsub(x, other, alpha=1):
+    scaled = x * alpha if alpha != 1 else x
+    if isinstance(other, torch.Tensor):
+        return other - scaled
+    return torch.neg(scaled) + other
+
+
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    d = grad_output.shape[-1]
+    flat_idx = indices.reshape(-1)
+    g = grad_output.reshape(-1, d)
+    if padding_idx >= 0:
+        g = g * (flat_idx != padding_idx).unsqueeze(1).to(g.dtype)
+    if scale_grad_by_freq:
+        counts = torch.zeros(num_weights, dtype=g.dtype, device=g.device)
+        counts = torch.index_put(counts, [flat_idx], torch.ones_like(flat_idx, dtype=g.dtype),
+                                 accumulate=True)
+        g = g / counts[flat_idx].unsqueeze(1)
+    out = torch.zeros(num_weights, d, dtype=g.dtype, device=g.device)
+    return torch.index_put(out, [flat_idx], g, accumulate=True)
+
+
+def native_dropout_backward(grad_output, mask, scale):
+    return grad_output * mask.to(grad_output.dtype) * scale
+
+
+DEFAULT_TABLE: dict[str, Rule] = {
+    "aten.silu.default": silu,
+    "aten.silu_backward.default": silu_backward,
+    "aten.gelu.default": gelu,
+    "aten.gelu_backward.default": gelu_backward,
+    "aten.threshold_backward.default": threshold_backward,
+    "aten.sigmoid_backward.default": sigmoid_backward,
+    "aten.tanh_backward.default": tanh_backward,
+    "aten._softmax.default": softmax,
+    "aten._softmax_backward_data.default": softmax_backward_data,
+    "aten._log_softmax.default": log_softmax,
+    "aten._log_softmax_backward_data.default": log_softmax_backward_data,
+    "aten.native_layer_norm.default": native_layer_norm,
+    "aten.native_layer_norm_backward.default": native_layer_norm_backward,
+    "aten.var_mean.correction": var_mean,
+    "aten.nll_loss_forward.default": nll_loss_forward,
+    "aten.nll_loss_backward.default": nll_loss_backward,
+    "aten.mse_loss.default": mse_loss,
+    "aten.mse_loss_backward.default": mse_loss_backward,
+    "aten.addmm.default": addmm,
+    "aten.t.default": t,
+    "aten.rsub.Tensor": rsub,
+    "aten.rsub.Scalar": rsub,
+    "aten.embedding_dense_backward.default": embedding_dense_backward,
+    "aten.native_dropout_backward.default": native_dropout_backward,
+}
+"""The decompositions autograd applies to joint graphs (and forward-only graphs) by default."""
+
+
+# ----------------------------------------------------------------------------- the pass
+
+
+class DecompositionError(AutogradError):
+    """A rule failed, or decomposition did not converge."""
+
+
+def _normalize(table: Table) -> dict[str, Rule]:
+    return {k if isinstance(k, str) else op_name(k): v for k, v in table.items()}
+
+
+def decompose(graph: S.Graph, table: Table = DEFAULT_TABLE, *, max_rounds: int = 8) -> S.Graph:
+    """``graph`` with every op found in ``table`` replaced by what its rule records.
+
+    Inputs, outputs (kinds, targets, aliases) and their order are unchanged; dead nodes left
+    behind are removed. Raises :class:`DecompositionError` when table ops remain after
+    ``max_rounds`` passes (a rule that keeps emitting its own op).
+    """
+    rules = _normalize(table)
+    for _ in range(max_rounds):
+        if not any(n.op in rules for n in graph.nodes):
+            return graph
+        graph = _decompose_once(graph, rules)
+    left = sorted({n.op for n in graph.nodes if n.op in rules})
+    raise DecompositionError(f"decomposition did not converge; still present: {', '.join(left)}")
+
+
+def _decompose_once(graph: S.Graph, rules: dict[str, Rule]) -> S.Graph:
+    hints = symbol_hints(graph)
+    builder = GraphBuilder(graph.name)
+    builder.symbols = list(graph.symbols)
+    builder.guards = list(graph.guards)
+    builder.meta = dict(graph.meta)
+    rec = PassRecorder(builder)
+    env: dict[str, Any] = {}
+    with rec, torch.no_grad():
+        for inp in graph.inputs:
+            env[inp.name] = rec.input(fake_from_meta(graph.values[inp.name], hints), name=inp.name,
+                                      kind=inp.kind, target=inp.target)
+        for node in graph.nodes:
+            args = [decode_arg(a, env, hints) for a in node.args]
+            kwargs = {k: decode_arg(a, env, hints) for k, a in node.kwargs.items()}
+            rule = rules.get(node.op)
+            rec.loc, rec.module_path = node.loc, node.module_path
+            try:
+                result = rule(*args, **kwargs) if rule else resolve_op(node.op)(*args, **kwargs)
+            except Exception as e:
+                raise DecompositionError(f"{where(node)}: {type(e).__name__}: {e}") from e
+            flat = flatten_result(result)
+            for name, value in zip(node.outputs, flat[: len(node.outputs)], strict=True):
+                if name:
+                    if not isinstance(value, torch.Tensor):
+                        raise DecompositionError(f"{where(node)}: rule returned {value!r} for "
+                                                 f"output {name!r}")
+                    env[name] = value
+        rec.loc = rec.module_path = None
+    for o in graph.outputs:
+        value = o.value
+        if isinstance(value, S.TensorRef | S.ListArg):
+            value = encode_arg(decode_arg(value, env, hints), rec.name_of)
+        builder.add_output(value, kind=o.kind, target=o.target, aliases_input=o.aliases_input)
+    return eliminate_dead_code(strip_identities(builder.build()))

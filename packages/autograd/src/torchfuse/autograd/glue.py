@@ -1,0 +1,373 @@
+"""``aot``: a Graph plus two compilers become one differentiable function.
+
+The pipeline, per pattern of inputs that require grad::
+
+    functionalize  -> mutations become outputs, view outputs marked (once per graph)
+    joint_graph    -> primals + tangents -> outputs + gradients (eager autograd on fakes)
+    decompose      -> smaller op set (the table is a parameter)
+    partition      -> forward graph (outputs + saved values) and backward graph
+    fw_compiler    -> on the first call, with the real inputs as examples
+    bw_compiler    -> on the first backward, with the saved values and tangents
+
+With grad disabled, or when no input requires grad, the *inference path* skips the joint
+graph: functionalize, decompose, and compile the forward only. A graph with size symbols gets
+one plan per distinct set of symbol values (retracing makes sizes concrete).
+
+A *compiler* is ``compiler(graph, example_inputs) -> callable(*inputs) -> list``; the
+reference one is ``lambda g, ex: functools.partial(torchfuse.graph.run, g)``.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import torch
+from torchfuse.autograd.common import AutogradError, eliminate_common_subexpressions, format_graph
+from torchfuse.autograd.config import config, logger
+from torchfuse.autograd.decompositions import DEFAULT_TABLE, Table, decompose
+from torchfuse.autograd.functionalize import functionalize
+from torchfuse.autograd.joint import joint_graph, tangent_index
+from torchfuse.autograd.opclass import is_random
+from torchfuse.autograd.partition import Partition, Strategy, num_saved, partition
+from torchfuse.graph import schema as S
+from torchfuse.graph.expr import evaluate
+from torchfuse.graph.interpreter import bind_symbols
+from torchfuse.graph.ops import to_dtype
+
+Compiled = Callable[..., Sequence[Any]]
+Compiler = Callable[[S.Graph, Sequence[Any]], Compiled]
+
+
+class DoubleBackwardError(AutogradError):
+    """Differentiating a compiled backward again (``create_graph=True`` then another grad)."""
+
+
+@dataclass(slots=True)
+class Stage:
+    """One artifact of the pipeline, stamped with the pass that made it and its duration."""
+
+    name: str
+    graph: S.Graph
+    seconds: float
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Everything compiled for one requires-grad pattern."""
+
+    training: bool
+    functional: S.Graph
+    """The functionalized graph this plan was built from (sizes specialized to the call's)."""
+    forward_graph: S.Graph
+    forward: Compiled | None = None
+    partition: Partition | None = None
+    backward: Compiled | None = None
+    tangent_of: dict[int, int] = field(default_factory=dict)
+    """Forward output index -> position among the backward's tangent inputs."""
+    grad_of: list[int] = field(default_factory=list)
+    """For each backward output: the index of the input it is the gradient of."""
+    stages: list[Stage] = field(default_factory=list)
+
+
+def _log(title: str, graph: S.Graph) -> None:
+    if config.log_aot:
+        logger.log(config.log_level, "%s:\n%s", title, format_graph(graph))
+
+
+def _verify(stage: str, graph: S.Graph) -> None:
+    if not config.verify_passes:
+        return
+    from torchfuse.graph.verify import verify
+
+    try:
+        verify(graph)
+    except ValueError as e:
+        raise AutogradError(f"pass {stage!r} produced an invalid graph: {e}") from e
+
+
+def _flatten_outputs(graph: S.Graph) -> tuple[S.Graph, list[int]]:
+    """One output per tensor: list outputs split; returns the list lengths (-1: not a list)."""
+    outs: list[S.GraphOutput] = []
+    spec: list[int] = []
+    for o in graph.outputs:
+        if isinstance(o.value, S.ListArg):
+            spec.append(len(o.value.items))
+            outs.extend(msgspec.structs.replace(o, value=item) for item in o.value.items)
+        else:
+            spec.append(-1)
+            outs.append(o)
+    return msgspec.structs.replace(graph, outputs=tuple(outs)), spec
+
+
+class AotFunction:
+    """The callable returned by :func:`aot`; keeps every intermediate graph in :attr:`stages`."""
+
+    def __init__(self, graph: S.Graph, fw_compiler: Compiler, bw_compiler: Compiler, *,
+                 requires_grad: Sequence[bool] | None, decompositions: Table,
+                 strategy: Strategy, memory_budget: float) -> None:
+        self.graph = graph
+        self.fw_compiler = fw_compiler
+        self.bw_compiler = bw_compiler
+        self.requires_grad = None if requires_grad is None else tuple(bool(r) for r in requires_grad)
+        if self.requires_grad is not None and len(self.requires_grad) != len(graph.inputs):
+            raise AutogradError(f"requires_grad has {len(self.requires_grad)} entries; graph "
+                                f"{graph.name!r} has {len(graph.inputs)} inputs")
+        self.decompositions = decompositions
+        self.strategy: Strategy = strategy
+        self.memory_budget = memory_budget
+        flat, self._spec = _flatten_outputs(graph)
+        self._flat = flat
+        t0 = time.perf_counter()
+        self.functional = functionalize(flat)
+        self.stages = [Stage("functionalize", self.functional, time.perf_counter() - t0)]
+        _verify("functionalize", self.functional)
+        self.num_user_outputs = len(flat.outputs)
+        position = {i.name: k for k, i in enumerate(self.functional.inputs)}
+        self.mutated_input_positions = [position[o.target or ""] for o in self.functional.outputs
+                                        if o.kind == "mutated_input"]
+        self._hints = tuple(sorted((s.name, s.hint) for s in graph.symbols if s.hint is not None))
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
+
+    # -- building plans
+    def sizes_key(self, inputs: Sequence[Any]) -> tuple[tuple[str, int], ...]:
+        """The values of the graph's size symbols for these inputs (empty: no symbols)."""
+        if not self.graph.symbols:
+            return ()
+        env = bind_symbols(self.graph.symbols, inputs)
+        return tuple(sorted(env.items()))
+
+    def plan(self, requires_grad: tuple[bool, ...], training: bool,
+             sizes: tuple[tuple[str, int], ...] = ()) -> _Plan:
+        """The plan for one requires-grad pattern and one assignment of size symbols.
+
+        Retracing on fakes makes sizes concrete, so a graph with size symbols gets one plan per
+        distinct set of sizes it is called with (sizes are specialized, never wrong).
+        """
+        key = (training, requires_grad if training else (), sizes)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._build(requires_grad, training, self._functional_for(sizes))
+            self._plans[key] = plan
+        return plan
+
+    def _functional_for(self, sizes: tuple[tuple[str, int], ...]) -> S.Graph:
+        if not sizes or sizes == self._hints:
+            return self.functional
+        env = dict(sizes)
+        symbols = tuple(msgspec.structs.replace(s, hint=env.get(s.name, s.hint)) for s in self.graph.symbols)
+        return functionalize(msgspec.structs.replace(self._flat, symbols=symbols))
+
+    def _stage(self, plan: _Plan, name: str, fn: Callable[[], S.Graph]) -> S.Graph:
+        t0 = time.perf_counter()
+        graph = fn()
+        plan.stages.append(Stage(name, graph, time.perf_counter() - t0))
+        self.stages.append(plan.stages[-1])
+        _verify(name, graph)
+        return graph
+
+    def _build(self, requires_grad: tuple[bool, ...], training: bool, functional: S.Graph) -> _Plan:
+        if not training:
+            plan = _Plan(training=False, functional=functional, forward_graph=functional)
+            plan.forward_graph = self._stage(plan, "decompose",
+                                             lambda: decompose(functional, self.decompositions))
+            _log("aot inference graph", plan.forward_graph)
+            return plan
+        plan = _Plan(training=True, functional=functional, forward_graph=functional)
+        joint = self._stage(plan, "joint_graph", lambda: joint_graph(functional, requires_grad))
+        joint = self._stage(plan, "decompose", lambda: decompose(joint, self.decompositions))
+        # decompositions of forward and backward ops recompute the same things (sigmoid)
+        joint = self._stage(plan, "cse", lambda: eliminate_common_subexpressions(joint, is_random))
+        _log("aot joint graph", joint)
+        t0 = time.perf_counter()
+        part = partition(joint, strategy=self.strategy, memory_budget=self.memory_budget)
+        seconds = time.perf_counter() - t0
+        plan.stages += [Stage("partition.forward", part.forward, seconds),
+                        Stage("partition.backward", part.backward, 0.0)]
+        _verify("partition.forward", part.forward)
+        _verify("partition.backward", part.backward)
+        self.stages += plan.stages[-2:]
+        _log("aot forward graph", part.forward)
+        _log("aot backward graph", part.backward)
+        plan.partition = part
+        plan.forward_graph = part.forward
+        n_saved = num_saved(part.backward)
+        tangents = part.backward.inputs[n_saved:]
+        plan.tangent_of = {tangent_index(t.target): k for k, t in enumerate(tangents)}
+        position = {i.name: k for k, i in enumerate(functional.inputs)}
+        plan.grad_of = [position[o.target or ""] for o in part.backward.outputs]
+        return plan
+
+    # -- calling
+    def __call__(self, *inputs: Any) -> list[Any]:
+        if len(inputs) != len(self.graph.inputs):
+            raise AutogradError(f"graph {self.graph.name!r} takes {len(self.graph.inputs)} inputs, "
+                                f"got {len(inputs)}")
+        rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+        if self.requires_grad is not None:
+            rg = tuple(a and b for a, b in zip(rg, self.requires_grad, strict=True))
+        training = torch.is_grad_enabled() and any(rg)
+        plan = self.plan(rg, training, self.sizes_key(inputs))
+        if plan.forward is None:
+            plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
+        if training:
+            outs = list(_CompiledFunction.apply(self, plan, *inputs))
+        else:
+            with torch.no_grad():
+                outs = list(plan.forward(*inputs))[: len(plan.functional.outputs)]
+        return self._epilogue(plan.functional, inputs, outs)
+
+    def _epilogue(self, g: S.Graph, inputs: Sequence[Any], outs: list[Any]) -> list[Any]:
+        position = {i.name: k for k, i in enumerate(g.inputs)}
+        for o, value in zip(g.outputs[self.num_user_outputs:], outs[self.num_user_outputs:],
+                            strict=True):
+            if o.kind != "mutated_input":
+                continue
+            target = inputs[position[o.target or ""]]
+            if target.requires_grad and torch.is_grad_enabled():
+                target.copy_(value)
+            else:
+                with torch.no_grad():
+                    target.copy_(value)
+        user = [_alias(g, o, v, inputs, position)
+                for o, v in zip(g.outputs[: self.num_user_outputs], outs, strict=False)]
+        grouped: list[Any] = []
+        it = iter(user)
+        for n in self._spec:
+            grouped.append(next(it) if n < 0 else [next(it) for _ in range(n)])
+        return grouped
+
+
+
+def _alias(g: S.Graph, o: S.GraphOutput, value: Any, inputs: Sequence[Any],
+           position: dict[str, int]) -> Any:
+    """An output that is a view of an input is re-made as a view of the real input."""
+    if not o.aliases_input or not isinstance(o.value, S.TensorRef):
+        return value
+    base = inputs[position[o.aliases_input]]
+    if o.value.name == o.aliases_input:
+        return base
+    try:
+        env = bind_symbols(g.symbols, inputs)
+        meta, base_meta = g.values[o.value.name], g.values[o.aliases_input]
+        sizes = [evaluate(s, env) for s in meta.sizes]
+        strides = [evaluate(s, env) for s in meta.strides]
+        offset = evaluate(meta.storage_offset, env) - evaluate(base_meta.storage_offset, env)
+        if [evaluate(s, env) for s in base_meta.strides] != list(base.stride()):
+            return value  # the caller's input is laid out differently: keep the copy
+        return base.as_strided(sizes, strides, base.storage_offset() + offset)
+    except (KeyError, ValueError, RuntimeError):
+        return value
+
+
+class _CompiledFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fn: AotFunction, plan: _Plan, *inputs: Any):  # type: ignore[override]
+        results = list(plan.forward(*inputs))
+        n = len(plan.functional.outputs)
+        user, saved = results[:n], results[n:]
+        ctx.fn, ctx.plan = fn, plan
+        # weak: only needed to report double backward, must not keep activations alive
+        ctx.input_refs = [weakref.ref(t) for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+        # an input written back after the call must be saved as it was before the write
+        written = {id(inputs[i]) for i in fn.mutated_input_positions}
+        saved = [s.clone() if id(s) in written else s for s in saved]
+        ctx.save_for_backward(*saved)  # saved values are tensors: the format has no others
+        no_grad_outs = [u for i, u in enumerate(user)
+                        if isinstance(u, torch.Tensor) and i not in plan.tangent_of]
+        if no_grad_outs:
+            ctx.mark_non_differentiable(*no_grad_outs)
+        return tuple(user)
+
+    @staticmethod
+    def backward(ctx, *grads: Any):  # type: ignore[override]
+        fn, plan = ctx.fn, ctx.plan
+        saved = list(ctx.saved_tensors)
+        part = plan.partition
+        assert part is not None
+        tangent_inputs = part.backward.inputs[len(saved):]
+        tangents = []
+        for k, t in enumerate(tangent_inputs):
+            i = tangent_index(t.target)
+            g = grads[i]
+            if g is None:  # autograd passes None for outputs the loss did not use
+                g = _zeros(part.backward, t.name, device=_device_of(grads, saved))
+            tangents.append(g.contiguous())
+            assert plan.tangent_of[i] == k
+        create_graph = torch.is_grad_enabled()
+        with torch.no_grad():
+            if plan.backward is None:
+                plan.backward = fn.bw_compiler(part.backward, [*saved, *tangents])
+            out = list(plan.backward(*saved, *tangents))
+        result: list[Any] = [None] * len(plan.functional.inputs)
+        for idx, g in zip(plan.grad_of, out, strict=True):
+            result[idx] = g
+        if create_graph:
+            # route the gradients through a node whose backward raises, so that a second
+            # differentiation fails with a clear message instead of silently being wrong
+            # (anchored on whatever connects them to the inputs: saved primals, grad outputs)
+            live = [r() for r in ctx.input_refs]
+            anchors = [t for t in [*live, *grads] if isinstance(t, torch.Tensor) and t.requires_grad]
+            positions = [k for k, r in enumerate(result) if isinstance(r, torch.Tensor)]
+            wrapped = _NoDoubleBackward.apply(len(anchors), *anchors, *[result[k] for k in positions])
+            for k, w in zip(positions, wrapped, strict=True):
+                result[k] = w
+        return (None, None, *result)
+
+
+def _zeros(graph: S.Graph, name: str, device: torch.device) -> torch.Tensor:
+    meta = graph.values[name]
+    hints = {x.name: x.hint for x in graph.symbols if x.hint is not None}
+    return torch.zeros([evaluate(s, hints) for s in meta.sizes], dtype=to_dtype(meta.dtype), device=device)
+
+
+def _device_of(grads: Sequence[Any], saved: Sequence[Any]) -> torch.device:
+    for t in [*grads, *saved]:
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+_DOUBLE_BACKWARD_MESSAGE = (
+    "torchfuse.autograd: the backward of a compiled graph is differentiable only once; "
+    "double backward (torch.autograd.grad(..., create_graph=True) followed by another "
+    "backward through it) is not supported. Run this region eagerly (e.g. compile with the "
+    "'eager' backend) to take higher-order gradients."
+)
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """Identity on gradients whose own backward raises :class:`DoubleBackwardError`."""
+
+    @staticmethod
+    def forward(ctx, n_anchors: int, *tensors: torch.Tensor):  # type: ignore[override]
+        return tuple(g.clone() for g in tensors[n_anchors:])
+
+    @staticmethod
+    def backward(ctx, *args: Any):  # type: ignore[override]
+        raise DoubleBackwardError(_DOUBLE_BACKWARD_MESSAGE)
+
+
+def aot(
+    graph: S.Graph,
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    *,
+    requires_grad: Sequence[bool] | None = None,
+    decompositions: Table = DEFAULT_TABLE,
+    strategy: Strategy = "min_cut",
+    memory_budget: float = 1.0,
+) -> AotFunction:
+    """Make ``graph`` a differentiable function whose halves are compiled by the compilers.
+
+    ``requires_grad`` restricts which inputs may receive gradients (default: those whose
+    tensors require grad at call time). The result is called with the flat inputs in
+    ``graph.inputs`` order and returns the outputs in ``graph.outputs`` order (list outputs as
+    lists); mutated inputs are written back in place.
+    """
+    return AotFunction(graph, fw_compiler, bw_compiler or fw_compiler, requires_grad=requires_grad,
+                       decompositions=decompositions, strategy=strategy, memory_budget=memory_budget)

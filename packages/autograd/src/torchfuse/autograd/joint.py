@@ -1,0 +1,170 @@
+"""The joint forward+backward graph, produced by the eager autograd engine on fake tensors.
+
+The (functionalized) graph is re-run on :class:`~torchfuse.graph.FakeTensor` primals that
+require grad, under a :class:`~torchfuse.graph.Recorder`; then
+``torch.autograd.grad(outputs, primals, tangents, allow_unused=True)`` runs the backward,
+whose ATen ops the recorder also writes down. The result is one graph::
+
+    inputs:  primals (the original inputs, same names and kinds), then tangents
+             (kind ``tangent``, target ``output:<i>``: the gradient of forward output i)
+    outputs: the forward outputs (same kinds), then one ``gradient`` output per input that
+             requires grad (target = input name)
+
+Undefined gradients (an input the outputs do not depend on) are outputs whose value is
+:class:`~torchfuse.graph.schema.NoneArg`: the glue returns ``None`` for them, as eager does
+with ``allow_unused=True``, and no zeros are materialized.
+
+Tangents exist only for floating tensor outputs (not for list outputs) that depend on an
+input requiring grad. Their metadata is *contiguous* with the output's shape; callers pass
+contiguous tangents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import torch
+from torchfuse.autograd.common import (
+    AutogradError,
+    PassRecorder,
+    eliminate_dead_code,
+    fake_from_meta,
+    strip_identities,
+    symbol_hints,
+)
+from torchfuse.autograd.functionalize import functionalize, has_mutations
+from torchfuse.graph import schema as S
+from torchfuse.graph.interpreter import Interpreter
+from torchfuse.graph.ops import encode_arg
+from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder
+
+NUM_FWD_OUTPUTS = "autograd.num_fwd_outputs"
+"""``Graph.meta`` key of a joint graph: how many leading outputs are forward outputs."""
+
+
+def _differentiable(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def tangent_target(index: int) -> str:
+    return f"output:{index}"
+
+
+def tangent_index(target: str | None) -> int:
+    if not target or not target.startswith("output:"):
+        raise AutogradError(f"tangent input with target {target!r}; expected 'output:<i>'")
+    return int(target.removeprefix("output:"))
+
+
+def joint_graph(graph: S.Graph, requires_grad: Sequence[bool]) -> S.Graph:
+    """The joint graph of ``graph`` for inputs flagged by ``requires_grad`` (see module doc).
+
+    ``graph`` is functionalized first when it has mutations. Non-floating inputs never get a
+    gradient even when flagged. Example, for ``(x * w).sin().sum()`` with only ``w``
+    requiring grad::
+
+        def graph_joint(x, w, tangent_0):
+            mul = aten.mul.Tensor(x, w); sin = aten.sin.default(mul); sum = aten.sum.default(sin)
+            expand = aten.expand.default(tangent_0, [4]); cos = aten.cos.default(mul)
+            mul_1 = aten.mul.Tensor(expand, cos); mul_2 = aten.mul.Tensor(mul_1, x)
+            return (sum, mul_2)   # user_output, gradient w
+    """
+    if len(requires_grad) != len(graph.inputs):
+        raise AutogradError(f"requires_grad has {len(requires_grad)} entries, graph {graph.name!r} "
+                            f"has {len(graph.inputs)} inputs")
+    if has_mutations(graph):
+        graph = functionalize(graph)
+    absent = _absent_device(graph)
+    if absent is not None:
+        # the autograd engine needs a device guard for the fakes' device: trace on cpu, then
+        # stamp the real device back (the graph must not also hold genuine cpu values)
+        joint = joint_graph(retarget_device(graph, absent, "cpu"), requires_grad)
+        return retarget_device(joint, "cpu", absent)
+    hints = symbol_hints(graph)
+    builder = GraphBuilder(f"{graph.name}_joint")
+    builder.symbols = list(graph.symbols)
+    builder.guards = list(graph.guards)
+    builder.meta = dict(graph.meta)
+    rec = PassRecorder(builder)
+    primals: list[FakeTensor] = []
+    with rec, torch.enable_grad():
+        for inp, rg in zip(graph.inputs, requires_grad, strict=True):
+            fake = fake_from_meta(graph.values[inp.name], hints, requires_grad=rg)
+            primals.append(rec.input(fake, name=inp.name, kind=inp.kind, target=inp.target))
+        outs = Interpreter(graph).run(*primals)
+        diff_outs, tangents = [], []
+        for i, out in enumerate(outs):
+            if isinstance(out, torch.Tensor) and out.requires_grad and _differentiable(out.dtype):
+                example = FakeTensor(torch.empty(out.shape, dtype=out.dtype, device="meta"),
+                                     out.device)
+                tangents.append(rec.input(example, name=f"tangent_{i}", kind="tangent",
+                                          target=tangent_target(i), requires_grad=False))
+                diff_outs.append(out)
+        wanted = [p for p in primals if p.requires_grad]
+        grads: Sequence[torch.Tensor | None] = [None] * len(wanted)
+        if diff_outs and wanted:
+            grads = torch.autograd.grad(diff_outs, wanted, tangents, allow_unused=True)
+    for o, value in zip(graph.outputs, outs, strict=True):
+        rec.builder.add_output(_encode(rec, value, o.value), kind=o.kind, target=o.target,
+                               aliases_input=o.aliases_input)
+    by_fake = dict(zip(map(id, primals), graph.inputs, strict=True))
+    for p, g in zip(wanted, grads, strict=True):
+        target = by_fake[id(p)].name
+        value = S.NoneArg() if g is None else S.TensorRef(name=rec.name_of(g))
+        rec.builder.add_output(value, kind="gradient", target=target)
+    rec.builder.meta[NUM_FWD_OUTPUTS] = str(len(graph.outputs))
+    joint = strip_identities(rec.builder.build())
+    if has_mutations(joint):
+        # some derivative formulas write in place (maximum's backward uses masked_fill_);
+        # they only ever write to their own temporaries, so no output is added
+        n_outputs = len(joint.outputs)
+        joint = functionalize(joint)
+        extra = joint.outputs[n_outputs:]
+        if extra:
+            raise AutogradError(f"the backward of {graph.name!r} writes to inputs "
+                                f"{[o.target for o in extra]}; this is not supported")
+    return eliminate_dead_code(joint)
+
+
+def _encode(rec: Recorder, value: object, original: S.Argument) -> S.Argument:
+    if isinstance(original, S.TensorRef | S.ListArg):
+        return encode_arg(value, rec.name_of)
+    return original
+
+
+def num_fwd_outputs(joint: S.Graph) -> int:
+    """Forward outputs of a joint graph (from its meta, else all non-gradient outputs)."""
+    if NUM_FWD_OUTPUTS in joint.meta:
+        return int(joint.meta[NUM_FWD_OUTPUTS])
+    return sum(1 for o in joint.outputs if o.kind != "gradient")
+
+
+def _absent_device(graph: S.Graph) -> str | None:
+    """A device of ``graph`` that this torch build cannot run autograd on (cuda without CUDA)."""
+    devices = {m.device for m in graph.values.values()}
+    absent = sorted(d for d in devices if torch.device(d).type == "cuda" and not torch.cuda.is_available())
+    if not absent:
+        return None
+    if len(devices) > 1:
+        raise AutogradError(f"graph {graph.name!r} mixes devices {sorted(devices)} and "
+                            f"{absent[0]} is not available here; cannot build its joint graph")
+    return absent[0]
+
+
+def _retarget_arg(arg: S.Argument, old: str, new: str) -> S.Argument:
+    if isinstance(arg, S.DeviceArg) and arg.name == old:
+        return S.DeviceArg(name=new)
+    if isinstance(arg, S.ListArg):
+        return S.ListArg(items=tuple(_retarget_arg(a, old, new) for a in arg.items))
+    return arg
+
+
+def retarget_device(graph: S.Graph, old: str, new: str) -> S.Graph:
+    """``graph`` with device ``old`` renamed ``new`` in values and device arguments."""
+    values = {k: msgspec.structs.replace(m, device=new) if m.device == old else m
+              for k, m in graph.values.items()}
+    nodes = tuple(msgspec.structs.replace(
+        n, args=tuple(_retarget_arg(a, old, new) for a in n.args),
+        kwargs={k: _retarget_arg(a, old, new) for k, a in n.kwargs.items()}) for n in graph.nodes)
+    return msgspec.structs.replace(graph, values=values, nodes=nodes)

@@ -1,0 +1,8 @@
+"""Test helpers of torchfuse-autograd: the case tables live next to the tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
