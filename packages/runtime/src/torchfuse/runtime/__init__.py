@@ -1,0 +1,29 @@
+"""torchfuse-runtime: loads a Program and runs it.
+
+``load(program_or_path)`` returns a :class:`CompiledProgram`, callable on the Program's flat
+inputs. Kernels are imported from a content-addressed cache directory and compiled by Triton
+(whose own cache keeps the binaries), autotuned on their first GPU launch (winners kept on
+disk), and launched by a generated Python call function. ``mode="reduce-overhead"`` replays
+calls as CUDA graphs. Nothing here imports torchfuse.capture, torchfuse.autograd or
+torchfuse.inductor: an archive runs with torchfuse-graph and torchfuse-runtime alone.
+"""
+
+from torchfuse.runtime.__about__ import __version__
+from torchfuse.runtime.config import Config
+from torchfuse.runtime.errors import (
+    CorruptArchiveError,
+    DeviceMismatchError,
+    InputError,
+    InterpreterRequiredError,
+    InvalidProgramError,
+    KernelCompileError,
+    RuntimeLoadError,
+)
+from torchfuse.runtime.kernels import CompileStats
+from torchfuse.runtime.program import CompiledProgram, load
+
+__all__ = [
+    "CompileStats", "CompiledProgram", "Config", "CorruptArchiveError", "DeviceMismatchError",
+    "InputError", "InterpreterRequiredError", "InvalidProgramError", "KernelCompileError",
+    "RuntimeLoadError", "__version__", "load",
+]

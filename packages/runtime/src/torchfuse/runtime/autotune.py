@@ -1,0 +1,159 @@
+"""First-call autotuning over a kernel's candidate configs, with the winners kept on disk.
+
+Winners live in ``<cache>/autotune/<device key>.json`` (the device key names the backend, the
+architecture and the Triton version), keyed by the kernel's content hash and the values of the
+size symbols its launches use. A process that finds its key there benchmarks nothing.
+
+Tuning happens inside a real run of the Program (the call function generated with
+``_tune(...)`` at each launch of an untuned kernel), so every kernel is benchmarked on the
+buffers it really reads. Pointer arguments are cloned before benchmarking and restored before
+the winner's launch, because a kernel may write into a buffer it also reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from torchfuse.graph import schema as S
+from torchfuse.graph.expr import evaluate, free_symbols
+from torchfuse.runtime.config import logger
+from torchfuse.runtime.kernels import CompileStats
+
+_file_lock = threading.Lock()
+
+
+def launch_symbols(program: S.Program, kernel: S.Kernel) -> tuple[str, ...]:
+    """The size symbols that a kernel's launches depend on (grid and scalar arguments)."""
+    found: set[str] = set()
+    for step in program.steps:
+        if isinstance(step, S.LaunchStep) and step.kernel == kernel.name:
+            for g in step.grid or kernel.grid:
+                found |= free_symbols(g)
+            for a in step.args:
+                if isinstance(a, S.SymRef):
+                    found |= free_symbols(a.expr)
+    meta_names = {k for c in kernel.configs for k in c.meta}
+    return tuple(sorted(found - meta_names))
+
+
+def tuning_key(kernel_hash: str, symbols: Sequence[str], env: Mapping[str, int]) -> str:
+    return kernel_hash + "|" + ",".join(f"{s}={env[s]}" for s in symbols)
+
+
+class AutotuneCache:
+    """The JSON file of winners for one device key (read once, rewritten on every new winner)."""
+
+    def __init__(self, cache_dir: Path, device_key: str) -> None:
+        self.path = cache_dir / "autotune" / f"{device_key}.json"
+        self._entries: dict[str, dict[str, Any]] | None = None
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        if self._entries is None:
+            try:
+                self._entries = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                self._entries = {}
+        return self._entries
+
+    def get(self, key: str, candidates: Sequence[S.LaunchConfig]) -> S.LaunchConfig | None:
+        raw = self._load().get(key)
+        if raw is None:
+            return None
+        try:
+            cfg = msgspec.convert(raw, S.LaunchConfig)
+        except msgspec.ValidationError:
+            return None
+        # A winner that is no longer a candidate (the producer changed its configs) is ignored.
+        return cfg if cfg in candidates else None
+
+    def put(self, key: str, cfg: S.LaunchConfig) -> None:
+        with _file_lock:
+            # Re-read so that winners written meanwhile by other processes survive.
+            self._entries = None
+            entries = self._load()
+            entries[key] = msgspec.to_builtins(cfg)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+
+
+def benchmark(kernel: S.Kernel, cfg: S.LaunchConfig, launch: Callable[[], Any]) -> float:
+    """Milliseconds one launch of ``kernel`` with ``cfg`` takes (median of Triton's ``do_bench``).
+
+    A short budget (about 8 ms of wall time per candidate): first-call compile time is a
+    target of its own, and the winner is cached on disk, so the choice is made once.
+    """
+    from triton.testing import do_bench
+
+    try:
+        return float(do_bench(launch, warmup=2, rep=6, return_mode="median"))
+    except TypeError:  # a Triton without return_mode
+        return float(do_bench(launch, warmup=2, rep=6))
+
+
+class Tuner:
+    """Called from a tuning run at each launch of an untuned kernel (``_tune`` in the source)."""
+
+    def __init__(self, program: S.Program, kernels: Mapping[str, Any], winners: dict[str, S.LaunchConfig],
+                 cache: AutotuneCache, keys: Mapping[str, str], stats: CompileStats) -> None:
+        self.program = program
+        self.kmap = {k.name: k for k in program.kernels}
+        self.kernels = kernels
+        self.winners = winners
+        self.cache = cache
+        self.keys = keys
+        self.stats = stats
+
+    def _launcher(self, kernel: S.Kernel, step: S.LaunchStep, cfg: S.LaunchConfig, args: tuple[Any, ...],
+                  env: Mapping[str, int]) -> Any:
+        from torchfuse.runtime.codegen import launch_values
+
+        fn = self.kernels[kernel.name]
+        ints = {k: v for k, v in kernel.constexprs.items() if isinstance(v, int) and not isinstance(v, bool)}
+        full = {**env, **ints, **cfg.meta}
+        grid = tuple(evaluate(g, full) for g in (step.grid or kernel.grid))
+        values = launch_values(kernel, cfg, fn, args)
+        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        return lambda: fn[grid](*values, **options)
+
+    def __call__(self, slot: int, step_index: int, args: tuple[Any, ...], env: Mapping[str, int]) -> None:
+        import torch
+
+        step = self.program.steps[step_index]
+        assert isinstance(step, S.LaunchStep)
+        kernel = self.kmap[step.kernel]
+        cfg = self.winners.get(kernel.name)
+        if cfg is None:
+            start = time.perf_counter()
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            saved = [t.clone() for t in tensors]
+            timings: list[tuple[float, int]] = []
+            for i, cand in enumerate(kernel.configs):
+                try:
+                    ms = benchmark(kernel, cand, self._launcher(kernel, step, cand, args, env))
+                except Exception as e:  # e.g. out of shared memory: not a candidate here
+                    logger.debug("autotune %s: config %s failed: %s", kernel.name, cand, e)
+                    ms = float("inf")
+                timings.append((ms, i))
+            for t, s in zip(tensors, saved, strict=True):
+                t.copy_(s)
+            best = min(timings)
+            if best[0] == float("inf"):
+                cfg = kernel.configs[0]
+            else:
+                cfg = kernel.configs[best[1]]
+                self.cache.put(self.keys[kernel.name], cfg)
+            self.winners[kernel.name] = cfg
+            self.stats.autotuned += 1
+            self.stats.autotune_seconds += time.perf_counter() - start
+            logger.info("autotune %s: %s (%s)", kernel.name, cfg,
+                        ", ".join(f"#{i}: {ms:.4f} ms" for ms, i in timings))
+        self._launcher(kernel, step, cfg, args, env)()

@@ -1,0 +1,608 @@
+"""Generating the Python call function of a Program.
+
+A Program's steps become straight-line Python, generated once per (Program, chosen configs) and
+``exec``-ed; a call then costs what the launches cost, with no per-step dispatch. For a Program
+with an ``add`` kernel and a matmul the generated source reads::
+
+    def call(*args):
+        if _is_grad_enabled():                   # extern ops must not record autograd history
+            with _no_grad():
+                return call(*args)
+        if len(args) != 2:
+            raise _bad_inputs(args)
+        x, w = args
+        try:
+            _sh0 = x.shape
+            ...                                  # ranks checked, symbols bound, strides read
+            s0 = _sh0[0]
+        except (AttributeError, TypeError):
+            raise _bad_inputs(args) from None
+        if (x.dtype is not _float32
+                or not x.is_cuda
+                ...):                            # one combined check of every input
+            raise _bad_inputs(args)
+        _dev = x.device
+        _stats.calls += 1
+        _stats.kernel_launches += 2
+        buf0 = _empty_strided((s0, 16), (16, 1), dtype=_float32, device=_dev)
+        _k_add[((s0*16 + 127)//128, 1, 1)](x, x, buf0, s0*16, BLOCK=128, num_warps=4, num_stages=1)
+        buf1 = _aten_mm_default(buf0, w)
+        del buf0
+        return [buf1]
+
+Grid expressions are translated to Python once, here, with the chosen config's meta values
+folded in as constants. On the GPU a second function, ``call_fast``, launches each kernel
+through its compiled launcher (``CompiledKernel.run``), skipping ``JITFunction.run``'s argument
+binding and cache lookup; it takes the launcher handles from a table keyed by the size symbols
+and input alignment, which ``call`` fills on its first run for that key (Triton specializes
+integers on ``== 1`` and divisibility by 16, and pointers on 16-byte alignment, so those decide
+which binary runs).
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torchfuse.graph import expr as E
+from torchfuse.graph import schema as S
+from torchfuse.graph.ops import resolve_op, to_dtype
+from torchfuse.runtime.checks import buffer_table, expected_device, symbol_source
+from torchfuse.runtime.errors import InvalidProgramError
+
+_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+# Names the generated code itself uses unprefixed (an input named ``call`` must not shadow it).
+_RESERVED = {"args", "min", "max", "len", "float", "int", "call", "call_fast"}
+
+
+@dataclass
+class Generated:
+    """The generated module: its source and the globals it runs with."""
+
+    source: str
+    globals: dict[str, Any]
+    entry: str = "call"
+    fast_entry: str | None = None
+    launches: int = 0
+    """Kernels plus extern ops one call launches."""
+    tune_slots: dict[int, int] = field(default_factory=dict)
+    """Launch-step index -> tuning slot, when generated for tuning."""
+
+
+class _Names:
+    """Python identifiers for the Program's buffers and symbols, and the module's globals."""
+
+    def __init__(self) -> None:
+        self.local: dict[str, str] = {}
+        self.used: set[str] = set(_RESERVED)
+        self.globals: dict[str, Any] = {}
+        self.global_by_id: dict[tuple[str, int], str] = {}
+
+    def bind_local(self, name: str) -> str:
+        if name in self.local:
+            return self.local[name]
+        py = name if _IDENT.match(name) and not keyword.iskeyword(name) else ""
+        if not py or py in self.used:
+            base = re.sub(r"\W", "_", name).strip("_") or "v"
+            base = base if base[0].isalpha() else "v" + base
+            py, i = base, 0
+            while py in self.used or keyword.iskeyword(py):
+                i += 1
+                py = f"{base}_{i}"
+        self.used.add(py)
+        self.local[name] = py
+        return py
+
+    def __getitem__(self, name: str) -> str:
+        try:
+            return self.local[name]
+        except KeyError:
+            raise InvalidProgramError(f"unknown name {name!r} in the program") from None
+
+    def glob(self, hint: str, value: Any) -> str:
+        """A module global holding ``value`` (one per distinct object)."""
+        key = (hint, id(value))
+        if key in self.global_by_id:
+            return self.global_by_id[key]
+        name = "_" + re.sub(r"\W", "_", hint)
+        base, i = name, 0
+        while name in self.globals:
+            i += 1
+            name = f"{base}_{i}"
+        self.globals[name] = value
+        self.global_by_id[key] = name
+        return name
+
+
+_PREC = {"==": 0, "!=": 0, "<=": 0, "<": 0, ">=": 0, ">": 0, "+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
+
+
+def _fold(node: E.Ast, consts: Mapping[str, int]) -> E.Ast:
+    """Substitute ``consts``, evaluate constant subtrees, and merge the constants of a sum
+    (``s0*s1 + 64 - 1`` becomes ``s0*s1 + 63``)."""
+    if isinstance(node, E.Name) and node.name in consts:
+        return E.Num(int(consts[node.name]))
+    if isinstance(node, E.Call):
+        args = tuple(_fold(a, consts) for a in node.args)
+        if all(isinstance(a, E.Num) for a in args):
+            vals = [a.value for a in args]  # type: ignore[union-attr]
+            return E.Num(min(vals) if node.fn == "min" else max(vals))
+        return E.Call(node.fn, args)
+    if not isinstance(node, E.BinOp):
+        return node
+    lhs, rhs = _fold(node.lhs, consts), _fold(node.rhs, consts)
+    if isinstance(lhs, E.Num) and isinstance(rhs, E.Num):
+        value = E.evaluate(f"({lhs.value}) {node.op} ({rhs.value})")
+        if not isinstance(value, bool):
+            return E.Num(int(value))
+    if node.op in ("+", "-") and isinstance(rhs, E.Num):
+        delta = rhs.value if node.op == "+" else -rhs.value
+        if isinstance(lhs, E.BinOp) and lhs.op in ("+", "-") and isinstance(lhs.rhs, E.Num):
+            delta += lhs.rhs.value if lhs.op == "+" else -lhs.rhs.value
+            lhs = lhs.lhs
+        if delta == 0:
+            return lhs
+        return E.BinOp("+" if delta > 0 else "-", lhs, E.Num(abs(delta)))
+    return E.BinOp(node.op, lhs, rhs)
+
+
+def _print(node: E.Ast, names: Mapping[str, str], expr: S.Expr) -> tuple[str, int]:
+    """(source, precedence) with parentheses only where Python needs them."""
+    if isinstance(node, E.Num):
+        return (str(node.value), 3) if node.value >= 0 else (f"({node.value})", 3)
+    if isinstance(node, E.Name):
+        if node.name not in names:
+            raise InvalidProgramError(f"expression {expr!r}: unknown name {node.name!r}")
+        return names[node.name], 3
+    if isinstance(node, E.Call):
+        return f"{node.fn}({', '.join(_print(a, names, expr)[0] for a in node.args)})", 3
+    prec = _PREC[node.op]
+    lhs, lp = _print(node.lhs, names, expr)
+    rhs, rp = _print(node.rhs, names, expr)
+    if lp < prec:
+        lhs = f"({lhs})"
+    if rp < prec or (rp == prec and node.op not in ("+", "*")):
+        rhs = f"({rhs})"
+    space = " " if prec < 2 else ""
+    return f"{lhs}{space}{node.op}{space}{rhs}", prec
+
+
+def render_expr(expr: S.Expr, names: Mapping[str, str], consts: Mapping[str, int] | None = None) -> str:
+    """Python source of a format expression; ``consts`` are folded in (e.g. a config's ``XBLOCK``).
+
+    >>> render_expr("(s0*s1 + XBLOCK - 1) // XBLOCK", {"s0": "s0", "s1": "s1"}, {"XBLOCK": 64})
+    '(s0*s1 + 63)//64'
+    """
+    if isinstance(expr, int):
+        return str(expr)
+    return _print(_fold(E.parse(expr), consts or {}), names, expr)[0]
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, float) and value != value:
+        return "float('nan')"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return f"float({str(value)!r})"
+    return repr(value)
+
+
+@dataclass
+class _Ctx:
+    program: S.Program
+    names: _Names
+    device_type: str
+    sym_names: dict[str, str]
+
+    def arg(self, a: S.Argument) -> str:
+        if isinstance(a, S.TensorRef):
+            return self.names[a.name]
+        if isinstance(a, S.SymRef):
+            return render_expr(a.expr, self.sym_names)
+        if isinstance(a, S.Int | S.Bool | S.Str):
+            return repr(a.value)
+        if isinstance(a, S.Float):
+            return _literal(float(a.value))
+        if isinstance(a, S.NoneArg):
+            return "None"
+        if isinstance(a, S.ListArg):
+            return "[" + ", ".join(self.arg(x) for x in a.items) + "]"
+        if isinstance(a, S.DtypeArg):
+            return self.names.glob(a.name, to_dtype(a.name))
+        if isinstance(a, S.DeviceArg):
+            # Devices of the Program's own type mean "wherever this call runs" (retargeting).
+            if a.name.split(":")[0] == self.program.device.split(":")[0]:
+                return "_dev"
+            return self.names.glob("device_" + a.name, torch.device(a.name))
+        if isinstance(a, S.LayoutArg | S.MemoryFormatArg):
+            return self.names.glob(a.name, getattr(torch, a.name))
+        raise InvalidProgramError(f"program {self.program.name!r}: cannot pass argument {a!r}")
+
+    def tup(self, exprs: tuple[S.Expr, ...]) -> str:
+        items = [render_expr(e, self.sym_names) for e in exprs]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _prologue(ctx: _Ctx, out: list[str]) -> None:
+    """Argument count, symbol binding and the one combined input check."""
+    p = ctx.program
+    buffers = buffer_table(p)
+    params = [ctx.names.bind_local(n) for n in p.inputs]
+    n = len(params)
+    out.append(f"    if len(args) != {n}:")
+    out.append("        raise _bad_inputs(args)")
+    if n:
+        out.append(f"    {', '.join(params)}{',' if n == 1 else ''} = args")
+    if not n:
+        return
+    bound: dict[tuple[int, int], str] = {}
+    out.append("    try:")
+    for i, name in enumerate(params):
+        out.append(f"        _sh{i} = {name}.shape")
+    ranks = " or ".join(f"len(_sh{i}) != {len(buffers[b].sizes)}" for i, b in enumerate(p.inputs))
+    out.append(f"        if {ranks}:")
+    out.append("            raise _bad_inputs(args)")
+    for sym in p.symbols:
+        src = symbol_source(sym)
+        py = ctx.sym_names[sym.name]
+        if src is not None:
+            out.append(f"        {py} = _sh{src[0]}[{src[1]}]")
+            bound[src] = sym.name
+        else:
+            out.append(f"        {py} = {sym.hint}")
+    big_symbols = {sym.name for sym in p.symbols if sym.min >= 2}
+    conds: list[str] = []
+    for i, (bname, py) in enumerate(zip(p.inputs, params, strict=True)):
+        buf = buffers[bname]
+        conds.append(f"{py}.dtype is not {ctx.names.glob(buf.dtype, to_dtype(buf.dtype))}")
+        on = expected_device(ctx.device_type, buf)
+        conds.append(f"not {py}.is_cuda" if on == "cuda" else f"{py}.device.type != 'cpu'")
+        for d, size in enumerate(buf.sizes):
+            if bound.get((i, d)) == size:
+                continue
+            conds.append(f"_sh{i}[{d}] != {render_expr(size, ctx.sym_names)}")
+        stride_conds = []
+        for d, (size, stride) in enumerate(zip(buf.sizes, buf.strides, strict=True)):
+            if size == 1:
+                continue  # the stride of a size-1 dimension never matters
+            cond = f"_st{i}[{d}] != {render_expr(stride, ctx.sym_names)}"
+            if not isinstance(size, int) and size not in big_symbols:
+                cond = f"({cond} and _sh{i}[{d}] > 1)"
+            stride_conds.append(cond)
+        if stride_conds:
+            out.append(f"        _st{i} = {py}.stride()")
+            conds.extend(stride_conds)
+    for sym in p.symbols:
+        py = ctx.sym_names[sym.name]
+        if sym.max is not None:
+            conds.append(f"not {sym.min} <= {py} <= {sym.max}")
+        elif sym.min > 0:
+            conds.append(f"{py} < {sym.min}")
+    out.append("    except (AttributeError, TypeError):")
+    out.append("        raise _bad_inputs(args) from None")
+    out.append("    if (" + "\n            or ".join(conds) + "):")
+    out.append("        raise _bad_inputs(args)")
+    on_device = [py for b, py in zip(p.inputs, params, strict=True)
+                 if expected_device(ctx.device_type, buffers[b]) == "cuda"]
+    if ctx.device_type == "cuda" and on_device:
+        out.append(f"    _dev = {on_device[0]}.device")
+        out.append("    if _dev.index != _current_device():")
+        out.append("        raise _bad_inputs(args)")
+
+
+def arrange(kernel: S.Kernel, cfg: S.LaunchConfig | None, params: list[str], n_args: int
+            ) -> list[tuple[str, int | str]]:
+    """Where each parameter of the Triton function gets its value, in parameter order.
+
+    ``("const", name)`` for the kernel's constexprs and the config's meta (by name),
+    ``("arg", i)`` for the launch's i-th argument (the remaining parameters, in order, as
+    ``fn[grid](*args, **constexprs)`` would bind them), ``("default", name)`` for a trailing
+    parameter left to its default.
+    """
+    named = {**kernel.constexprs, **(cfg.meta if cfg else {})}
+    plan: list[tuple[str, int | str]] = []
+    i = 0
+    for pname in params:
+        if pname in named:
+            plan.append(("const", pname))
+        elif i < n_args:
+            plan.append(("arg", i))
+            i += 1
+        else:
+            plan.append(("default", pname))
+    if i < n_args:
+        raise InvalidProgramError(
+            f"kernel {kernel.name!r}: the launch passes {n_args} arguments but the function "
+            f"{params} has room for {i} besides the constexprs {sorted(named)}"
+        )
+    return plan
+
+
+def _launch_args(ctx: _Ctx, kernel: S.Kernel, step: S.LaunchStep, cfg: S.LaunchConfig | None,
+                 fn: Any, params: list[str]) -> tuple[str, str, list[str]]:
+    """(arguments of ``fn[grid](...)``, grid source, every JIT parameter's value in order)."""
+    pos = [ctx.arg(a) for a in step.args]
+    meta = dict(cfg.meta) if cfg else {}
+    named = {**kernel.constexprs, **meta}
+    grid_consts = {**_int_constexprs(kernel), **meta}
+    grid = [render_expr(g, ctx.sym_names, grid_consts) for g in (step.grid or kernel.grid)]
+    grid += ["1"] * (3 - len(grid))
+    plan = arrange(kernel, cfg, params, len(pos))
+    ordered: list[str] = []
+    for kind, what in plan:
+        if kind == "arg":
+            ordered.append(pos[int(what)])
+        elif kind == "const":
+            ordered.append(_literal(named[str(what)]))
+        else:
+            default = _param_default(fn, str(what))
+            if default is None:
+                raise InvalidProgramError(
+                    f"kernel {kernel.name!r}: its parameter {what!r} gets no value from the launch")
+            ordered.append(default)
+    options = [f"num_warps={cfg.num_warps}", f"num_stages={cfg.num_stages}"] if cfg is not None else []
+    kinds = [k for k, _ in plan if k != "default"]
+    if kinds == sorted(kinds, key=lambda k: k != "arg"):
+        # Constexprs after every runtime argument: the readable form of the launch convention.
+        call_args = pos + [f"{k}={_literal(v)}" for k, v in named.items()] + options
+    else:
+        call_args = ordered + options  # a constexpr between runtime parameters: all positional
+    return ", ".join(call_args), "(" + ", ".join(grid) + ")", ordered
+
+
+def _int_constexprs(kernel: S.Kernel) -> dict[str, int]:
+    """The kernel's integer constexprs, which a grid expression may name as well."""
+    return {k: v for k, v in kernel.constexprs.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+_NO_DEFAULT = object()
+
+
+def _default_value(fn: Any, pname: str) -> Any:
+    import inspect
+
+    try:
+        param = inspect.signature(fn.fn).parameters[pname]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return _NO_DEFAULT
+    if param.default is inspect.Parameter.empty:
+        return _NO_DEFAULT
+    return getattr(param.default, "value", param.default)  # tl.constexpr wraps its value
+
+
+def _param_default(fn: Any, pname: str) -> str | None:
+    default = _default_value(fn, pname)
+    return _literal(default) if isinstance(default, int | float | bool | str) else None
+
+
+def launch_values(kernel: S.Kernel, cfg: S.LaunchConfig | None, fn: Any, args: Sequence[Any]) -> list[Any]:
+    """The positional values of ``fn[grid](*values)`` for one launch, following :func:`arrange`
+    (trailing defaulted parameters left out, earlier ones filled with their defaults)."""
+    from torchfuse.runtime.kernels import param_names
+
+    named = {**kernel.constexprs, **(cfg.meta if cfg else {})}
+    plan = arrange(kernel, cfg, param_names(fn), len(args))
+    while plan and plan[-1][0] == "default":
+        plan.pop()
+    values = []
+    for kind, what in plan:
+        if kind == "arg":
+            values.append(args[int(what)])
+        elif kind == "const":
+            values.append(named[str(what)])
+        else:
+            default = _default_value(fn, str(what))
+            if default is _NO_DEFAULT:
+                raise InvalidProgramError(
+                    f"kernel {kernel.name!r}: its parameter {what!r} gets no value from the launch")
+            values.append(default)
+    return values
+
+
+def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any],
+             configs: Mapping[str, S.LaunchConfig | None], fast: bool = False,
+             tune: frozenset[str] = frozenset(), tuned_for: tuple[str, ...] | None = None) -> Generated:
+    """Python source (and globals) of the call function(s) of ``program``.
+
+    ``kernels`` maps kernel names to Triton functions, ``configs`` kernel names to the chosen
+    config. Launches of kernels named in ``tune`` become ``_tune(slot, fn, args, env)`` calls
+    (the autotuner picks the config there). ``tuned_for`` names the symbols whose values the
+    configs were chosen for: a call with other values goes to ``_redispatch``.
+    """
+    from torchfuse.runtime.kernels import param_names
+
+    names = _Names()
+    sym_names = {s.name: names.bind_local(s.name) for s in program.symbols}
+    ctx = _Ctx(program, names, device_type, sym_names)
+    kmap = {k.name: k for k in program.kernels}
+    g = names.globals
+    g.update(_empty_strided=torch.empty_strided, _as_strided=torch.as_strided)
+    buffers = buffer_table(program)
+    reuse_sources = {s.reuse for s in program.steps if isinstance(s, S.AllocStep) and s.reuse}
+
+    head: list[str] = []
+    _prologue(ctx, head)
+    cpu = names.glob("device_cpu", torch.device("cpu"))
+    if device_type != "cuda":
+        head.append(f"    _dev = {cpu}")
+    elif not any(expected_device(device_type, buffers[b]) == "cuda" for b in program.inputs):
+        g["_cuda_device"] = _cuda_device  # no input on the GPU to take the device from
+        head.append("    _dev = _cuda_device(_current_device())")
+    if tuned_for:
+        key = "(" + ", ".join(sym_names[s] for s in tuned_for) + ",)"
+        head.append(f"    if {key} not in _TUNED_FOR:")
+        head.append("        return _redispatch(args)")
+
+    # Body lines are built twice when fast launching: once with fn[grid] (recording handles),
+    # once with direct launcher calls.
+    slow: list[str] = []
+    quick: list[str] = []
+    launches = 0
+    n_launch = 0
+    tune_slots: dict[int, int] = {}
+    param_cache: dict[str, list[str]] = {}
+    for idx, step in enumerate(program.steps):
+        if isinstance(step, S.AllocStep):
+            buf = buffers[step.buffer]
+            py = names.bind_local(step.buffer)
+            dt = names.glob(buf.dtype, to_dtype(buf.dtype))
+            sizes, strides = ctx.tup(buf.sizes), ctx.tup(buf.strides)
+            off = render_expr(buf.storage_offset, sym_names)
+            where = "_dev" if expected_device(device_type, buf) == device_type else cpu
+            if step.reuse:
+                old = names[step.reuse]
+                prev = buffers.get(step.reuse)
+                same = prev is not None and (prev.dtype, prev.sizes, prev.strides, prev.storage_offset) == (
+                    buf.dtype, buf.sizes, buf.strides, buf.storage_offset)
+                if same:
+                    line = f"    {py} = {old}"
+                elif prev is not None and prev.dtype == buf.dtype:
+                    line = f"    {py} = _as_strided({old}, {sizes}, {strides}, {off})"
+                else:
+                    g["_retype"] = _retype
+                    line = f"    {py} = _retype({old}, {dt}, {sizes}, {strides}, {off})"
+                lines = [f"{line}  # reuses {step.reuse}", f"    del {old}"]
+            elif buf.storage_offset != 0:
+                g["_alloc_offset"] = _alloc_offset
+                lines = [f"    {py} = _alloc_offset({sizes}, {strides}, {off}, {dt}, {where})"]
+            else:
+                lines = [f"    {py} = _empty_strided({sizes}, {strides}, dtype={dt}, device={where})"]
+            slow += lines
+            quick += lines
+        elif isinstance(step, S.LaunchStep):
+            kernel = kmap[step.kernel]
+            fn = kernels[kernel.name]
+            kname = names.glob("k_" + kernel.name, fn)
+            params = param_cache.setdefault(kernel.name, param_names(fn))
+            cfg = configs.get(kernel.name)
+            call_args, grid, ordered = _launch_args(ctx, kernel, step, cfg, fn, params)
+            launches += 1
+            if kernel.name in tune:
+                tune_slots[idx] = len(tune_slots)
+                env = "{" + ", ".join(f"{s!r}: {py}" for s, py in sym_names.items()) + "}"
+                pos = [ctx.arg(a) for a in step.args]
+                packed = ", ".join(pos) + ("," if len(pos) == 1 else "")
+                slow.append(f"    _tune({tune_slots[idx]}, {idx}, ({packed}), {env})")
+                continue
+            call = f"{kname}[{grid}]({call_args})"
+            slow.append(f"    _c{n_launch} = {call}" if fast else f"    {call}")
+            i = n_launch
+            # launch_metadata and the enter/exit hooks are None: no launch hooks are installed.
+            quick.append(f"    _r{i}({grid[1:-1]}, _stream, _f{i}, _m{i}, None, None, None, "
+                         + ", ".join(ordered) + ")")
+            n_launch += 1
+        elif isinstance(step, S.ExternStep):
+            op = resolve_op(step.op)
+            oname = names.glob(step.op.replace(".", "_"), op)
+            args = [ctx.arg(a) for a in step.args] + [f"{k}={ctx.arg(v)}" for k, v in step.kwargs.items()]
+            outs = [names.bind_local(o) if o else "_" for o in step.outputs]
+            call = f"{oname}({', '.join(args)})"
+            launches += 1
+            returns = op._schema.returns
+            simple = len(returns) == len(outs) and all("[]" not in str(r.type) for r in returns)
+            if not outs:
+                line = f"    {call}"
+            elif len(outs) == 1 and len(returns) == 1 and "[]" not in str(returns[0].type):
+                line = f"    {outs[0]} = {call}"
+            elif simple:
+                line = f"    {', '.join(outs)} = {call}"
+            else:
+                g["_flatten"] = _flatten
+                line = f"    {', '.join(outs)}, *_ = _flatten({call})"
+            slow.append(line)
+            quick.append(line)
+        elif isinstance(step, S.ViewStep):
+            view = (names[step.base], ctx.tup(step.sizes), ctx.tup(step.strides),
+                    render_expr(step.storage_offset, sym_names))
+            line = f"    {names.bind_local(step.output)} = _as_strided({', '.join(view)})"
+            slow.append(line)
+            quick.append(line)
+        elif isinstance(step, S.FreeStep):
+            if step.buffer in reuse_sources:
+                line = f"    # {step.buffer} freed; its storage is taken over below"
+            else:
+                line = f"    del {names[step.buffer]}"
+            slow.append(line)
+            quick.append(line)
+        elif isinstance(step, S.CopyStep):
+            line = f"    {names[step.dst]}.copy_({names[step.src]})"
+            slow.append(line)
+            quick.append(line)
+            launches += 1
+        else:  # pragma: no cover - the schema has no other step kinds
+            raise InvalidProgramError(f"unknown step {step!r}")
+    ret = "    return [" + ", ".join(ctx.arg(o) for o in program.outputs) + "]"
+
+    counters = ["    _stats.calls += 1", f"    _stats.kernel_launches += {launches}"]
+    src = [f"# generated by torchfuse.runtime for program {program.name!r} ({device_type})"]
+    for k in program.kernels:
+        cfg = configs.get(k.name)
+        if cfg is not None:
+            src.append(f"# {k.name}: {dict(cfg.meta)} num_warps={cfg.num_warps} num_stages={cfg.num_stages}")
+    fast = fast and n_launch > 0
+    key = [f"    _key = {_key_src(program, sym_names, names)}"] if fast else []
+
+    def no_grad(entry: str) -> list[str]:
+        # Extern ops and copies would record autograd history (and copy_ into a leaf that
+        # requires grad fails); Triton launches never do. Differentiation is the caller's job.
+        if not any(isinstance(s, S.ExternStep | S.CopyStep) for s in program.steps):
+            return []
+        g.update(_is_grad_enabled=torch.is_grad_enabled, _no_grad=torch.no_grad)
+        return ["    if _is_grad_enabled():",
+                "        with _no_grad():",
+                f"            return {entry}(*args)"]
+
+    src += ["", "", "def call(*args):", *no_grad("call"), *head, *counters, *key, *slow]
+    fast_entry = None
+    if fast:
+        handles = ", ".join(f"_c{i}" for i in range(n_launch))
+        src.append(f"    _record(_key, ({handles},))")
+    src.append(ret)
+    if fast:
+        fast_entry = "call_fast"
+        unpack = ", ".join(f"_r{i}, _f{i}, _m{i}" for i in range(n_launch))
+        src += ["", "", "def call_fast(*args):", *no_grad("call_fast"), *head, *key,
+                "    _h = _handles.get(_key)",
+                "    if _h is None:",
+                "        return call(*args)",
+                *counters,
+                f"    {unpack}{',' if n_launch == 1 else ''} = _h",
+                "    _stream = _get_stream(_dev.index)",
+                *quick, ret]
+    return Generated(source="\n".join(src) + "\n", globals=g, fast_entry=fast_entry, launches=launches,
+                     tune_slots=tune_slots)
+
+
+def _key_src(program: S.Program, sym_names: Mapping[str, str], names: _Names) -> str:
+    """Source of the fast-launch key: symbol values, and whether every input is 16-byte aligned."""
+    parts = [sym_names[s.name] for s in program.symbols]
+    ptrs = [f"{names[i]}.data_ptr()" for i in program.inputs]
+    if ptrs:
+        parts.append(f"(({' | '.join(ptrs)}) & 15) == 0")
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _retype(old: torch.Tensor, dtype: torch.dtype, sizes: tuple[int, ...], strides: tuple[int, ...],
+            offset: int) -> torch.Tensor:
+    """A tensor of another dtype over ``old``'s storage (buffer reuse across dtypes)."""
+    out = torch.empty(0, dtype=dtype, device=old.device)
+    return out.set_(old.untyped_storage(), offset, sizes, strides)
+
+
+def _alloc_offset(sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    extent = offset + 1 + sum((s - 1) * st for s, st in zip(sizes, strides, strict=True) if s > 0)
+    return torch.as_strided(torch.empty(extent, dtype=dtype, device=device), sizes, strides, offset)
+
+
+def _cuda_device(index: int) -> torch.device:
+    return torch.device("cuda", index)
+
+
+def _flatten(result: Any) -> list[Any]:
+    from torchfuse.graph.ops import flatten_result
+
+    return flatten_result(result)

@@ -1,0 +1,82 @@
+"""Configuration of torchfuse-runtime: the only module of this package that reads the environment.
+
+| variable | meaning |
+|---|---|
+| `TORCHFUSE_CACHE_DIR` | root of the caches; default `$XDG_CACHE_HOME/torchfuse` or `~/.cache/torchfuse` |
+| `TORCHFUSE_AUTOTUNE` | `0`: no first-call autotuning (each kernel's first config); default on |
+| `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
+| `TORCHFUSE_COMPILE_THREADS` | threads compiling kernels ahead of time; default `min(8, cpu count)` |
+| `TORCHFUSE_LOGS` | the torchfuse logging switch; this package owns `runtime` (`+runtime`: DEBUG) |
+| `TRITON_INTERPRET` | read, not owned: whether Triton runs kernels on the CPU |
+
+Values are read at import and kept in :data:`config`; tests replace it with
+:func:`dataclasses.replace` or call :func:`from_environment` with their own mapping.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Settings of the runtime package."""
+
+    cache_dir: Path
+    """Root of the runtime's on-disk caches."""
+    autotune: bool = True
+    """Benchmark a kernel's candidate configs on its first GPU launch and keep the fastest."""
+    fast_launch: bool = True
+    """Launch through the compiled kernel's launcher once it is known (GPU only)."""
+    compile_threads: int = 4
+    """Threads that compile kernels concurrently before the first GPU call."""
+    log_runtime: bool = False
+    log_level: int = logging.INFO
+
+
+def _default_cache_dir(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "torchfuse"
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> Config:
+    """The config described by ``environ`` (defaults to ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    cache = env.get("TORCHFUSE_CACHE_DIR")
+    logs = {n.strip() for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()}
+    threads = env.get("TORCHFUSE_COMPILE_THREADS")
+    return Config(
+        cache_dir=Path(cache).expanduser() if cache else _default_cache_dir(env),
+        autotune=_flag(env, "TORCHFUSE_AUTOTUNE", True),
+        fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
+        compile_threads=max(1, int(threads)) if threads else max(1, min(8, os.cpu_count() or 1)),
+        log_runtime=bool(logs & {"runtime", "+runtime", "all"}),
+        log_level=logging.DEBUG if "+runtime" in logs else logging.INFO,
+    )
+
+
+def triton_interpret_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TRITON_INTERPRET`` asks Triton to run kernels through its CPU interpreter."""
+    env = os.environ if environ is None else environ
+    return _flag(env, "TRITON_INTERPRET", False)
+
+
+config: Config = from_environment()
+"""The active configuration."""
+
+logger = logging.getLogger("torchfuse.runtime")
+if config.log_runtime:
+    logger.setLevel(config.log_level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        logger.addHandler(logging.StreamHandler())

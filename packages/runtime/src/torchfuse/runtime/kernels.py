@@ -1,0 +1,260 @@
+"""Turning a Program's kernel sources into Triton ``JITFunction`` objects, and compiling them early.
+
+Triton's ``@jit`` reads its function's source through ``inspect``, so every ``Kernel.source`` is
+written to a real file, ``<cache>/kernels/k_<hash>.py``, named by the hash of its content, and
+imported from there. Compiled binaries are Triton's business: its own on-disk cache (keyed by
+the source, the compiler version and the target) makes a second process load them instead of
+compiling. :func:`precompile` warms every (kernel, config) a call will launch, in a thread pool,
+before the first GPU launch, and counts Triton's cache hits and misses where Triton reports them
+(``triton.knobs.compilation.listener``), so that "a warm process compiles nothing" can be measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torchfuse.runtime.config as rconfig
+from torchfuse.graph import schema as S
+from torchfuse.runtime.config import logger
+from torchfuse.runtime.errors import KernelCompileError
+
+_MODULE_PREFIX = "torchfuse_runtime_kernels"
+_modules: dict[tuple[str, bool], ModuleType] = {}
+"""Imported kernel modules by (file, interpreted)."""
+_modules_lock = threading.Lock()
+
+
+def kernel_hash(kernel: S.Kernel) -> str:
+    """Content hash of a kernel's source and entry name (what names its cache file)."""
+    digest = hashlib.sha256(kernel.source.encode())
+    digest.update(b"\0" + (kernel.entry or kernel.name).encode())
+    return digest.hexdigest()[:40]
+
+
+def entry_name(kernel: S.Kernel) -> str:
+    return kernel.entry or kernel.name
+
+
+def kernels_dir(cache_dir: Path | None = None) -> Path:
+    return (cache_dir or rconfig.config.cache_dir) / "kernels"
+
+
+def _write_once(path: Path, text: str) -> None:
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename so that a concurrent process never imports a half-written file.
+    tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton's ``@jit`` currently builds interpreted (CPU) functions."""
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    # Older Triton read the variable once, at import.
+    from torchfuse.runtime.config import triton_interpret_requested
+
+    return triton_interpret_requested()
+
+
+def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None) -> Any:
+    """The Triton ``JITFunction`` (or interpreted function) a kernel's source defines."""
+    digest = kernel_hash(kernel)
+    interp = triton_interpreting()
+    path = kernels_dir(cache_dir) / f"k_{digest}.py"
+    key = (str(path), interp)
+    with _modules_lock:
+        module = _modules.get(key)
+        if module is None:
+            _write_once(path, kernel.source)
+            # Interpreted and compiled builds of one source are different objects; keep both apart.
+            mod_name = base = f"{_MODULE_PREFIX}.k_{digest}{'_interp' if interp else ''}"
+            suffix = 0
+            while mod_name in sys.modules:  # the same source under another cache directory
+                suffix += 1
+                mod_name = f"{base}_{suffix}"
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            if spec is None or spec.loader is None:
+                raise KernelCompileError(f"kernel {kernel.name!r}: cannot import {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as e:
+                sys.modules.pop(mod_name, None)
+                raise KernelCompileError(
+                    f"kernel {kernel.name!r}: its source ({path}) failed to import: {type(e).__name__}: {e}"
+                ) from e
+            _modules[key] = module
+    fn = getattr(module, entry_name(kernel), None)
+    if fn is None:
+        raise KernelCompileError(
+            f"kernel {kernel.name!r}: its source defines no function named {entry_name(kernel)!r}"
+        )
+    return fn
+
+
+def param_names(fn: Any) -> list[str]:
+    """Parameter names of a Triton function, in order (constexprs included)."""
+    names = getattr(fn, "arg_names", None)
+    if names is None:
+        import inspect
+
+        names = list(inspect.signature(fn.fn).parameters)
+    return list(names)
+
+
+def device_key(device: str) -> str:
+    """What distinguishes compiled code between machines: backend, architecture, Triton version."""
+    import triton
+
+    if device.startswith("cuda"):
+        import torch
+
+        index = torch.device(device).index
+        major, minor = torch.cuda.get_device_capability(
+            index if index is not None else torch.cuda.current_device())
+        arch = f"{'hip' if torch.version.hip else 'sm'}{major}{minor}"
+    else:
+        arch = "interpreter"
+    return f"{device.split(':')[0]}-{arch}-triton{triton.__version__}"
+
+
+# ----------------------------------------------------------------------------- compile statistics
+
+
+@dataclass
+class CompileStats:
+    """What a CompiledProgram spent compiling (see ``CompiledProgram.stats``)."""
+
+    kernels_loaded: int = 0
+    """Kernel modules imported."""
+    warmups: int = 0
+    """(kernel, config, specialization) pairs handed to Triton before the first launch."""
+    triton_cache_hits: int | None = None
+    """Binaries Triton loaded from its on-disk cache; ``None`` where Triton does not report it."""
+    triton_compiles: int | None = None
+    """Binaries Triton really compiled (cache misses); ``None`` where Triton does not report it."""
+    compile_seconds: float = 0.0
+    """Wall time of importing and precompiling kernels."""
+    autotune_seconds: float = 0.0
+    autotuned: int = 0
+    """Kernels benchmarked over their candidate configs (not found in the autotune cache)."""
+    autotune_cache_hits: int = 0
+    generated: int = 0
+    """Call functions generated and ``exec``-ed."""
+    calls: int = 0
+    """Calls through the generated function (each CUDA-graph replay counts in ``graph_replays``)."""
+    kernel_launches: int = 0
+    """Kernels and extern ops launched from Python (a replayed CUDA graph launches none)."""
+    graph_replays: int = 0
+    graph_captures: int = 0
+    fallback_reasons: list[str] = field(default_factory=list)
+
+
+class count_compiles:
+    """Counts Triton compilations while active, chaining to any listener already installed."""
+
+    def __init__(self, stats: CompileStats) -> None:
+        self.stats = stats
+        self.lock = threading.Lock()
+        self.previous: Any = None
+        self.knobs: Any = None
+
+    def __enter__(self) -> count_compiles:
+        import triton
+
+        knobs = getattr(triton, "knobs", None)
+        if knobs is None or not hasattr(knobs.compilation, "listener"):
+            return self
+        self.knobs = knobs
+        self.previous = knobs.compilation.listener
+        if self.stats.triton_cache_hits is None:
+            self.stats.triton_cache_hits = 0
+            self.stats.triton_compiles = 0
+
+        def listener(*, cache_hit: bool, **kwargs: Any) -> None:
+            with self.lock:
+                if cache_hit:
+                    self.stats.triton_cache_hits += 1
+                else:
+                    self.stats.triton_compiles += 1
+            if self.previous is not None:
+                self.previous(cache_hit=cache_hit, **kwargs)
+
+        knobs.compilation.listener = listener
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.knobs is not None:
+            self.knobs.compilation.listener = self.previous
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupJob:
+    """One compilation to run ahead of time: a kernel, its arguments by kind, and launch options."""
+
+    name: str
+    fn: Any
+    args: tuple[Any, ...]
+    """Pointers as torch dtypes (Triton mocks them as 16-byte aligned), scalars as values."""
+    kwargs: tuple[tuple[str, Any], ...]
+
+
+def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | None = None) -> None:
+    """Compile ``jobs`` with ``fn.warmup`` in a thread pool, one thread per kernel function.
+
+    Much of Triton's compilation (LLVM, and ``ptxas`` as a subprocess) runs without the GIL, so
+    a few threads overlap well. The jobs of one kernel run in one thread, in order, because a
+    ``JITFunction``'s own caches are not safe to fill from two threads at once. A failed
+    warm-up is logged and left to the first launch, which raises the real error there.
+    """
+    if not jobs:
+        return
+    threads = threads or rconfig.config.compile_threads
+    start = time.perf_counter()
+    by_fn: dict[int, list[WarmupJob]] = {}
+    for job in jobs:
+        by_fn.setdefault(id(job.fn), []).append(job)
+
+    def run(group: list[WarmupJob]) -> None:
+        for job in group:
+            try:
+                job.fn.warmup(*job.args, grid=(1,), **dict(job.kwargs))
+            except Exception as e:  # the first real launch reports it with full context
+                logger.debug("warm-up of %s failed (%s: %s); compiling at first launch", job.name,
+                             type(e).__name__, e)
+
+    groups = list(by_fn.values())
+    if threads == 1 or len(groups) == 1:
+        for group in groups:
+            run(group)
+    else:
+        with ThreadPoolExecutor(max_workers=min(threads, len(groups))) as pool:
+            list(pool.map(run, groups))
+    stats.warmups += len(jobs)
+    stats.compile_seconds += time.perf_counter() - start
+
+
+def timed(stats: CompileStats, fn: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        stats.compile_seconds += time.perf_counter() - start

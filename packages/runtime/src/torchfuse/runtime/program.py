@@ -1,0 +1,409 @@
+"""``load(program)`` and :class:`CompiledProgram`: a Program made callable.
+
+Loading validates the Program and imports its kernels. The first call binds the size symbols,
+precompiles every kernel launch in parallel (GPU), autotunes kernels with several candidate
+configs (GPU, winners cached on disk), then generates and ``exec``-s the call function for the
+chosen configs (see :mod:`torchfuse.runtime.codegen`); later calls go straight to it.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import torch
+import torchfuse.runtime.config as rconfig
+from torchfuse.graph import schema as S
+from torchfuse.graph.expr import evaluate
+from torchfuse.graph.ops import to_dtype
+from torchfuse.runtime import codegen
+from torchfuse.runtime.autotune import AutotuneCache, Tuner, launch_symbols, tuning_key
+from torchfuse.runtime.checks import buffer_table, diagnose_inputs, symbol_source, validate_program
+from torchfuse.runtime.config import logger
+from torchfuse.runtime.errors import (
+    CorruptArchiveError,
+    InputError,
+    InterpreterRequiredError,
+    RuntimeLoadError,
+)
+from torchfuse.runtime.kernels import (
+    CompileStats,
+    WarmupJob,
+    count_compiles,
+    device_key,
+    kernel_hash,
+    load_kernel,
+    precompile,
+    timed,
+    triton_interpreting,
+)
+
+Mode = Literal["default", "reduce-overhead"]
+_warned_interpreter = False
+
+
+def _warn_interpreter_once() -> None:
+    global _warned_interpreter
+    if not _warned_interpreter:
+        _warned_interpreter = True
+        warnings.warn(
+            "torchfuse.runtime: running Triton kernels on the CPU through Triton's interpreter "
+            "(TRITON_INTERPRET=1). This path is for testing and is very slow; use small tensors.",
+            RuntimeWarning, stacklevel=4,
+        )
+
+
+def _launch_hooks_active() -> bool:
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None:
+        return False
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is None:
+            continue
+        calls = getattr(hook, "calls", None)
+        if calls is None or calls:
+            return True
+    return False
+
+
+def _launcher_compatible(run: Any) -> bool:
+    """Whether a compiled kernel's launcher takes what ``JITFunction.run`` passes it in the
+    Triton versions we know (grid x/y/z, stream, function, then everything else positionally)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(run).parameters.values())
+    except (TypeError, ValueError):
+        return True  # a launcher written in C: nothing to check
+    names = [p.name for p in params[:5]]
+    var = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    return names == ["gridX", "gridY", "gridZ", "stream", "function"] and var
+
+
+class CompiledProgram:
+    """A loaded Program: call it with the Program's inputs (flat, in order) to get its outputs.
+
+    Attributes worth knowing: ``source`` (the generated call function as Python text),
+    ``stats`` (compile and launch counters, see :class:`~torchfuse.runtime.kernels.CompileStats`),
+    ``program`` (the Program record), ``device_type`` and ``mode``.
+    """
+
+    def __init__(self, program: S.Program, *, device_type: str, mode: Mode = "default",
+                 tensors: dict[str, torch.Tensor] | None = None, cache_dir: Path | None = None) -> None:
+        validate_program(program)
+        self.program = program
+        self.device_type = device_type
+        self.mode = mode
+        self.tensors = dict(tensors or {})
+        self.cache_dir = cache_dir or rconfig.config.cache_dir
+        self.stats = CompileStats()
+        self._lock = threading.RLock()
+        self._kmap = {k.name: k for k in program.kernels}
+        if device_type == "cpu" and program.kernels and not triton_interpreting():
+            raise InterpreterRequiredError(
+                f"program {program.name!r} runs on the CPU, which needs Triton's interpreter: set "
+                "TRITON_INTERPRET=1 in the environment before triton is imported (e.g. before "
+                "`import torchfuse.runtime`), or load it with device='cuda'"
+            )
+        self.kernels: dict[str, Any] = timed(
+            self.stats, lambda: {k.name: load_kernel(k, self.cache_dir) for k in program.kernels})
+        self.stats.kernels_loaded = len(self.kernels)
+        self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
+        self._gpu = device_type == "cuda"
+        self._variants: dict[tuple[Any, ...], codegen.Generated] = {}
+        self._by_key: dict[tuple[int, ...], Any] = {}
+        tunable = [k for k in program.kernels if len(k.configs) > 1]
+        self._setup_tuning(tunable if (self._gpu and rconfig.config.autotune) else [])
+        self._precompiled: set[tuple[Any, ...]] = set()
+        self._generated: codegen.Generated | None = None
+        self._entry: Any = self._first_call
+        self._graphs: Any = None
+        if mode == "reduce-overhead":
+            from torchfuse.runtime.cudagraphs import GraphRunner
+
+            self._graphs = GraphRunner(self)
+        elif mode != "default":
+            raise ValueError(f"unknown mode {mode!r}; expected 'default' or 'reduce-overhead'")
+
+    def _setup_tuning(self, tunable: list[S.Kernel]) -> None:
+        """Which kernels are autotuned (GPU only, unless a test asks), and on which symbols."""
+        self._tunable = tunable
+        self._tune_symbols = tuple(sorted({s for k in tunable for s in launch_symbols(self.program, k)}))
+        self._autotune_cache: AutotuneCache | None = None  # made at the first call (needs the device)
+
+    # ------------------------------------------------------------------------- calling
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        if self._graphs is not None:
+            return self._graphs(inputs)
+        return self._entry(*inputs)
+
+    def run_uncaptured(self, *inputs: Any) -> list[Any]:
+        """Run through the generated call function (never a CUDA graph)."""
+        return self._entry(*inputs)
+
+    @property
+    def source(self) -> str:
+        """The generated call function (after the first call; before it, what it would be with
+        every kernel's first config)."""
+        if self._generated is None:
+            return codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
+                                    configs=self._default_configs(), fast=self._fast_allowed()).source
+        return self._generated.source
+
+    @property
+    def call(self) -> Any:
+        """The generated function itself (lowest overhead; no CUDA graphs). Available after the first call."""
+        return self._entry
+
+    def _default_configs(self) -> dict[str, S.LaunchConfig | None]:
+        return {k.name: (k.configs[0] if k.configs else None) for k in self.program.kernels}
+
+    def _fast_allowed(self) -> bool:
+        return self._gpu and rconfig.config.fast_launch
+
+    def _bad_inputs(self, args: tuple[Any, ...]) -> InputError:
+        return diagnose_inputs(self.program, self.device_type, args) or InputError(
+            f"inputs do not match program {self.program.name!r}")
+
+    def _bind(self, args: tuple[Any, ...]) -> dict[str, int]:
+        err = diagnose_inputs(self.program, self.device_type, args)
+        if err is not None:
+            raise err
+        env: dict[str, int] = {}
+        for sym in self.program.symbols:
+            src = symbol_source(sym)
+            env[sym.name] = int(args[src[0]].shape[src[1]]) if src else int(sym.hint or 0)
+        return env
+
+    def _first_call(self, *args: Any) -> list[Any]:
+        with self._lock:
+            env = self._bind(args)
+            if not self._gpu and self.program.kernels:
+                _warn_interpreter_once()
+            if not self._gpu and not self._tunable:
+                return self._install(self._default_configs(), tuned_key=None)(*args)
+            return self._dispatch(args, env)
+
+    def _redispatch(self, args: tuple[Any, ...]) -> list[Any]:
+        with self._lock:
+            return self._dispatch(args, self._bind(args))
+
+    def _dispatch(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
+        # Every Triton compilation during this call (warm-up, tuning, first launches) is counted.
+        with count_compiles(self.stats):
+            return self._dispatch_counted(args, env)
+
+    def _dispatch_counted(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
+        """Choose configs for these symbol values (tuning if needed), then call their function.
+
+        Runs on the first call (GPU), and again for each new value of the symbols that tuned
+        kernels depend on.
+        """
+        key = tuple(env[s] for s in self._tune_symbols)
+        fn = self._by_key.get(key)
+        if fn is not None:
+            self._entry = fn
+            return fn(*args)
+        if self._tunable and self._autotune_cache is None:
+            self._autotune_cache = AutotuneCache(self.cache_dir, device_key(self.device_type))
+        configs = self._default_configs()
+        winners: dict[str, S.LaunchConfig] = {}
+        missing = []
+        tkeys = {}
+        for k in self._tunable:
+            tkeys[k.name] = tuning_key(self._hashes[k.name], launch_symbols(self.program, k), env)
+            assert self._autotune_cache is not None
+            hit = self._autotune_cache.get(tkeys[k.name], k.configs)
+            if hit is None:
+                missing.append(k.name)
+            else:
+                winners[k.name] = hit
+                self.stats.autotune_cache_hits += 1
+        if self._gpu:
+            # Only what will run: every candidate of a kernel still to tune, else the chosen config.
+            warm = {k.name: list(k.configs) if k.name in missing else [winners.get(k.name) or configs[k.name]]
+                    for k in self.program.kernels}
+            self._precompile(env, warm)
+        result = None
+        if missing:
+            assert self._autotune_cache is not None
+            tuner = Tuner(self.program, self.kernels, winners, self._autotune_cache, tkeys, self.stats)
+            gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
+                                   configs={**configs, **winners}, tune=frozenset(missing))
+            result = self._exec(gen, {"_tune": tuner})(*args)
+        configs.update(winners)
+        fn = self._install(configs, tuned_key=key if self._tune_symbols else None)
+        self._by_key[key] = fn
+        return result if result is not None else fn(*args)
+
+    def _precompile(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]]) -> None:
+        """Compile every (launch, config) in ``warm`` before the first launch, in parallel."""
+        buffers = buffer_table(self.program)
+        jobs = []
+        for step in self.program.steps:
+            if not isinstance(step, S.LaunchStep):
+                continue
+            kernel = self._kmap[step.kernel]
+            args: list[Any] = []
+            for param, a in zip(kernel.signature, step.args, strict=True):
+                if isinstance(a, S.TensorRef):
+                    buf = buffers.get(a.name)
+                    dtype = param.dtype or (buf.dtype if buf else "float32")
+                    args.append(to_dtype(dtype))  # Triton mocks a dtype as an aligned pointer
+                elif isinstance(a, S.SymRef):
+                    args.append(evaluate(a.expr, env))
+                elif isinstance(a, S.Float):
+                    args.append(float(a.value))
+                else:
+                    args.append(getattr(a, "value", None))
+            fn = self.kernels[kernel.name]
+            for cfg in warm.get(kernel.name, [None]):
+                values = codegen.launch_values(kernel, cfg, fn, args)
+                kw = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages} if cfg else {}
+                jkey = (kernel.name, tuple(map(repr, values)), tuple(sorted(kw.items())))
+                if jkey in self._precompiled:
+                    continue
+                self._precompiled.add(jkey)
+                jobs.append(WarmupJob(kernel.name, fn, tuple(values), tuple(kw.items())))
+        precompile(jobs, self.stats)
+
+    def _exec(self, gen: codegen.Generated, extra: dict[str, Any]) -> Any:
+        namespace = dict(gen.globals)
+        namespace.update(
+            _stats=self.stats,
+            _bad_inputs=self._bad_inputs,
+            _redispatch=self._redispatch,
+            **extra,
+        )
+        if self._gpu:
+            import triton
+
+            handles: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+            namespace.update(
+                _current_device=torch.cuda.current_device,
+                _get_stream=triton.runtime.driver.active.get_current_stream,
+                _handles=handles,
+                _record=self._recorder(handles),
+            )
+        filename = f"<torchfuse.runtime:{self.program.name}:{self.stats.generated}>"
+        code = compile(gen.source, filename, "exec")
+        # Register the source so tracebacks through the generated function show its lines.
+        import linecache
+
+        linecache.cache[filename] = (len(gen.source), None, gen.source.splitlines(True), filename)
+        exec(code, namespace)
+        self.stats.generated += 1
+        logger.debug("program %r: generated call function\n%s", self.program.name, gen.source)
+        return namespace[gen.fast_entry or gen.entry]
+
+    def _recorder(self, handles: dict[tuple[Any, ...], tuple[Any, ...]]) -> Any:
+        """``_record`` of the generated code: keeps the launchers of one call's compiled kernels."""
+
+        def record(key: tuple[Any, ...], compiled: tuple[Any, ...]) -> None:
+            if self.program.inputs and not key[-1]:
+                return  # a misaligned input: keep the checked path for such calls
+            if _launch_hooks_active():
+                self._note_fallback("fast launch off: Triton launch hooks are installed (profiler?)")
+                return
+            entries: list[Any] = []
+            for c in compiled:
+                if c is None or not hasattr(c, "packed_metadata") or not hasattr(c, "function"):
+                    self._note_fallback("fast launch off: Triton returned no compiled kernel")
+                    return
+                run = c.run
+                if not _launcher_compatible(run):
+                    self._note_fallback(f"fast launch off: unknown launcher signature {run!r}")
+                    return
+                entries += [run, c.function, c.packed_metadata]
+            handles[key] = tuple(entries)
+
+        return record
+
+    def _install(self, configs: dict[str, S.LaunchConfig | None], tuned_key: tuple[int, ...] | None) -> Any:
+        """The call function for ``configs`` (generated and exec-ed once), made the entry point."""
+        ckey = tuple((k, msgspec.json.encode(c)) for k, c in sorted(configs.items()))
+        gen = self._variants.get(ckey)
+        if gen is None:
+            tuned_for = self._tune_symbols if tuned_key is not None else None
+            gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
+                                   configs=configs, fast=self._fast_allowed(), tuned_for=tuned_for)
+            self._variants[ckey] = gen
+            gen.globals["_fn"] = self._exec(gen, {"_TUNED_FOR": set()})
+        fn = gen.globals["_fn"]
+        if tuned_key is not None:
+            # The symbol values these configs were chosen for; others go back to _dispatch.
+            fn.__globals__["_TUNED_FOR"].add(tuned_key)
+        self._generated = gen
+        self._entry = fn
+        return fn
+
+    def _note_fallback(self, reason: str) -> None:
+        if reason not in self.stats.fallback_reasons:
+            self.stats.fallback_reasons.append(reason)
+            logger.info("program %r: %s", self.program.name, reason)
+
+    # ------------------------------------------------------------------------- saving
+
+    def save(self, path: str | Path) -> Path:
+        """Write the Program (and any tensors it was loaded with) as an archive (directory or ``.zip``)."""
+        from torchfuse.graph import save
+        from torchfuse.runtime.__about__ import __version__
+
+        return save(self.program, path, tensors=self.tensors or None,
+                    producer=("torchfuse-runtime", __version__))
+
+    def __repr__(self) -> str:
+        return (f"CompiledProgram({self.program.name!r}, device={self.device_type!r}, mode={self.mode!r}, "
+                f"kernels={len(self.program.kernels)}, steps={len(self.program.steps)})")
+
+
+def _resolve_device(program: S.Program, device: str | torch.device | None) -> str:
+    if device is None:
+        return program.device.split(":")[0]
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise RuntimeLoadError(f"device {device!r}: torchfuse runs Programs on 'cpu' or 'cuda'")
+    return kind
+
+
+def _read_archive(path: Path) -> tuple[S.Program, dict[str, torch.Tensor]]:
+    from torchfuse.graph import ArchiveError, FormatVersionError, load_archive
+
+    try:
+        archive = load_archive(path)
+    except FormatVersionError as e:
+        raise CorruptArchiveError(f"{path}: {e}") from e
+    except (ArchiveError, msgspec.MsgspecError, OSError, ValueError, KeyError) as e:
+        raise CorruptArchiveError(f"{path} is not a loadable Program archive: {e}") from e
+    if not isinstance(archive.document, S.Program):
+        raise CorruptArchiveError(
+            f"{path} holds a {type(archive.document).__name__}, not a Program; compile it with "
+            "torchfuse.inductor first")
+    return archive.document, archive.tensors
+
+
+def load(program_or_path: S.Program | str | Path, *, device: str | torch.device | None = None,
+         mode: Mode = "default") -> CompiledProgram:
+    """Load a Program (a record, or the path of an archive) and return it as a callable.
+
+    ``device`` defaults to the Program's own device type. ``device="cpu"`` runs any Program,
+    a cuda one included, through Triton's CPU interpreter (``TRITON_INTERPRET=1`` must be set
+    before triton is imported; slow). ``mode="reduce-overhead"`` replays calls as CUDA graphs.
+
+    >>> fn = load("model.tfp.zip")                          # doctest: +SKIP
+    >>> out, = fn(x, y)                                    # doctest: +SKIP
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    if isinstance(program_or_path, S.Program):
+        program = program_or_path
+    elif isinstance(program_or_path, str | Path):
+        program, tensors = _read_archive(Path(program_or_path))
+    else:
+        raise TypeError(f"load() takes a Program or an archive path, got {type(program_or_path).__name__}")
+    return CompiledProgram(program, device_type=_resolve_device(program, device), mode=mode, tensors=tensors)

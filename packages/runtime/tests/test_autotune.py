@@ -1,0 +1,124 @@
+"""Autotuning logic, exercised on the CPU with a stand-in benchmark (the real one needs a GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+import runtime_programs as P
+import torch
+import torchfuse.runtime.autotune as autotune
+from torchfuse.graph import schema as S
+from torchfuse.runtime import load
+
+pytestmark = pytest.mark.filterwarnings("ignore:torchfuse.runtime. running Triton kernels")
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """A benchmark that prefers XBLOCK=128 and really launches each candidate once."""
+    seen = []
+
+    def fake(kernel, cfg, launch):
+        launch()
+        seen.append(cfg.meta["XBLOCK"])
+        return 1.0 if cfg.meta["XBLOCK"] == 128 else 5.0
+
+    monkeypatch.setattr(autotune, "benchmark", fake)
+    return seen
+
+
+def tuned(prog):
+    fn = load(prog)
+    fn._setup_tuning([k for k in prog.kernels if len(k.configs) > 1])
+    return fn
+
+
+def test_tuning_picks_the_fastest_and_persists_it(bench, cache_dir):
+    fn = tuned(P.scale_program("cpu"))
+    x = torch.randn(100)
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert bench == [32, 128, 1024]
+    assert fn.stats.autotuned == 1
+    assert "(s0 + 127)//128" in fn.source and "XBLOCK=128" in fn.source
+    (stored,) = (cache_dir / "autotune").iterdir()
+    entries = json.loads(stored.read_text())
+    ((key, cfg),) = entries.items()
+    assert key.endswith("|s0=100") and cfg["meta"] == {"XBLOCK": 128}
+    (again,) = fn(x)  # the generated function now runs without tuning
+    torch.testing.assert_close(again, x * 0.5)
+    assert bench == [32, 128, 1024]
+
+    fresh = tuned(P.scale_program("cpu"))  # a new load (as a new process would) benchmarks nothing
+    (out,) = fresh(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert bench == [32, 128, 1024]
+    assert fresh.stats.autotune_cache_hits == 1 and fresh.stats.autotuned == 0
+
+
+def test_new_symbol_values_are_tuned_once_each(bench):
+    fn = tuned(P.scale_program("cpu"))
+    a, b = torch.randn(100), torch.randn(37)
+    for x in (a, b, a, b):
+        (out,) = fn(x)
+        torch.testing.assert_close(out, x * 0.5)
+    assert len(bench) == 6  # two keys, three candidates each
+    # both keys chose the same configs, so one generated function serves them (plus the
+    # two tuning runs)
+    assert fn.stats.generated == 3
+
+
+def test_winner_that_is_no_longer_a_candidate_is_ignored(bench, cache_dir):
+    fn = tuned(P.scale_program("cpu"))
+    fn(torch.randn(100))
+    other = P.scale_program("cpu", configs=(S.LaunchConfig(meta={"XBLOCK": 64}), S.LaunchConfig(meta={"XBLOCK": 128})))
+    # same kernel source, other candidates: the stored winner (128) is still one of them
+    fresh = tuned(other)
+    fresh(torch.randn(100))
+    assert fresh.stats.autotune_cache_hits == 1
+    only_small = P.scale_program("cpu", configs=(S.LaunchConfig(meta={"XBLOCK": 16}),
+                                                 S.LaunchConfig(meta={"XBLOCK": 32})))
+    third = tuned(only_small)
+    third(torch.randn(100))
+    assert third.stats.autotune_cache_hits == 0 and third.stats.autotuned == 1
+
+
+def test_in_place_kernels_are_restored_between_candidates(bench):
+    t = S.TensorRef
+    base = P.scale_program("cpu")
+    prog = msgspec.structs.replace(
+        base,
+        steps=(S.ExternStep(op="aten.clone.default", args=(t(name="x"),), outputs=("buf0",)),
+               S.LaunchStep(kernel="scale", args=(t(name="buf0"), t(name="buf0"), S.Float(value=0.5),
+                                                  S.SymRef(expr="s0")))),
+    )
+    fn = tuned(prog)
+    x = torch.randn(100)
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)  # not x * 0.5**4
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+
+
+def test_tuning_a_kernel_with_a_constexpr_between_its_parameters(monkeypatch):
+    from test_codegen import middle_program
+
+    seen = []
+
+    def fake(kernel, cfg, launch):
+        launch()
+        seen.append(cfg.meta["BLOCK"])
+        return float(cfg.meta["BLOCK"])  # the smallest block wins
+
+    monkeypatch.setattr(autotune, "benchmark", fake)
+    prog = middle_program()
+    kernel = msgspec.structs.replace(prog.kernels[0], configs=(S.LaunchConfig(meta={"BLOCK": 32}),
+                                                               S.LaunchConfig(meta={"BLOCK": 8})))
+    fn = tuned(msgspec.structs.replace(prog, kernels=(kernel,)))
+    x = torch.randn(50)
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 3.0)
+    assert seen == [32, 8]
+    assert "(s0 + 7)//8" in fn.source

@@ -1,0 +1,192 @@
+"""GPU tests: compiled kernels, the fast launch path, autotuning, caches across processes, CUDA graphs.
+
+Skipped without CUDA (the root conftest marks them); run them on the GPU machine with
+``python -m pytest packages/runtime/tests -m gpu``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import runtime_programs as P
+import torch
+from torchfuse.runtime import load
+
+pytestmark = pytest.mark.gpu
+
+
+def _close(got, want):
+    for g, w in zip(got, want, strict=True):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w)
+        else:
+            assert g == w
+
+
+def _inputs(rows=64, cols=300, offset=0):
+    x = torch.randn(rows * cols + offset, device="cuda")[offset:].view(rows, cols)
+    return x, torch.randn(rows, cols, device="cuda"), torch.randn(cols, 8, device="cuda")
+
+
+def test_mixed_program_and_the_fast_launch_path():
+    fn = load(P.mixed_program("cuda"))
+    for rows, cols in [(64, 300), (64, 300), (7, 33), (7, 33), (64, 300)]:
+        x, y, w = _inputs(rows, cols)
+        _close(fn(x, y, w), P.mixed_reference(x, y, w))
+    assert fn.call.__name__ == "call_fast"
+    handles = fn.call.__globals__["_handles"]
+    assert len(handles) == 2, fn.stats.fallback_reasons  # one per (sizes, alignment) seen
+    assert "_r0(" in fn.source
+
+
+def test_misaligned_inputs_take_the_checked_path():
+    fn = load(P.mixed_program("cuda"))
+    x, y, w = _inputs(16, 40)
+    fn(x, y, w)
+    x, y, w = _inputs(16, 40, offset=1)  # 4-byte aligned only: Triton specializes on 16
+    _close(fn(x, y, w), P.mixed_reference(x, y, w))
+    _close(fn(x, y, w), P.mixed_reference(x, y, w))
+
+
+def test_fast_launch_can_be_turned_off(monkeypatch):
+    import torchfuse.runtime.config as rconfig
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, fast_launch=False))
+    fn = load(P.mixed_program("cuda"))
+    x, y, w = _inputs()
+    for _ in range(2):
+        _close(fn(x, y, w), P.mixed_reference(x, y, w))
+    assert fn.call.__name__ == "call" and "_r0(" not in fn.source
+
+
+def test_copy_step_on_gpu():
+    fn = load(P.copy_program("cuda"))
+    x = torch.randn(1000, device="cuda")
+    before = x.clone()
+    (out,) = fn(x)
+    torch.testing.assert_close(out, 2 * before)
+    torch.testing.assert_close(x, 2 * before)
+
+
+def test_autotuning_picks_and_persists(cache_dir):
+    fn = load(P.scale_program("cuda"))
+    x = torch.randn(1 << 20, device="cuda")
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert fn.stats.autotuned == 1
+    (stored,) = (cache_dir / "autotune").iterdir()
+    assert stored.name.startswith("cuda-sm")
+    ((key, winner),) = json.loads(stored.read_text()).items()
+    assert key.endswith(f"|s0={1 << 20}")
+    assert winner["meta"]["XBLOCK"] in (32, 128, 1024)
+    assert f"XBLOCK={winner['meta']['XBLOCK']}" in fn.source
+    again = load(P.scale_program("cuda"))
+    (out,) = again(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert again.stats.autotuned == 0 and again.stats.autotune_cache_hits == 1
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    import runtime_programs as P
+    from torchfuse.runtime import load
+
+    x = torch.randn(1 << 16, device="cuda")
+    a, b, w = torch.randn(64, 300, device="cuda"), torch.randn(64, 300, device="cuda"), torch.randn(300, 8, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    f1 = load(P.mixed_program("cuda")); f1(a, b, w)
+    f2 = load(P.scale_program("cuda")); f2(x)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    stats = [vars(f.stats) for f in (f1, f2)]
+    print(json.dumps({"first_call_s": first, "stats": stats}))
+""")
+
+
+def _child(env):
+    proc = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(__file__)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_compiles_nothing(tmp_path, cache_dir):
+    env = dict(os.environ, TORCHFUSE_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    cold = _child(env)
+    warm = _child(env)
+    print(f"first call, cold caches: {cold['first_call_s']:.3f} s; warm caches: {warm['first_call_s']:.3f} s")
+    for s in warm["stats"]:
+        assert s["autotuned"] == 0
+        if s["triton_compiles"] is not None:
+            assert s["triton_compiles"] == 0
+    assert sum(s["autotuned"] for s in cold["stats"]) == 1
+    if cold["stats"][0]["triton_compiles"] is not None:
+        assert sum(s["triton_compiles"] for s in cold["stats"]) > 0
+
+
+def test_reduce_overhead_replays_a_cuda_graph():
+    fn = load(P.mixed_program("cuda"), mode="reduce-overhead")
+    eager_launches = None
+    for i in range(6):
+        x, y, w = _inputs()
+        _close([t.clone() if isinstance(t, torch.Tensor) else t for t in fn(x, y, w)], P.mixed_reference(x, y, w))
+        if i == 1:
+            eager_launches = fn.stats.kernel_launches  # warm-up + side-stream run + capture
+    assert fn.stats.graph_captures == 1
+    assert fn.stats.graph_replays == 5
+    assert fn.stats.kernel_launches == eager_launches  # replays launch nothing from Python
+    x, y, w = _inputs(8, 20)  # a new shape is recorded again
+    _close(fn(x, y, w), P.mixed_reference(x, y, w))
+    _close(fn(x, y, w), P.mixed_reference(x, y, w))
+    assert fn.stats.graph_captures == 2
+
+
+def test_reduce_overhead_falls_back_for_programs_that_mutate_inputs():
+    fn = load(P.copy_program("cuda"), mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(500, device="cuda")
+        before = x.clone()
+        (out,) = fn(x)
+        torch.testing.assert_close(out, 2 * before)
+        torch.testing.assert_close(x, 2 * before)
+    assert fn.stats.graph_captures == 0
+    assert any("CopyStep" in r for r in fn.stats.fallback_reasons)
+
+
+def test_reduce_overhead_with_a_tuned_kernel():
+    fn = load(P.scale_program("cuda"), mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(4096, device="cuda")
+        (out,) = fn(x)
+        torch.testing.assert_close(out, x * 0.5)
+    assert fn.stats.graph_replays == 2
+
+
+def test_cpu_scalar_input_of_a_cuda_program():
+    from test_codegen import scalar_input_program
+
+    fn = load(scalar_input_program("cuda"))
+    x, c = torch.randn(8, device="cuda"), torch.tensor(3.0)
+    for _ in range(2):
+        (y,) = fn(x, c)
+        torch.testing.assert_close(y, x * 3)
+
+
+def test_reduce_overhead_falls_back_for_cpu_inputs():
+    from test_codegen import scalar_input_program
+
+    fn = load(scalar_input_program("cuda"), mode="reduce-overhead")
+    x = torch.randn(8, device="cuda")
+    for value in (3.0, 5.0):
+        (y,) = fn(x, torch.tensor(value))
+        torch.testing.assert_close(y, x * value)
+    assert fn.stats.graph_captures == 0
