@@ -1,0 +1,64 @@
+"""The ``inductor`` backend: ``inductor(graph, example_inputs) -> callable(*inputs) -> list``.
+
+With grad mode on and an input that requires grad, the graph goes through
+``torchfuse.autograd.aot`` (joint graph, partition) and each half is compiled here;
+otherwise the graph is compiled directly. Either way each compiled graph is a Program run by
+``torchfuse.runtime``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torchfuse.graph import schema as S
+from torchfuse.inductor.compile import compile_graph
+
+
+def compiler(
+    graph: S.Graph,
+    example_inputs: Sequence[Any] | None = None,
+    *,
+    mode: str = "default",
+    options: dict | None = None,
+) -> Callable[..., list]:
+    """Compile one graph and load it with the runtime: ``compiler(graph, inputs)(*inputs)``."""
+    from torchfuse.runtime import load
+
+    program = compile_graph(graph, example_inputs, mode=mode, options=options)
+    runtime_mode = "reduce-overhead" if mode == "reduce-overhead" else "default"
+    fn = load(program, mode=runtime_mode)
+
+    def run(*inputs: Any) -> list:
+        return list(fn(*inputs))
+
+    run.program = program  # type: ignore[attr-defined]
+    return run
+
+
+def _needs_grad(example_inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
+    )
+
+
+def inductor(
+    graph: S.Graph, example_inputs: Sequence[Any], *, mode: str = "default", options: dict | None = None
+) -> Callable[..., list]:
+    """The torchfuse default backend (entry point ``torchfuse.backends: inductor``)."""
+
+    def comp(g: S.Graph, inputs: Sequence[Any]) -> Callable[..., list]:
+        return compiler(g, inputs, mode=mode, options=options)
+
+    if _needs_grad(example_inputs):
+        from torchfuse.autograd import aot
+
+        fn = aot(graph, comp, comp)
+
+        def run_aot(*inputs: Any) -> list:
+            out = fn(*inputs)
+            return list(out) if isinstance(out, list | tuple) else [out]
+
+        return run_aot
+    return comp(graph, example_inputs)

@@ -1,0 +1,657 @@
+"""Triton code generation: one :class:`~torchfuse.inductor.scheduler.KernelGroup` becomes
+one ``@triton.jit`` function in a self-contained module (a :class:`~torchfuse.graph.Kernel`).
+
+Three kernel shapes:
+
+* ``triton_poi_*`` -- 1-D tiles of ``XBLOCK`` elements;
+* ``triton_per_*`` -- persistent reductions: ``XBLOCK`` rows per program, the whole row
+  (``RBLOCK >= rnumel``) in registers, every node computed once, one read of each input;
+* ``triton_red_*`` -- looped reductions: rows too long for registers are walked in chunks
+  of ``RBLOCK``; a kernel makes one pass per *phase* (e.g. max, then sum of exp, then the
+  normalized output), recomputing cheap pointwise values instead of storing them.
+
+Values are computed in float32 for half inputs and cast back on store. Index arithmetic is
+32-bit unless a tensor has 2^31 or more elements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sympy
+from torchfuse.graph import schema as S
+from torchfuse.inductor import ir
+from torchfuse.inductor.config import InductorConfig
+from torchfuse.inductor.ir import VOp
+from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
+
+TL_DTYPE = {
+    "float32": "tl.float32",
+    "float64": "tl.float64",
+    "float16": "tl.float16",
+    "bfloat16": "tl.bfloat16",
+    "int64": "tl.int64",
+    "int32": "tl.int32",
+    "int16": "tl.int16",
+    "int8": "tl.int8",
+    "uint8": "tl.uint8",
+    "bool": "tl.int1",
+}
+
+HELPERS = {
+    "_prod_combine": "def _prod_combine(a, b):\n    return a * b\n",
+    # eager max/min propagate NaN; tl.max/tl.min do not
+    "_max_nan": "def _max_nan(a, b):\n    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)\n",
+    "_min_nan": "def _min_nan(a, b):\n    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)\n",
+    "_tanh": "def _tanh(x):\n    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)\n",
+    "_log1p": (
+        "def _log1p(x):\n    u = 1.0 + x\n    d = u - 1.0\n"
+        "    return tl.where(d == 0.0, x, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))\n"
+    ),
+    "_expm1": (
+        "def _expm1(x):\n    u = tl.exp(x)\n    d = u - 1.0\n    lu = tl.log(u)\n"
+        "    r = d * (x / tl.where(lu == 0.0, 1.0, lu))\n"
+        "    return tl.where(u == 1.0, x, tl.where(d == -1.0, -1.0, r))\n"
+    ),
+    "_pow": (
+        "def _pow(a, b):\n    b = a * 0.0 + b\n    r = tl.exp2(b * tl.log2(tl.abs(a)))\n"
+        "    odd = (b - 2.0 * tl.floor(b * 0.5)) == 1.0\n"
+        "    r = tl.where((a < 0.0) & odd, -r, r)\n"
+        "    r = tl.where((a < 0.0) & (tl.floor(b) != b), float('nan'), r)\n"
+        "    return tl.where(b == 0.0, 1.0, r)\n"
+    ),
+    "_round": (
+        "def _round(x):\n    r = tl.floor(x + 0.5)\n"
+        "    tie = (r - x) == 0.5\n    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0\n"
+        "    return tl.where(tie & odd, r - 1.0, r)\n"
+    ),
+    "_trunc": "def _trunc(x):\n    return tl.where(x >= 0.0, tl.floor(x), tl.ceil(x))\n",
+}
+
+_SIMPLE_CALLS = {
+    VOp.ABS: "tl.abs",
+    VOp.EXP: "tl.exp",
+    VOp.EXP2: "tl.exp2",
+    VOp.LOG: "tl.log",
+    VOp.LOG2: "tl.log2",
+    VOp.SQRT: "tl.sqrt",
+    VOp.RSQRT: "tl.rsqrt",
+    VOp.SIN: "tl.sin",
+    VOp.COS: "tl.cos",
+    VOp.SIGMOID: "tl.sigmoid",
+    VOp.ERF: "tl.erf",
+    VOp.FLOOR: "tl.floor",
+    VOp.CEIL: "tl.ceil",
+    VOp.TANH: "_tanh",
+    VOp.LOG1P: "_log1p",
+    VOp.EXPM1: "_expm1",
+    VOp.ROUND: "_round",
+    VOp.TRUNC: "_trunc",
+}
+_INFIX = {
+    VOp.ADD: "+",
+    VOp.SUB: "-",
+    VOp.MUL: "*",
+    VOp.TRUEDIV: "/",
+    VOp.EQ: "==",
+    VOp.NE: "!=",
+    VOp.LT: "<",
+    VOp.LE: "<=",
+    VOp.GT: ">",
+    VOp.GE: ">=",
+    VOp.AND: "&",
+    VOp.OR: "|",
+    VOp.XOR: "^",
+}
+
+SCALAR, ROWS, FULL = 0, 1, 2
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def const_text(value, dtype: str) -> str:
+    if isinstance(value, bool) or dtype == "bool":
+        return "True" if value else "False"
+    if dtype in ir.FLOAT_DTYPES:
+        v = float(value)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        return repr(v)
+    return str(int(value))
+
+
+def format_expr(e: sympy.Expr) -> str:
+    """A sympy index expression in the format's expression grammar (for grids, sizes)."""
+    return ir.print_index(e, {}, fmt=True)
+
+
+@dataclass
+class _Tmp:
+    name: str
+    shape: int
+    dtype: str
+
+
+class KernelWriter:
+    """Writes one kernel; :meth:`write` returns the format Kernel record."""
+
+    def __init__(self, group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> None:
+        self.g = group
+        self.prog = prog
+        self.config = config
+        self.members = {n.name: n for n in group.nodes}
+        self.params: dict[str, str] = {}  # buffer -> pointer param
+        self.lines: list[str] = []
+        self.indent = 1
+        self.scopes: list[dict[str, _Tmp]] = [{}]
+        self.full_values: list[dict[str, _Tmp]] = [{}]
+        self.row_values: dict[str, _Tmp] = {}
+        self.helpers: set[str] = set()
+        self.count = 0
+        self.size_syms: set[sympy.Symbol] = set()
+        self.bounds = {XI: group.xnumel, RI: group.rnumel}
+        self.two_d = group.kind != GroupKind.POINTWISE
+        self.loop_at: int | None = None
+        self.accs: dict[str, tuple[str, str]] = {}
+
+    # -- emission helpers
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.indent + text)
+
+    def tmp(self, expr: str, shape: int, dtype: str) -> _Tmp:
+        for scope in reversed(self.scopes):
+            if expr in scope:
+                return scope[expr]
+        t = _Tmp(f"tmp{self.count}", shape, dtype)
+        self.count += 1
+        if self.loop_at is not None and shape != FULL:
+            # a per-row value inside a looped reduction: computed once, before the loop
+            self.lines.insert(self.loop_at, "    " * (self.indent - 1) + f"{t.name} = {expr}")
+            self.loop_at += 1
+            self.scopes[-2][expr] = t
+            return t
+        self.line(f"{t.name} = {expr}")
+        self.scopes[-1][expr] = t
+        return t
+
+    def ptr(self, buf: str, out: bool) -> str:
+        if buf not in self.params:
+            k = sum(1 for p in self.params.values() if p.startswith("out" if out else "in"))
+            self.params[buf] = f"{'out' if out else 'in'}_ptr{k}"
+        return self.params[buf]
+
+    def index(self, e: sympy.Expr, placement, extra: dict | None = None) -> tuple[str, int]:
+        e = ir.simplify_index(e.xreplace(dict(placement.varmap)), self.bounds)
+        names = {XI: "xindex", RI: "rindex"}
+        names.update(extra or {})
+        for s in e.free_symbols:
+            if s not in names and not s.name.startswith("ind"):
+                self.size_syms.add(s)
+        shape = SCALAR
+        if RI in e.free_symbols:
+            shape = FULL
+        elif XI in e.free_symbols:
+            shape = ROWS
+        return ir.print_index(e, names), shape
+
+    def mask_for(self, shape: int) -> str | None:
+        if shape == SCALAR:
+            return None
+        if shape == FULL:
+            return "mask"
+        return "xmask"
+
+    def shape_text(self, shape: int) -> str:
+        if not self.two_d:
+            return "[XBLOCK]"
+        return "[XBLOCK, RBLOCK]" if shape == FULL else "[XBLOCK, 1]"
+
+    # -- values
+    def emit(self, v: ir.Value, node: ir.Node) -> _Tmp:
+        placement = self.g.placement(node.name)
+        if isinstance(v, ir.Const):
+            return _Tmp(const_text(v.value, v.dtype), SCALAR, v.dtype)
+        if isinstance(v, ir.IndexValue):
+            text, shape = self.index(v.index, placement)
+            return self.tmp(text, shape, "int32") if shape != SCALAR else _Tmp(text, SCALAR, "int64")
+        if isinstance(v, ir.Cast):
+            a = self.emit(v.arg, node)
+            if a.dtype == v.dtype:
+                return _Tmp(a.name, a.shape, v.dtype)
+            if v.dtype == "bool":
+                return self.tmp(f"({a.name} != 0)", a.shape, "bool")
+            if a.shape == SCALAR and a.name.lstrip("-").replace(".", "").replace("e", "").isdigit():
+                return _Tmp(
+                    const_text(float(a.name) if v.dtype in ir.FLOAT_DTYPES else int(float(a.name)), v.dtype),
+                    SCALAR,
+                    v.dtype,
+                )
+            return self.tmp(f"{a.name}.to({TL_DTYPE[v.dtype]})", a.shape, v.dtype)
+        if isinstance(v, ir.Load):
+            return self.emit_load(v, node, placement)
+        args = [self.emit(a, node) for a in v.args]
+        shape = max(a.shape for a in args)
+        return self.tmp(self.call_text(v, args), shape, v.dtype)
+
+    def call_text(self, v: ir.Call, args: list[_Tmp]) -> str:
+        a = [x.name for x in args]
+        op = v.op
+        if op in _INFIX:
+            return f"({a[0]} {_INFIX[op]} {a[1]})"
+        if op in _SIMPLE_CALLS:
+            fn = _SIMPLE_CALLS[op]
+            if fn.startswith("_"):
+                self.helpers.add(fn)
+            return f"{fn}({a[0]})"
+        floaty = v.dtype in ir.FLOAT_DTYPES
+        if op in (VOp.MAX, VOp.MIN):
+            fn = "tl.maximum" if op == VOp.MAX else "tl.minimum"
+            nan = ", propagate_nan=tl.PropagateNan.ALL" if floaty and all(x.shape for x in args) else ""
+            return f"{fn}({a[0]}, {a[1]}{nan})"
+        if op == VOp.NEG:
+            return f"(-{a[0]})"
+        if op == VOp.RECIPROCAL:
+            return f"(1.0 / {a[0]})"
+        if op == VOp.TAN:
+            return f"(tl.sin({a[0]}) / tl.cos({a[0]}))"
+        if op == VOp.SIGN:
+            dt = TL_DTYPE[v.dtype]
+            return f"((0 < {a[0]}).to({dt}) - ({a[0]} < 0).to({dt}))"
+        if op == VOp.NOT:
+            return f"({a[0]} == 0)"
+        if op == VOp.BITNOT:
+            return f"(~{a[0]})"
+        if op == VOp.ISNAN:
+            return f"({a[0]} != {a[0]})"
+        if op == VOp.ISINF:
+            return f'(tl.abs({a[0]}) == float("inf"))'
+        if op == VOp.WHERE:
+            return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+        if op == VOp.POW:
+            self.helpers.add("_pow")
+            return f"_pow({a[0]}, {a[1]})"
+        if op == VOp.FLOORDIV:
+            if floaty:
+                return f"tl.floor({a[0]} / {a[1]})"
+            return (
+                f"tl.where((({a[0]} % {a[1]}) != 0) & (({a[0]} < 0) != ({a[1]} < 0)), "
+                f"{a[0]} // {a[1]} - 1, {a[0]} // {a[1]})"
+            )
+        if op == VOp.REM:
+            if floaty:
+                return f"({a[0]} - {a[1]} * tl.floor({a[0]} / {a[1]}))"
+            return (
+                f"tl.where((({a[0]} % {a[1]}) != 0) & ((({a[0]} % {a[1]}) < 0) != ({a[1]} < 0)), "
+                f"{a[0]} % {a[1]} + {a[1]}, {a[0]} % {a[1]})"
+            )
+        raise NotImplementedError(f"no Triton rendering for {op}")
+
+    def emit_load(self, ld: ir.Load, node: ir.Node, placement) -> _Tmp:
+        prod = self.members.get(ld.buffer)
+        if prod is not None:
+            return self.value_of(prod)
+        extra = {}
+        shapes = []
+        for s, val in ld.indirect:
+            t = self.emit(val, node)
+            extra[s] = t.name
+            shapes.append(t.shape)
+        text, shape = self.index(ld.index, placement, extra)
+        shape = max([shape, *shapes])
+        ptr = self.ptr(ld.buffer, out=False)
+        mask = self.mask_for(shape)
+        m = f", {mask}, other=0" if mask else ""
+        return self.tmp(f"tl.load({ptr} + ({text}){m})", shape, ld.dtype)
+
+    def value_of(self, node: ir.Node) -> _Tmp:
+        p = self.g.placement(node.name)
+        if p.role != Role.FULL:
+            return self.row_values[node.name]
+        for scope in reversed(self.full_values):
+            if node.name in scope:
+                return scope[node.name]
+        assert isinstance(node, ir.Pointwise)
+        t = self.emit(node.body, node)
+        self.full_values[-1][node.name] = t
+        return t
+
+    def store(self, node: ir.Node, t: _Tmp) -> None:
+        if node.name not in self.g.stores:
+            return
+        p = self.g.placement(node.name)
+        text, shape = self.index(node.store_index, p)
+        spec = self.prog.buffers[node.name]
+        want = FULL if p.role == Role.FULL and self.two_d else ROWS
+        val = t.name
+        if t.dtype != spec.dtype:
+            val = f"{val}.to({TL_DTYPE[spec.dtype]})" if spec.dtype != "bool" else f"({val} != 0)"
+        if shape < want:  # a pointer block of the stored shape, even for a constant index
+            text = f"{text} + tl.zeros({self.shape_text(want)}, tl.int32)"
+        if t.shape == SCALAR:
+            val = f"tl.full({self.shape_text(want)}, {val}, {TL_DTYPE[spec.dtype]})"
+        elif t.shape < want:
+            val = f"tl.broadcast_to({val}, {self.shape_text(want)})"
+        self.line(f"tl.store({self.ptr(node.name, out=True)} + ({text}), {val}, {self.mask_for(want)})")
+
+    # -- reductions
+    def identity(self, rop: ir.ReduceOp, dtype: str) -> str:
+        floaty = dtype in ir.FLOAT_DTYPES
+        if rop in (ir.ReduceOp.SUM, ir.ReduceOp.ANY):
+            return "0"
+        if rop in (ir.ReduceOp.PROD, ir.ReduceOp.ALL):
+            return "1"
+        lo = rop in (ir.ReduceOp.MAX, ir.ReduceOp.ARGMAX)
+        if floaty:
+            return 'float("-inf")' if lo else 'float("inf")'
+        bits = {"int64": 63, "int32": 31, "int16": 15, "int8": 7, "uint8": 8, "bool": 1}[dtype]
+        if dtype in ("uint8", "bool"):
+            return "0" if lo else str((1 << bits) - 1)
+        return str(-(1 << bits)) if lo else str((1 << bits) - 1)
+
+    def minmax_text(self, rop: ir.ReduceOp, block: str, dtype: str) -> str:
+        if dtype in ir.FLOAT_DTYPES:
+            helper = "_max_nan" if rop == ir.ReduceOp.MAX else "_min_nan"
+            self.helpers.add(helper)
+            return f"tl.reduce({block}, 1, {helper})[:, None]"
+        return f"{'tl.max' if rop == ir.ReduceOp.MAX else 'tl.min'}({block}, 1)[:, None]"
+
+    def full_operand(self, t: _Tmp) -> str:
+        if t.shape == FULL:
+            return t.name
+        if t.shape == SCALAR:
+            return f"tl.full([XBLOCK, RBLOCK], {t.name}, {TL_DTYPE[t.dtype]})"
+        return f"tl.broadcast_to({t.name}, [XBLOCK, RBLOCK])"
+
+    def reduce_persistent(self, node: ir.Reduction) -> _Tmp:
+        v = self.emit(node.body, node)
+        val = self.full_operand(v)
+        ident = self.identity(node.reduce, v.dtype)
+        masked = self.tmp(f"tl.where(mask, {val}, {ident})", FULL, v.dtype)
+        rop = node.reduce
+        if rop == ir.ReduceOp.SUM:
+            expr = f"tl.sum({masked.name}, 1)[:, None]"
+        elif rop in (ir.ReduceOp.MAX, ir.ReduceOp.MIN):
+            expr = self.minmax_text(rop, masked.name, v.dtype)
+        elif rop == ir.ReduceOp.PROD:
+            self.helpers.add("_prod_combine")
+            expr = f"tl.reduce({masked.name}, 1, _prod_combine)[:, None]"
+        elif rop == ir.ReduceOp.ANY:
+            expr = f"(tl.max({masked.name}.to(tl.int8), 1)[:, None] != 0)"
+        elif rop == ir.ReduceOp.ALL:
+            expr = f"(tl.min({masked.name}.to(tl.int8), 1)[:, None] != 0)"
+        else:
+            fn = "tl.argmax" if rop == ir.ReduceOp.ARGMAX else "tl.argmin"
+            expr = f"{fn}({masked.name}, 1)[:, None].to(tl.int64)"
+        dtype = node.dtype if rop in ir.INDEX_REDUCTIONS else v.dtype
+        if rop in (ir.ReduceOp.ANY, ir.ReduceOp.ALL):
+            dtype = "bool"
+        return self.tmp(expr, ROWS, dtype)
+
+    # -- kernel bodies
+    def body_pointwise(self) -> None:
+        for node in self.g.nodes:
+            self.store(node, self.value_of(node))
+
+    def body_persistent(self) -> None:
+        for node in self.g.nodes:
+            p = self.g.placement(node.name)
+            if isinstance(node, ir.Reduction):
+                t = self.reduce_persistent(node)
+                self.row_values[node.name] = t
+            elif p.role == Role.ROW:
+                t = self.emit(node.body, node)
+                self.row_values[node.name] = t
+            else:
+                t = self.value_of(node)
+            self.store(node, t)
+
+    def body_looped(self) -> None:
+        def rows_after(phase: int) -> None:
+            for node in self.g.nodes:
+                p = self.g.placement(node.name)
+                if p.role == Role.ROW and p.phase == phase:
+                    t = self.emit(node.body, node)
+                    self.row_values[node.name] = t
+                    self.store(node, t)
+
+        rows_after(-1)
+        for phase in range(self.g.phases):
+            reds = [
+                n
+                for n in self.g.nodes
+                if isinstance(n, ir.Reduction) and self.g.placement(n.name).phase == phase
+            ]
+            accs = {}
+            for n in reds:
+                acc_dtype = (
+                    ir.compute_dtype(n.body.dtype)
+                    if n.reduce not in (ir.ReduceOp.ANY, ir.ReduceOp.ALL)
+                    else "bool"
+                )
+                name = f"acc{self.count}"
+                self.count += 1
+                self.line(
+                    f"{name} = tl.full([XBLOCK, RBLOCK], {self.identity(n.reduce, acc_dtype)}, "
+                    f"{TL_DTYPE[acc_dtype]})"
+                )
+                if n.reduce in ir.INDEX_REDUCTIONS:
+                    self.line(f"{name}_i = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
+                accs[n.name] = (name, acc_dtype)
+            self.loop_at = len(self.lines)
+            self.line("for roffset in range(0, rnumel, RBLOCK):")
+            self.indent += 1
+            self.scopes.append({})
+            self.full_values.append({})
+            self.line("rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+            self.line("rmask = rindex < rnumel")
+            self.line("mask = xmask & rmask")
+            for node in self.g.nodes:
+                p = self.g.placement(node.name)
+                if p.phase != phase:
+                    continue
+                if isinstance(node, ir.Reduction):
+                    self.accs = accs
+                    self.accumulate(node, *accs[node.name])
+                elif p.role == Role.FULL and node.name in self.g.stores:
+                    self.store(node, self.value_of(node))
+            self.scopes.pop()
+            self.full_values.pop()
+            self.indent -= 1
+            self.loop_at = None
+            self.accs = accs
+            for n in reds:
+                self.row_values[n.name] = self.finish_acc(n, *accs[n.name])
+                self.store(n, self.row_values[n.name])
+            rows_after(phase)
+
+    def online_partner_of(self, node: ir.Reduction) -> ir.Node | None:
+        return next((n for n in self.g.nodes if self.g.placement(n.name).online_with == node.name), None)
+
+    def accumulate(self, node: ir.Reduction, acc: str, acc_dtype: str) -> None:
+        if self.g.placement(node.name).online_with is not None:
+            return  # accumulated together with its max (see below)
+        v = self.emit(node.body, node)
+        val = self.full_operand(v)
+        rop = node.reduce
+        partner = self.online_partner_of(node)
+        if partner is not None:
+            s_acc = self.accs[partner.name][0]
+            self.line(f"m_new = tl.where(mask, tl.maximum({acc}, {val}), {acc})")
+            self.line('m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)')
+            rescaled = f"{s_acc} * tl.exp({acc} - m_safe) + tl.exp({val} - m_safe)"
+            self.line(f"{s_acc} = tl.where(mask, {rescaled}, {s_acc})")
+            self.line(f"{acc} = m_new")
+            return
+        if rop == ir.ReduceOp.SUM:
+            new = f"{acc} + {val}"
+        elif rop == ir.ReduceOp.PROD:
+            new = f"{acc} * {val}"
+        elif rop in (ir.ReduceOp.MAX, ir.ReduceOp.MIN):
+            fn = "tl.maximum" if rop == ir.ReduceOp.MAX else "tl.minimum"
+            nan = ", propagate_nan=tl.PropagateNan.ALL" if acc_dtype in ir.FLOAT_DTYPES else ""
+            new = f"{fn}({acc}, {val}{nan})"
+        elif rop == ir.ReduceOp.ANY:
+            new = f"{acc} | {val}"
+        elif rop == ir.ReduceOp.ALL:
+            new = f"{acc} & {val}"
+        else:
+            cmp = ">" if rop == ir.ReduceOp.ARGMAX else "<"
+            self.line(f"take = mask & ({val} {cmp} {acc})")
+            self.line(f"{acc} = tl.where(take, {val}, {acc})")
+            self.line(
+                f"{acc}_i = tl.where(take, tl.broadcast_to(rindex.to(tl.int64), [XBLOCK, RBLOCK]), {acc}_i)"
+            )
+            return
+        self.line(f"{acc} = tl.where(mask, {new}, {acc})")
+
+    def finish_acc(self, node: ir.Reduction, acc: str, acc_dtype: str) -> _Tmp:
+        rop = node.reduce
+        with_max = self.g.placement(node.name).online_with
+        if with_max is not None:
+            m_acc = self.accs[with_max][0]
+            m_row = self.row_values[with_max]
+            safe = self.tmp(f'tl.where({m_row.name} == float("-inf"), 0.0, {m_row.name})', ROWS, "float32")
+            return self.tmp(f"tl.sum({acc} * tl.exp({m_acc} - {safe.name}), 1)[:, None]", ROWS, acc_dtype)
+        if rop == ir.ReduceOp.SUM:
+            return self.tmp(f"tl.sum({acc}, 1)[:, None]", ROWS, acc_dtype)
+        if rop in (ir.ReduceOp.MAX, ir.ReduceOp.MIN):
+            return self.tmp(self.minmax_text(rop, acc, acc_dtype), ROWS, acc_dtype)
+        if rop == ir.ReduceOp.PROD:
+            self.helpers.add("_prod_combine")
+            return self.tmp(f"tl.reduce({acc}, 1, _prod_combine)[:, None]", ROWS, acc_dtype)
+        if rop in (ir.ReduceOp.ANY, ir.ReduceOp.ALL):
+            fn = "tl.max" if rop == ir.ReduceOp.ANY else "tl.min"
+            return self.tmp(f"({fn}({acc}.to(tl.int8), 1)[:, None] != 0)", ROWS, "bool")
+        best = self.tmp(
+            f"{'tl.max' if rop == ir.ReduceOp.ARGMAX else 'tl.min'}({acc}, 1)[:, None]", ROWS, acc_dtype
+        )
+        return self.tmp(
+            f"tl.min(tl.where({acc} == {best.name}, {acc}_i, {2**62}), 1)[:, None]", ROWS, "int64"
+        )
+
+    # -- the whole kernel
+    def name(self) -> str:
+        origins = sorted({o for n in self.g.nodes for o in getattr(n, "origins", ())})
+        fused = "_".join(origins[:8]) or "kernel"
+        return f"triton_{self.g.kind.value}_fused_{fused}_{self.g.index}"
+
+    def write(self) -> S.Kernel:
+        kind = self.g.kind
+        body_start = len(self.lines)
+        if kind == GroupKind.POINTWISE:
+            self.body_pointwise()
+        elif kind == GroupKind.PERSISTENT:
+            self.body_persistent()
+        else:
+            self.body_looped()
+        body = self.lines[body_start:]
+        name = self.name()
+        wide = self.needs_int64()
+        pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+        head = [f"    xoffset = {pid} * XBLOCK"]
+        if kind == GroupKind.POINTWISE:
+            head += ["    xindex = xoffset + tl.arange(0, XBLOCK)", "    xmask = xindex < xnumel"]
+        else:
+            head += ["    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]", "    xmask = xindex < xnumel"]
+        if kind == GroupKind.PERSISTENT:
+            head += [
+                "    rindex = tl.arange(0, RBLOCK)[None, :]",
+                "    rmask = rindex < rnumel",
+                "    mask = xmask & rmask",
+            ]
+        ptr_params = list(self.params.items())
+        # stable order: inputs first, then outputs
+        ptr_params.sort(key=lambda kv: (kv[1].startswith("out"), int(kv[1].split("ptr")[1])))
+        sym_params = sorted(self.size_syms, key=lambda s: s.name)
+        scalar_names = ["xnumel"] + (["rnumel"] if kind != GroupKind.POINTWISE else [])
+        sig = [p for _, p in ptr_params] + scalar_names + [s.name for s in sym_params]
+        constexprs = ["XBLOCK: tl.constexpr"] + (
+            ["RBLOCK: tl.constexpr"] if kind != GroupKind.POINTWISE else []
+        )
+        src = ["import triton", "import triton.language as tl"]
+        for h in sorted(self.helpers):
+            src += ["", "", "@triton.jit", HELPERS[h].rstrip()]
+        src += ["", "", "@triton.jit", f"def {name}({', '.join(sig + constexprs)}):", *head, *body, ""]
+        idx_kind = "i64" if wide else "i32"
+        params = [S.KernelParam(name=p, kind="ptr", dtype=self.prog.buffers[b].dtype) for b, p in ptr_params]
+        params += [S.KernelParam(name=n, kind=idx_kind) for n in scalar_names]
+        params += [S.KernelParam(name=s.name, kind="i64") for s in sym_params]
+        constexprs_v, configs = self.configs()
+        grid = (f"({format_expr(self.g.xnumel)} + XBLOCK - 1) // XBLOCK", 1, 1)
+        meta = {
+            "buffers": ",".join(b for b, _ in ptr_params),
+            "kind": kind.value,
+            "nodes": ",".join(n.name for n in self.g.nodes),
+        }
+        return S.Kernel(
+            name=name,
+            source="\n".join(src),
+            entry=name,
+            signature=tuple(params),
+            constexprs=constexprs_v,
+            configs=configs,
+            grid=grid,
+            meta=meta,
+        )
+
+    def needs_int64(self) -> bool:
+        limit = 2**31
+        for spec in self.prog.buffers.values():
+            n = ir.product(spec.sizes)
+            if not n.is_Integer or int(n) >= limit:
+                if spec.name in self.params:
+                    return True
+        total = self.g.xnumel * self.g.rnumel
+        return not total.is_Integer or int(total) >= limit
+
+    def configs(self) -> tuple[dict, tuple[S.LaunchConfig, ...]]:
+        x = self.g.xnumel
+        xh = int(x) if x.is_Integer else 1 << 20
+        kind = self.g.kind
+        if kind == GroupKind.POINTWISE:
+            cap = max(16, next_pow2(xh))
+            seen, out = set(), []
+            for xb in self.config.pointwise_xblocks:
+                xb = min(xb, cap)
+                if xb not in seen:
+                    seen.add(xb)
+                    out.append(S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=4 if xb <= 1024 else 8))
+            return {}, tuple(out)
+        if kind == GroupKind.PERSISTENT:
+            rb = next_pow2(int(self.g.rnumel))
+            warps = 16 if rb >= 8192 else 8 if rb >= 2048 else 4
+            xcap = next_pow2(xh)
+            first = min(max(1, 8192 // rb), xcap)
+            # (rows per program, warps): the default first, then fewer rows with more warps
+            cands = [
+                (first, warps if rb >= 1024 else 4),
+                (1, warps),
+                (1, min(16, warps * 2)),
+                (min(max(1, 4096 // rb), xcap), warps),
+                (min(max(1, 1024 // rb), xcap), max(4, warps // 2)),
+            ]
+            out = [S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=w) for xb, w in dict.fromkeys(cands)]
+            return {"RBLOCK": rb}, tuple(out)
+        if self.g.outer:
+            xb = min(64, next_pow2(xh))
+            return {}, (
+                S.LaunchConfig(meta={"XBLOCK": xb, "RBLOCK": 64}, num_warps=8),
+                S.LaunchConfig(meta={"XBLOCK": min(128, next_pow2(xh)), "RBLOCK": 32}, num_warps=8),
+                S.LaunchConfig(meta={"XBLOCK": min(32, next_pow2(xh)), "RBLOCK": 128}, num_warps=8),
+                S.LaunchConfig(meta={"XBLOCK": min(64, next_pow2(xh)), "RBLOCK": 16}, num_warps=4),
+            )
+        rb = self.config.looped_rblock
+        return {}, (
+            S.LaunchConfig(meta={"XBLOCK": 1, "RBLOCK": rb}, num_warps=8),
+            S.LaunchConfig(meta={"XBLOCK": 1, "RBLOCK": 4096}, num_warps=16),
+            S.LaunchConfig(meta={"XBLOCK": 4, "RBLOCK": 1024}, num_warps=8),
+        )
+
+
+def generate_kernel(group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> S.Kernel:
+    return KernelWriter(group, prog, config).write()

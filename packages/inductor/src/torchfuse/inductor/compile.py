@@ -1,0 +1,163 @@
+"""``compile_graph``: the inductor pipeline, one flat list of named passes.
+
+    decompose -> lower -> dead_code -> schedule (fusion) -> codegen -> plan
+
+Every pass returns a new artifact stamped with its name and duration (:class:`Stage`);
+the debug files (``ir_pre_fusion.txt``, ``ir_post_fusion.txt``, ``output_code.py``,
+``timings.txt``) are just these artifacts printed, kept in ``Program.meta`` and written by
+:func:`write_debug`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from torchfuse.graph import schema as S
+from torchfuse.inductor import ir
+from torchfuse.inductor.codegen import generate_kernel
+from torchfuse.inductor.config import InductorConfig
+from torchfuse.inductor.config import config as default_config
+from torchfuse.inductor.decompositions import DECOMPOSITIONS, decompose
+from torchfuse.inductor.lowering import lower
+from torchfuse.inductor.plan import build_program, output_code
+from torchfuse.inductor.scheduler import KERNEL_KINDS, dead_code_elimination, format_schedule, schedule
+
+log_schedule = logging.getLogger("torchfuse.inductor.schedule")
+log_code = logging.getLogger("torchfuse.inductor.output_code")
+
+DEBUG_FILES = ("ir_pre_fusion.txt", "ir_post_fusion.txt", "output_code.py", "timings.txt", "fallbacks.txt")
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pass's result, stamped with the pass name and how long it took."""
+
+    name: str
+    seconds: float
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class CompileResult:
+    program: S.Program
+    stages: tuple[Stage, ...]
+
+    @property
+    def artifacts(self) -> dict[str, str]:
+        return {k: self.program.meta[k] for k in DEBUG_FILES if k in self.program.meta}
+
+    def write_debug(self, directory: str | os.PathLike) -> list[str]:
+        return write_debug(self.program, directory)
+
+
+def _decompose(graph: S.Graph, cfg: InductorConfig) -> S.Graph:
+    symbolic = graph.symbols or any(isinstance(s, str) for m in graph.values.values() for s in m.sizes)
+    if not cfg.decompose or symbolic:  # retracing on fakes would specialize the sizes
+        return graph
+    try:  # prefer autograd's shared decompose() once it exists; the table stays ours
+        from torchfuse.autograd import decompose as shared_decompose  # type: ignore[attr-defined]
+    except ImportError:
+        shared_decompose = None
+    if shared_decompose is not None:
+        try:
+            return shared_decompose(graph, DECOMPOSITIONS)
+        except Exception:
+            pass
+    return decompose(graph, DECOMPOSITIONS)
+
+
+def _codegen(sched, prog: ir.LoopProgram, cfg: InductorConfig) -> dict[int, S.Kernel]:
+    return {g.index: generate_kernel(g, prog, cfg) for g in sched.groups if g.kind in KERNEL_KINDS}
+
+
+PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (
+    ("decompose", lambda st, cfg: _decompose(st["graph"], cfg)),
+    ("lower", lambda st, cfg: ir.verify(lower(st["decompose"], cfg))),
+    # dead code goes after lowering: decompositions return values (mean, rstd) nobody reads
+    ("dead_code", lambda st, cfg: ir.verify(dead_code_elimination(st["lower"]))),
+    ("schedule", lambda st, cfg: schedule(st["dead_code"], cfg)),
+    ("codegen", lambda st, cfg: _codegen(st["schedule"], st["dead_code"], cfg)),
+    ("plan", lambda st, cfg: build_program(st["dead_code"], st["schedule"], st["codegen"])),
+)
+"""The pipeline, in order. Each entry reads earlier artifacts by pass name."""
+
+
+def compile_graph_stages(
+    graph: S.Graph,
+    example_inputs: Sequence[Any] | None = None,
+    *,
+    mode: str = "default",
+    options: dict | None = None,
+) -> CompileResult:
+    """Run the pipeline and keep every stage (see :func:`compile_graph`)."""
+    cfg = default_config.with_options(options)
+    if mode not in ("default", "max-autotune", "reduce-overhead"):
+        raise ValueError(f"unknown mode {mode!r}: use 'default', 'max-autotune' or 'reduce-overhead'")
+    state: dict[str, Any] = {"graph": graph}
+    stages: list[Stage] = []
+    for name, fn in PASSES:
+        t0 = time.perf_counter()
+        state[name] = fn(state, cfg)
+        stages.append(Stage(name, time.perf_counter() - t0, state[name]))
+    program: S.Program = state["plan"]
+    pre = ir.format_program(state["dead_code"])
+    post = format_schedule(state["schedule"])
+    code = output_code(program)
+    timings = "\n".join(f"{s.name:12s} {s.seconds * 1000:9.2f} ms" for s in stages)
+    meta = dict(program.meta)
+    meta.update(
+        {
+            "ir_pre_fusion.txt": pre,
+            "ir_post_fusion.txt": post,
+            "output_code.py": code,
+            "timings.txt": timings + "\n",
+            "fallbacks.txt": meta.get("fallbacks", ""),
+            "timings_ms": json.dumps({s.name: round(s.seconds * 1000, 3) for s in stages}),
+            "mode": mode,
+        }
+    )
+    program = msgspec.structs.replace(program, meta=meta)
+    if "schedule" in cfg.logs:
+        log_schedule.info("%s", post)
+    if "output_code" in cfg.logs:
+        log_code.info("%s", code)
+    if cfg.debug:
+        write_debug(program, os.path.join(cfg.debug_dir, f"{graph.name}_{time.strftime('%Y%m%d_%H%M%S')}"))
+    return CompileResult(program, tuple(stages))
+
+
+def compile_graph(
+    graph: S.Graph,
+    example_inputs: Sequence[Any] | None = None,
+    *,
+    mode: str = "default",
+    options: dict | None = None,
+) -> S.Program:
+    """Compile a functional Graph into a Program of Triton kernels and a launch plan.
+
+    ``options`` override fields of :class:`~torchfuse.inductor.config.InductorConfig`
+    (e.g. ``{"persistent_rnumel_max": 1024}``). The debug artifacts are kept in
+    ``Program.meta`` under the names in :data:`DEBUG_FILES`; :func:`write_debug` writes them.
+    ``example_inputs`` are accepted for the backend protocol; sizes come from the graph.
+    """
+    return compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
+
+
+def write_debug(program: S.Program, directory: str | os.PathLike) -> list[str]:
+    """Write the debug artifacts kept in ``program.meta`` into ``directory``."""
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    for name in DEBUG_FILES:
+        if name in program.meta:
+            path = os.path.join(directory, name)
+            with open(path, "w") as f:
+                f.write(program.meta[name])
+            written.append(path)
+    return written

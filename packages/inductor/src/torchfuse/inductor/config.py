@@ -1,0 +1,63 @@
+"""Inductor's configuration: one typed record, read from the environment once.
+
+Environment variables (all optional):
+
+* ``TORCHFUSE_LOGS`` -- comma-separated log names; inductor uses ``schedule`` (fusion
+  decisions) and ``output_code`` (the generated module).
+* ``TORCHFUSE_DEBUG=1`` -- write the debug artifacts of every compiled graph under
+  ``TORCHFUSE_DEBUG_DIR`` (default ``torchfuse_debug``).
+* ``TORCHFUSE_UPDATE_SNAPSHOTS=1`` -- snapshot tests rewrite their golden files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True, slots=True)
+class InductorConfig:
+    persistent_rnumel_max: int = 16384
+    """Reductions whose row is at most this long keep the whole row in registers."""
+    looped_rblock: int = 2048
+    """Chunk length of looped reductions (first candidate config)."""
+    max_fusion_size: int = 64
+    """Cap on the number of IR nodes in one kernel."""
+    max_loop_phases: int = 3
+    """A looped reduction kernel may pass over its rows at most this many times."""
+    max_recompute_ops: int = 8
+    """A value read by several ops is recomputed by each when it costs at most this many ops."""
+    max_inline_ops: int = 64
+    """A value whose expression grows past this many ops is computed into a buffer."""
+    split_max_outputs: int = 32
+    """Reductions with at most this many outputs …"""
+    split_min_rnumel: int = 65536
+    """… and at least this many elements per output are split in two kernels."""
+    split_target: int = 256
+    """Preferred number of partial results of a split reduction."""
+    pointwise_xblocks: tuple[int, ...] = (1024, 512, 2048)
+    memory_order: bool = True
+    """Order ready kernels so that the one freeing the most memory runs first."""
+    decompose: bool = True
+    logs: frozenset[str] = field(default_factory=frozenset)
+    debug: bool = False
+    debug_dir: str = "torchfuse_debug"
+    update_snapshots: bool = False
+
+    def with_options(self, options: dict | None) -> InductorConfig:
+        return replace(self, **(options or {}))
+
+
+def from_env(env: dict[str, str] | None = None) -> InductorConfig:
+    env = dict(os.environ) if env is None else env
+    logs = frozenset(x.strip() for x in env.get("TORCHFUSE_LOGS", "").split(",") if x.strip())
+    return InductorConfig(
+        logs=logs,
+        debug=env.get("TORCHFUSE_DEBUG", "") not in ("", "0"),
+        debug_dir=env.get("TORCHFUSE_DEBUG_DIR", "torchfuse_debug"),
+        update_snapshots=env.get("TORCHFUSE_UPDATE_SNAPSHOTS", "") not in ("", "0"),
+    )
+
+
+config = from_env()
+"""The process-wide default, read at import."""

@@ -1,0 +1,353 @@
+"""Inductor's decomposition table: composite ATen ops rewritten into the primitive set the
+lowering knows (pointwise ops, ``sum``/``amax``/``amin``…, views, ``mm``).
+
+The table maps an op name to a Python function written with ``torch.ops.aten`` calls. It is
+applied by re-running the graph on fake tensors under a :class:`~torchfuse.graph.Recorder`
+(:func:`decompose`): a node whose op is in the table runs its function, so the ops that
+function calls are recorded in its place; every other node is recorded as it is.
+
+Example (``softmax``)::
+
+    before:  _softmax = aten._softmax.default(x, -1, False)
+    after:   amax = aten.amax(x, [-1], True); sub = aten.sub.Tensor(x, amax)
+             exp = aten.exp(sub); sum_1 = aten.sum.dim_IntList(exp, [-1], True)
+             div = aten.div.Tensor(exp, sum_1)
+
+Half-precision inputs are widened to float32 inside each decomposition and narrowed at the
+end, matching what eager kernels do internally (the casts disappear in fused kernels).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torchfuse.graph import schema as S
+from torchfuse.graph.interpreter import Interpreter
+from torchfuse.graph.ops import resolve_op, to_dtype
+from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder
+
+aten = torch.ops.aten
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _up(x: torch.Tensor) -> torch.Tensor:
+    return aten._to_copy.default(x, dtype=torch.float32) if x.dtype in _HALF else x
+
+
+def _down(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return aten._to_copy.default(x, dtype=dtype) if x.dtype != dtype else x
+
+
+def _dims(x: torch.Tensor, dim: Any) -> list[int]:
+    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
+        return list(range(x.dim()))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return [d % max(x.dim(), 1) for d in dims]
+
+
+def _numel(x: torch.Tensor, dims: list[int]) -> int:
+    return math.prod(x.shape[d] for d in dims) if x.dim() else 1
+
+
+def softmax(x, dim, half_to_float):
+    xf = _up(x)
+    m = aten.amax.default(xf, [dim], True)
+    e = aten.exp.default(aten.sub.Tensor(xf, m))
+    out = aten.div.Tensor(e, aten.sum.dim_IntList(e, [dim], True))
+    return out if half_to_float else _down(out, x.dtype)
+
+
+def log_softmax(x, dim, half_to_float):
+    xf = _up(x)
+    m = aten.amax.default(xf, [dim], True)
+    shifted = aten.sub.Tensor(xf, m)
+    lse = aten.log.default(aten.sum.dim_IntList(aten.exp.default(shifted), [dim], True))
+    out = aten.sub.Tensor(shifted, lse)
+    return out if half_to_float else _down(out, x.dtype)
+
+
+def logsumexp(x, dim, keepdim=False):
+    xf = _up(x)
+    dims = _dims(x, dim)
+    m = aten.amax.default(xf, dims, True)
+    # rows that are all -inf must give -inf, not nan
+    m = aten.where.self(aten.isinf.default(m), aten.zeros_like.default(m), m)
+    s = aten.sum.dim_IntList(aten.exp.default(aten.sub.Tensor(xf, m)), dims, True)
+    out = aten.add.Tensor(aten.log.default(s), m)
+    if not keepdim:
+        out = aten.squeeze.dims(out, dims)
+    return _down(out, x.dtype)
+
+
+def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    xf = _up(x)
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    n = _numel(x, dims)
+    mean = aten.div.Scalar(aten.sum.dim_IntList(xf, dims, True), n)
+    xc = aten.sub.Tensor(xf, mean)
+    var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(xc, xc), dims, True), n)
+    rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    out = aten.mul.Tensor(xc, rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    return _down(out, x.dtype), mean, rstd
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    xf = _up(x)
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    eps = torch.finfo(xf.dtype).eps if eps is None else eps
+    ms = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(xf, xf), dims, True), _numel(x, dims))
+    out = aten.mul.Tensor(xf, aten.rsqrt.default(aten.add.Scalar(ms, eps)))
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    return _down(out, x.dtype)
+
+
+def silu(x):
+    xf = _up(x)
+    return _down(aten.mul.Tensor(xf, aten.sigmoid.default(xf)), x.dtype)
+
+
+def gelu(x, approximate="none"):
+    xf = _up(x)
+    if approximate == "tanh":
+        inner = aten.mul.Tensor(
+            aten.add.Tensor(xf, aten.mul.Scalar(aten.mul.Tensor(xf, aten.mul.Tensor(xf, xf)), 0.044715)),
+            math.sqrt(2.0 / math.pi),
+        )
+        out = aten.mul.Tensor(aten.mul.Scalar(xf, 0.5), aten.add.Scalar(aten.tanh.default(inner), 1.0))
+    else:
+        out = aten.mul.Tensor(
+            aten.mul.Scalar(xf, 0.5),
+            aten.add.Scalar(aten.erf.default(aten.mul.Scalar(xf, 1.0 / math.sqrt(2.0))), 1.0),
+        )
+    return _down(out, x.dtype)
+
+
+def _var(x, dim, correction, keepdim):
+    xf = _up(x)
+    dims = _dims(x, dim)
+    n = _numel(x, dims)
+    c = 1 if correction is None else correction
+    mean = aten.div.Scalar(aten.sum.dim_IntList(xf, dims, True), n)
+    xc = aten.sub.Tensor(xf, mean)
+    var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(xc, xc), dims, keepdim), max(n - c, 0))
+    return var, (mean if keepdim else aten.squeeze.dims(mean, dims))
+
+
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return _down(_var(x, dim, correction, keepdim)[0], x.dtype)
+
+
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return _down(aten.sqrt.default(_var(x, dim, correction, keepdim)[0]), x.dtype)
+
+
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, m = _var(x, dim, correction, keepdim)
+    return _down(v, x.dtype), _down(m, x.dtype)
+
+
+def mean_dim(x, dim, keepdim=False, *, dtype=None):
+    out_dtype = dtype or x.dtype
+    acc = torch.float32 if out_dtype in _HALF else out_dtype
+    dims = _dims(x, dim)
+    s = aten.sum.dim_IntList(x, dims, keepdim, dtype=acc)
+    return _down(aten.div.Scalar(s, _numel(x, dims)), out_dtype)
+
+
+def mean_default(x, *, dtype=None):
+    return mean_dim(x, None, False, dtype=dtype)
+
+
+def addmm(bias, a, b, *, beta=1, alpha=1):
+    out = aten.mm.default(a, b)
+    if alpha != 1:
+        out = aten.mul.Scalar(out, alpha)
+    if beta != 1:
+        bias = aten.mul.Scalar(bias, beta)
+    return aten.add.Tensor(out, bias)
+
+
+def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    batched = x.dim() == 2
+    xs = x if batched else aten.unsqueeze.default(x, 0)
+    t = target if batched else aten.unsqueeze.default(target, 0)
+    valid = aten.ne.Scalar(t, ignore_index)
+    safe_t = aten.where.self(valid, t, aten.zeros_like.default(t))
+    picked = aten.squeeze.dim(aten.gather.default(xs, 1, aten.unsqueeze.default(safe_t, 1)), 1)
+    w = aten._to_copy.default(valid, dtype=x.dtype)
+    if weight is not None:
+        w = aten.mul.Tensor(w, aten.index_select.default(weight, 0, safe_t))
+    loss = aten.neg.default(aten.mul.Tensor(picked, w))
+    total = aten.sum.default(w)
+    if reduction == 0:  # none
+        return (loss if batched else aten.squeeze.dim(loss, 0)), aten.zeros.default(
+            [], dtype=x.dtype, device=x.device
+        )
+    s = aten.sum.default(loss)
+    if reduction == 1:  # mean
+        s = aten.div.Tensor(s, total)
+    return s, total
+
+
+def addcmul(x, a, b, *, value=1):
+    return aten.add.Tensor(x, aten.mul.Scalar(aten.mul.Tensor(a, b), value))
+
+
+def addcdiv(x, a, b, *, value=1):
+    return aten.add.Tensor(x, aten.mul.Scalar(aten.div.Tensor(a, b), value))
+
+
+def lerp_scalar(x, end, weight):
+    return aten.add.Tensor(x, aten.mul.Scalar(aten.sub.Tensor(end, x), weight))
+
+
+def hardsigmoid(x):
+    return aten.div.Scalar(aten.clamp.default(aten.add.Scalar(x, 3.0), 0.0, 6.0), 6.0)
+
+
+def hardswish(x):
+    return aten.mul.Tensor(x, hardsigmoid(x))
+
+
+def leaky_relu(x, negative_slope=0.01):
+    return aten.where.self(aten.gt.Scalar(x, 0), x, aten.mul.Scalar(x, negative_slope))
+
+
+def softplus(x, beta=1, threshold=20):
+    bx = aten.mul.Scalar(x, beta)
+    soft = aten.div.Scalar(aten.log1p.default(aten.exp.default(bx)), beta)
+    return aten.where.self(aten.gt.Scalar(bx, threshold), x, soft)
+
+
+def stack(tensors, dim=0):
+    d = dim % (tensors[0].dim() + 1)
+    return aten.cat.default([aten.unsqueeze.default(t, d) for t in tensors], d)
+
+
+def max_dim(x, dim, keepdim=False):
+    return aten.amax.default(x, [dim], keepdim), aten.argmax.default(x, dim, keepdim)
+
+
+def min_dim(x, dim, keepdim=False):
+    return aten.amin.default(x, [dim], keepdim), aten.argmin.default(x, dim, keepdim)
+
+
+def _max_all(x):
+    return aten.amax.default(x, list(range(x.dim())), False)
+
+
+def _min_all(x):
+    return aten.amin.default(x, list(range(x.dim())), False)
+
+
+DECOMPOSITIONS: Mapping[str, Callable[..., Any]] = {
+    "aten._softmax.default": softmax,
+    "aten._log_softmax.default": log_softmax,
+    "aten.logsumexp.default": logsumexp,
+    "aten.native_layer_norm.default": native_layer_norm,
+    "aten.rms_norm.default": rms_norm,
+    "aten._fused_rms_norm.default": lambda x, shape, w, eps: (rms_norm(x, shape, w, eps), None),
+    "aten.silu.default": silu,
+    "aten.gelu.default": gelu,
+    "aten.var.correction": var,
+    "aten.std.correction": std,
+    "aten.var_mean.correction": var_mean,
+    "aten.mean.dim": mean_dim,
+    "aten.mean.default": mean_default,
+    "aten.addmm.default": addmm,
+    "aten.nll_loss_forward.default": nll_loss_forward,
+    "aten.addcmul.default": addcmul,
+    "aten.addcdiv.default": addcdiv,
+    "aten.lerp.Scalar": lerp_scalar,
+    "aten.hardsigmoid.default": hardsigmoid,
+    "aten.hardswish.default": hardswish,
+    "aten.leaky_relu.default": leaky_relu,
+    "aten.softplus.default": softplus,
+    "aten.stack.default": stack,
+    "aten.max.dim": max_dim,
+    "aten.min.dim": min_dim,
+    "aten.max.default": _max_all,
+    "aten.min.default": _min_all,
+}
+"""op name -> decomposition function (``torch.ops.aten`` calls on fake tensors)."""
+
+
+class _Retracer(Interpreter):
+    def __init__(self, graph: S.Graph, table: Mapping[str, Callable[..., Any]]) -> None:
+        super().__init__(graph)
+        self.table = table
+        self.changed = False
+
+    def call_node(self, node: S.Node, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        fn = self.table.get(node.op)
+        if fn is None:
+            return resolve_op(node.op)(*args, **kwargs)
+        self.changed = True
+        out = fn(*args, **kwargs)
+        # keep the graph's declared dtypes even where a decomposition computes wider
+        outs = out if isinstance(out, tuple) else (out,)
+        fixed = []
+        for o, name in zip(outs, node.outputs, strict=False):
+            meta = self.graph.values.get(name) if name else None
+            if isinstance(o, torch.Tensor) and meta is not None and o.dtype != to_dtype(meta.dtype):
+                o = aten._to_copy.default(o, dtype=to_dtype(meta.dtype))
+            fixed.append(o)
+        return tuple(fixed) if isinstance(out, tuple) else fixed[0]
+
+
+def _fake_for(meta: S.TensorMeta) -> torch.Tensor:
+    elem = torch.empty_strided(
+        [int(s) for s in meta.sizes],
+        [int(s) for s in meta.strides],
+        dtype=to_dtype(meta.dtype),
+        device="meta",
+    )
+    return FakeTensor(elem, meta.device)
+
+
+def decompose_once(graph: S.Graph, table: Mapping[str, Callable[..., Any]]) -> tuple[S.Graph, bool]:
+    """One retracing round; returns the new graph and whether any node was decomposed."""
+    if not any(n.op in table for n in graph.nodes):
+        return graph, False
+    builder = GraphBuilder(graph.name)
+    rec = Recorder(builder)
+    fakes = []
+    for inp in graph.inputs:  # made outside the mode: creating them must not be recorded
+        meta = graph.values[inp.name]
+        fake = _fake_for(meta)
+        rec.bind(fake, builder.add_input(meta, name=inp.name, kind=inp.kind, target=inp.target))
+        fakes.append(fake)
+    with rec:
+        retracer = _Retracer(graph, table)
+        outs = retracer.run(*fakes)
+    for o, spec in zip(outs, graph.outputs, strict=True):
+        rec.builder.add_output(
+            S.TensorRef(name=rec.name_of(o)) if isinstance(o, torch.Tensor) else spec.value,
+            kind=spec.kind,
+            target=spec.target,
+            aliases_input=spec.aliases_input,
+        )
+    builder.symbols = list(graph.symbols)
+    builder.guards = list(graph.guards)
+    builder.meta = dict(graph.meta)
+    return builder.build(), retracer.changed
+
+
+def decompose(graph: S.Graph, table: Mapping[str, Callable[..., Any]] = DECOMPOSITIONS) -> S.Graph:
+    """Rewrite every node whose op is in ``table`` (repeatedly, so decompositions may use
+    other decomposed ops). Graphs with symbolic sizes are returned unchanged."""
+    if graph.symbols or any(isinstance(s, str) for m in graph.values.values() for s in m.sizes):
+        return graph
+    for _ in range(4):
+        graph, changed = decompose_once(graph, table)
+        if not changed:
+            break
+    return graph

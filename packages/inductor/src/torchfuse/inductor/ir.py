@@ -1,0 +1,686 @@
+"""The loop IR: what a tensor computation is, element by element, before it becomes a kernel.
+
+One vocabulary for this level (:class:`VOp` for scalar operations, :class:`ReduceOp` for
+reductions). A *value* is a small expression tree evaluated at one point of an iteration
+space: :class:`Load` (a buffer at a sympy index), :class:`Const`, :class:`IndexValue`,
+:class:`Cast` and :class:`Call`. A *node* computes one buffer:
+
+* :class:`Pointwise` -- ``buf[store_index(x)] = body(x)`` for every ``x`` in ``ranges``;
+* :class:`Reduction` -- ``buf[store_index(x)] = reduce_r body(x, r)``;
+* :class:`Extern` -- an ATen call (matmuls, anything without a lowering).
+
+Index expressions are sympy expressions over the node's loop variables (``x0, x1, …`` for
+``ranges``, ``r0, r1, …`` for ``rranges``) and size symbols (``s0``). Floor division and
+modulo are the two sympy functions :class:`FloorDiv` and :class:`ModIdx` so that printing
+and simplification stay under our control. Example (``sum((x + y) * 2, dim=1)`` on 4x8)::
+
+    buf0 = Reduction(ranges=[4], rranges=[8], reduce=sum)
+        body: ((load(arg0, 8*x0 + r0) + load(arg1, 8*x0 + r0)) * 2.0)
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import sympy
+
+# ----------------------------------------------------------------------------- index algebra
+
+
+def exact_div(t: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
+    """``t / b`` when it is an integer expression for sure (a multiple by construction),
+    else None. Cheap on purpose: coefficient divisibility and shared factors only."""
+    if b == 1:
+        return t
+    if b.is_Integer:
+        c, rest = t.as_coeff_Mul()
+        if c.is_Integer and int(c) % int(b) == 0:
+            return sympy.Integer(int(c) // int(b)) * rest
+        return None
+    tf = list(sympy.Mul.make_args(t))
+    for f in sympy.Mul.make_args(b):
+        if f.is_Integer:
+            c = next((x for x in tf if x.is_Integer and int(x) % int(f) == 0), None)
+            if c is None:
+                return None
+            tf.remove(c)
+            tf.append(sympy.Integer(int(c) // int(f)))
+        elif f in tf:
+            tf.remove(f)
+        else:
+            return None
+    return sympy.Mul(*tf)
+
+
+class FloorDiv(sympy.Function):
+    """``a // b`` for non-negative integer ``a`` and positive integer ``b``."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        if isinstance(a, FloorDiv):
+            return FloorDiv(a.args[0], a.args[1] * b)
+        # (b*y + z) // b == y + z // b for integer y: pull exact multiples out
+        if isinstance(a, sympy.Add):
+            whole, rest = [], []
+            for t in a.args:
+                q = exact_div(t, b)
+                if q is not None:
+                    whole.append(q)
+                else:
+                    rest.append(t)
+            if whole:
+                return sympy.Add(*whole) + FloorDiv(sympy.Add(*rest), b)
+        return exact_div(a, b)
+
+
+class ModIdx(sympy.Function):
+    """``a % b`` for non-negative integer ``a`` and positive integer ``b``."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) % int(b))
+        if isinstance(a, ModIdx) and a.args[1].is_Integer and b.is_Integer and int(a.args[1]) % int(b) == 0:
+            return ModIdx(a.args[0], b)
+        if isinstance(a, sympy.Add):
+            keep = [t for t in a.args if exact_div(t, b) is None]
+            if len(keep) != len(a.args):
+                return ModIdx(sympy.Add(*keep), b)
+        if exact_div(a, b) is not None:
+            return sympy.Integer(0)
+        return None
+
+
+def _is_int_poly(e: sympy.Expr) -> bool:
+    """True when ``e`` is a sum of products of integer constants and integer symbols/calls."""
+    if e.is_Integer:
+        return True
+    if e.is_Symbol or isinstance(e, FloorDiv | ModIdx):
+        return bool(e.is_integer)
+    if isinstance(e, sympy.Add | sympy.Mul):
+        return all(_is_int_poly(a) for a in e.args)
+    if isinstance(e, sympy.Pow):
+        return e.exp.is_Integer and int(e.exp) >= 0 and _is_int_poly(e.base)
+    return False
+
+
+def loop_var(prefix: str, i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
+
+
+def size_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def upper_bound(e: sympy.Expr, bounds: Mapping[sympy.Symbol, sympy.Expr]) -> int | None:
+    """An inclusive upper bound of a non-negative index expression, or None if unknown."""
+    if e.is_Integer:
+        return int(e)
+    if e.is_Symbol:
+        b = bounds.get(e)
+        return None if b is None or not sympy.sympify(b).is_Integer else int(b) - 1
+    if isinstance(e, ModIdx):
+        b = e.args[1]
+        inner = upper_bound(e.args[0], bounds)
+        if b.is_Integer:
+            return int(b) - 1 if inner is None else min(int(b) - 1, inner)
+        return inner
+    if isinstance(e, FloorDiv):
+        inner = upper_bound(e.args[0], bounds)
+        return None if inner is None or not e.args[1].is_Integer else inner // int(e.args[1])
+    if isinstance(e, sympy.Add):
+        parts = [upper_bound(a, bounds) for a in e.args]
+        return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
+    if isinstance(e, sympy.Mul):
+        coeff, rest = e.as_coeff_Mul()
+        if coeff.is_Integer and int(coeff) >= 0:
+            ub = upper_bound(rest, bounds)
+            return None if ub is None else int(coeff) * ub
+    return None
+
+
+def _by_range(e: sympy.Expr, bounds: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
+    """Drop ``a // b`` and ``a % b`` made trivial by the range of ``a``."""
+    if not e.args:
+        return e
+    if isinstance(e, FloorDiv | ModIdx):
+        a, b = _by_range(e.args[0], bounds), e.args[1]
+        ub = upper_bound(a, bounds)
+        if ub is not None and b.is_Integer and ub < int(b):
+            return sympy.Integer(0) if isinstance(e, FloorDiv) else a
+        return e.func(a, b) if a is not e.args[0] else e
+    new = [_by_range(x, bounds) for x in e.args]
+    return e.func(*new) if any(n is not o for n, o in zip(new, e.args, strict=True)) else e
+
+
+def simplify_index(e: sympy.Expr, bounds: Mapping[sympy.Symbol, sympy.Expr] | None = None) -> sympy.Expr:
+    """Normalize an index: drop ``a // b``, ``a % b`` made trivial by ``a``'s range and fold
+    ``c*b*(e // b) + c*(e % b)`` back into ``c*e``."""
+    return _simplify_cached(e, tuple(sorted((bounds or {}).items(), key=lambda kv: kv[0].name)))
+
+
+@functools.lru_cache(maxsize=65536)
+def _simplify_cached(e: sympy.Expr, bounds_items: tuple) -> sympy.Expr:
+    bounds = dict(bounds_items)
+    for _ in range(8):
+        before = e
+        e = sympy.expand(_by_range(e, bounds))
+        terms = list(sympy.Add.make_args(e))
+        changed = True
+        while changed:
+            changed = False
+            for t in terms:
+                coeff, mods = t.as_coeff_Mul()
+                if not isinstance(mods, ModIdx):
+                    continue
+                inner, b = mods.args
+                partner = sympy.expand(coeff * b * FloorDiv(inner, b))
+                if partner in terms:
+                    terms.remove(t)
+                    terms.remove(partner)
+                    terms.append(sympy.expand(coeff * inner))
+                    changed = True
+                    break
+        e = sympy.expand(sympy.Add(*terms))
+        if e == before:
+            break
+    return e
+
+
+def print_index(e: sympy.Expr, names: Mapping | None = None, fmt: bool = False) -> str:
+    """An index expression as Python/Triton source (``fmt``: the format's grammar, with
+    ``min``/``max`` instead of ``tl.minimum``/``tl.maximum``)."""
+    names = names or {}
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return names.get(e, e.name)
+    if isinstance(e, sympy.Add):
+        parts = [print_index(a, names, fmt) for a in sorted(e.args, key=sympy.default_sort_key)]
+        return "(" + " + ".join(parts) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + "*".join(print_index(a, names, fmt) for a in e.args) + ")"
+    if isinstance(e, FloorDiv):
+        return f"({print_index(e.args[0], names, fmt)} // {print_index(e.args[1], names, fmt)})"
+    if isinstance(e, ModIdx):
+        return f"({print_index(e.args[0], names, fmt)} % {print_index(e.args[1], names, fmt)})"
+    if isinstance(e, sympy.Min | sympy.Max):
+        fn = (
+            ("min" if isinstance(e, sympy.Min) else "max")
+            if fmt
+            else ("tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum")
+        )
+        args = [print_index(a, names, fmt) for a in e.args]
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}({out}, {a})"
+        return out
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + "*".join([print_index(e.base, names, fmt)] * int(e.exp)) + ")"
+    raise NotImplementedError(f"cannot print index expression {e}")
+
+
+def unflatten(flat: sympy.Expr, sizes: Iterable[sympy.Expr]) -> list[sympy.Expr]:
+    """Row-major coordinates of a flat index into ``sizes``."""
+    sizes = list(sizes)
+    out: list[sympy.Expr] = []
+    rest = flat
+    for i in range(len(sizes) - 1, -1, -1):
+        out.append(ModIdx(rest, sizes[i]) if i > 0 else rest)
+        rest = FloorDiv(rest, sizes[i])
+    return out[::-1]
+
+
+def contiguous_strides(sizes: Iterable[sympy.Expr]) -> list[sympy.Expr]:
+    strides: list[sympy.Expr] = []
+    acc: sympy.Expr = sympy.S.One
+    for s in reversed(list(sizes)):
+        strides.append(acc)
+        acc = acc * s
+    return strides[::-1]
+
+
+def product(xs: Iterable[sympy.Expr]) -> sympy.Expr:
+    out: sympy.Expr = sympy.S.One
+    for x in xs:
+        out = out * x
+    return out
+
+
+# ----------------------------------------------------------------------------- vocabulary
+
+
+class VOp(enum.Enum):
+    """Scalar operations of the loop IR."""
+
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    TRUEDIV = "truediv"
+    FLOORDIV = "floordiv"
+    REM = "rem"
+    POW = "pow"
+    MAX = "maximum"
+    MIN = "minimum"
+    ATAN2 = "atan2"
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    AND = "and"
+    OR = "or"
+    XOR = "xor"
+    NEG = "neg"
+    ABS = "abs"
+    EXP = "exp"
+    EXP2 = "exp2"
+    LOG = "log"
+    LOG2 = "log2"
+    LOG1P = "log1p"
+    EXPM1 = "expm1"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    SIN = "sin"
+    COS = "cos"
+    TAN = "tan"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    ERF = "erf"
+    RECIPROCAL = "reciprocal"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND = "round"
+    TRUNC = "trunc"
+    SIGN = "sign"
+    NOT = "not"
+    ISNAN = "isnan"
+    ISINF = "isinf"
+    BITNOT = "bitnot"
+    WHERE = "where"
+
+
+UNARY = frozenset(
+    {
+        VOp.NEG,
+        VOp.ABS,
+        VOp.EXP,
+        VOp.EXP2,
+        VOp.LOG,
+        VOp.LOG2,
+        VOp.LOG1P,
+        VOp.EXPM1,
+        VOp.SQRT,
+        VOp.RSQRT,
+        VOp.SIN,
+        VOp.COS,
+        VOp.TAN,
+        VOp.TANH,
+        VOp.SIGMOID,
+        VOp.ERF,
+        VOp.RECIPROCAL,
+        VOp.FLOOR,
+        VOp.CEIL,
+        VOp.ROUND,
+        VOp.TRUNC,
+        VOp.SIGN,
+        VOp.NOT,
+        VOp.ISNAN,
+        VOp.ISINF,
+        VOp.BITNOT,
+    }
+)
+BINARY = frozenset(
+    {
+        VOp.ADD,
+        VOp.SUB,
+        VOp.MUL,
+        VOp.TRUEDIV,
+        VOp.FLOORDIV,
+        VOp.REM,
+        VOp.POW,
+        VOp.MAX,
+        VOp.MIN,
+        VOp.ATAN2,
+        VOp.EQ,
+        VOp.NE,
+        VOp.LT,
+        VOp.LE,
+        VOp.GT,
+        VOp.GE,
+        VOp.AND,
+        VOp.OR,
+        VOp.XOR,
+    }
+)
+TERNARY = frozenset({VOp.WHERE})
+COMPARISON = frozenset({VOp.EQ, VOp.NE, VOp.LT, VOp.LE, VOp.GT, VOp.GE, VOp.ISNAN, VOp.ISINF, VOp.NOT})
+"""Ops whose result is ``bool`` whatever their operands."""
+FLOAT_ONLY = frozenset(
+    {
+        VOp.TRUEDIV,
+        VOp.EXP,
+        VOp.EXP2,
+        VOp.LOG,
+        VOp.LOG2,
+        VOp.LOG1P,
+        VOp.EXPM1,
+        VOp.SQRT,
+        VOp.RSQRT,
+        VOp.SIN,
+        VOp.COS,
+        VOp.TAN,
+        VOp.TANH,
+        VOp.SIGMOID,
+        VOp.ERF,
+        VOp.RECIPROCAL,
+        VOp.ATAN2,
+        VOp.POW,
+    }
+)
+"""Ops computed in floating point (integer operands are promoted by the lowering)."""
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+    ARGMAX = "argmax"
+    ARGMIN = "argmin"
+    ANY = "any"
+    ALL = "all"
+
+
+INDEX_REDUCTIONS = frozenset({ReduceOp.ARGMAX, ReduceOp.ARGMIN})
+SPLITTABLE = frozenset({ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.ANY, ReduceOp.ALL})
+"""Reductions that can be computed as a reduction of partial reductions of the same kind."""
+
+FLOAT_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16"})
+LOW_PRECISION = frozenset({"float16", "bfloat16"})
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype arithmetic is done in: half types are widened to float32."""
+    return "float32" if dtype in LOW_PRECISION else dtype
+
+
+# ----------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    buffer: str
+    index: sympy.Expr
+    dtype: str
+    indirect: tuple[tuple[sympy.Symbol, Value], ...] = ()
+    """Symbols in ``index`` that stand for runtime values (gather, embedding, indexing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    value: float | int | bool
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexValue:
+    """The integer value of an index expression (``arange``, masks of ``tril``)."""
+
+    index: sympy.Expr
+    dtype: str = "int64"
+
+
+@dataclass(frozen=True, slots=True)
+class Cast:
+    arg: Value
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    op: VOp
+    args: tuple[Value, ...]
+    dtype: str
+
+
+Value = Load | Const | IndexValue | Cast | Call
+
+
+def value_size(v: Value) -> int:
+    if isinstance(v, Call):
+        return 1 + sum(value_size(a) for a in v.args)
+    if isinstance(v, Cast):
+        return 1 + value_size(v.arg)
+    if isinstance(v, Load):
+        return 1 + sum(value_size(x) for _, x in v.indirect)
+    return 1
+
+
+def loads_of(v: Value) -> list[Load]:
+    """Every :class:`Load` in ``v``, indirect index loads included."""
+    out: list[Load] = []
+    stack = [v]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Load):
+            out.append(n)
+            stack.extend(x for _, x in n.indirect)
+        elif isinstance(n, Cast):
+            stack.append(n.arg)
+        elif isinstance(n, Call):
+            stack.extend(n.args)
+    return out
+
+
+def map_loads(v: Value, fn) -> Value:
+    """Rebuild ``v`` with every Load replaced by ``fn(load)``."""
+    if isinstance(v, Load):
+        ind = tuple((s, map_loads(x, fn)) for s, x in v.indirect)
+        return fn(Load(v.buffer, v.index, v.dtype, ind) if ind != v.indirect else v)
+    if isinstance(v, Cast):
+        return Cast(map_loads(v.arg, fn), v.dtype)
+    if isinstance(v, Call):
+        return Call(v.op, tuple(map_loads(a, fn) for a in v.args), v.dtype)
+    return v
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """A buffer of the loop program: inputs, computed buffers and extern outputs."""
+
+    name: str
+    dtype: str
+    sizes: tuple[sympy.Expr, ...]
+    strides: tuple[sympy.Expr, ...]
+    offset: sympy.Expr = sympy.S.Zero
+    kind: str = "computed"
+    """``input``, ``computed`` (written by a kernel), ``extern`` (returned by an op) or ``view``."""
+    view_of: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pointwise:
+    name: str
+    ranges: tuple[sympy.Expr, ...]
+    body: Value
+    dtype: str
+    store_index: sympy.Expr
+    origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    name: str
+    ranges: tuple[sympy.Expr, ...]
+    rranges: tuple[sympy.Expr, ...]
+    body: Value
+    reduce: ReduceOp
+    dtype: str
+    store_index: sympy.Expr
+    origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Extern:
+    """An ATen call; tensor arguments are buffer names (``TensorRef``) in ``args``."""
+
+    name: str
+    op: str
+    args: tuple = ()
+    kwargs: tuple[tuple[str, object], ...] = ()
+    outputs: tuple[str, ...] = ()
+    origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A named strided view of a buffer (for extern arguments and outputs)."""
+
+    name: str
+    base: str
+
+
+Node = Pointwise | Reduction | Extern | View
+
+
+@dataclass(frozen=True, slots=True)
+class LoopProgram:
+    """The lowered graph: buffers, nodes in a valid order, and outputs."""
+
+    name: str
+    inputs: tuple[str, ...]
+    buffers: Mapping[str, BufferSpec]
+    nodes: tuple[Node, ...]
+    outputs: tuple[object, ...]
+    """Buffer names (``str``) or format scalars for non-tensor outputs."""
+    symbols: tuple = ()
+    device: str = "cpu"
+    meta: Mapping[str, str] = field(default_factory=dict)
+
+
+def reads(node: Node) -> list[str]:
+    """Buffer names a node reads, without duplicates, in first-use order."""
+    if isinstance(node, Pointwise | Reduction):
+        names = [ld.buffer for ld in loads_of(node.body)]
+    elif isinstance(node, View):
+        names = [node.base]
+    else:
+        from torchfuse.graph.ops import tensor_refs
+
+        names = tensor_refs(list(node.args) + [v for _, v in node.kwargs])
+    return list(dict.fromkeys(names))
+
+
+def writes(node: Node) -> list[str]:
+    if isinstance(node, Extern):
+        return [o for o in node.outputs if o]
+    return [node.name]
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+def _idx(e: sympy.Expr) -> str:
+    text = print_index(e)
+    return text[1:-1] if isinstance(e, sympy.Add | sympy.Mul) else text
+
+
+def format_value(v: Value) -> str:
+    if isinstance(v, Load):
+        ind = "".join(f", {s}={format_value(x)}" for s, x in v.indirect)
+        return f"load({v.buffer}, {_idx(v.index)}{ind})"
+    if isinstance(v, Const):
+        return repr(v.value)
+    if isinstance(v, IndexValue):
+        return f"index({_idx(v.index)})"
+    if isinstance(v, Cast):
+        return f"{format_value(v.arg)}.to({v.dtype})"
+    return f"{v.op.value}({', '.join(format_value(a) for a in v.args)})"
+
+
+def format_node(node: Node) -> str:
+    if isinstance(node, Pointwise):
+        return (
+            f"{node.name}: Pointwise[{node.dtype}] ranges={list(node.ranges)} "
+            f"origins={list(node.origins)}\n  store[{_idx(node.store_index)}] = {format_value(node.body)}"
+        )
+    if isinstance(node, Reduction):
+        return (
+            f"{node.name}: Reduction[{node.dtype}] {node.reduce.value} ranges={list(node.ranges)} "
+            f"rranges={list(node.rranges)} origins={list(node.origins)}\n"
+            f"  store[{_idx(node.store_index)}] = {node.reduce.value}_r {format_value(node.body)}"
+        )
+    if isinstance(node, View):
+        return f"{node.name}: View of {node.base}"
+    return f"{', '.join(node.outputs)}: Extern {node.op}({', '.join(map(str, node.args))})"
+
+
+def format_program(p: LoopProgram) -> str:
+    lines = [f"# loop program {p.name}", f"inputs: {', '.join(p.inputs)}"]
+    for node in p.nodes:
+        lines.append(format_node(node))
+    lines.append(f"outputs: {', '.join(map(str, p.outputs))}")
+    return "\n".join(lines) + "\n"
+
+
+class IRVerifyError(AssertionError):
+    """A loop program that breaks an invariant (a compiler bug, not a user error)."""
+
+
+def verify(p: LoopProgram) -> LoopProgram:
+    """Check the invariants of a loop program; returns it unchanged.
+
+    Every buffer read is an input or written by an earlier node; every written buffer is
+    declared; a node's indices use only its own loop variables, size symbols and indirect
+    symbols bound by the same load.
+    """
+    known = set(p.inputs)
+    for name in p.inputs:
+        if name not in p.buffers:
+            raise IRVerifyError(f"input {name} has no buffer")
+    for node in p.nodes:
+        for b in reads(node):
+            if b not in known:
+                raise IRVerifyError(f"{node.name} reads {b} before it is written")
+        if isinstance(node, Pointwise | Reduction):
+            allowed = {loop_var("x", i) for i in range(len(node.ranges))}
+            if isinstance(node, Reduction):
+                allowed |= {loop_var("r", i) for i in range(len(node.rranges))}
+            exprs = [node.store_index] + [ld.index for ld in loads_of(node.body)]
+            for ld in loads_of(node.body):
+                allowed |= {s for s, _ in ld.indirect}
+            for e in exprs:
+                stray = {s for s in e.free_symbols if s.name[0] in "xr" and s not in allowed}
+                if stray:
+                    raise IRVerifyError(f"{node.name}: index {e} uses {sorted(map(str, stray))}")
+        for w in writes(node):
+            if w not in p.buffers:
+                raise IRVerifyError(f"{node.name} writes undeclared buffer {w}")
+            known.add(w)
+    for o in p.outputs:
+        if isinstance(o, str) and o not in known:
+            raise IRVerifyError(f"output {o} is never written")
+    return p

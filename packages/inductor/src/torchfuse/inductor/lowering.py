@@ -1,0 +1,466 @@
+"""Lowering: a (decomposed) Graph becomes a :class:`~torchfuse.inductor.ir.LoopProgram`.
+
+Each graph value is held as a :class:`TensorValue`: its sizes, dtype and a *loader*, a
+function from an index (one sympy expression per dimension) to an IR value. Pointwise ops
+compose loaders, views remap indices, so neither computes or copies anything. A value
+becomes a buffer (is *realized*) only when it must: it is a graph output, a reduction or
+extern result, an extern argument, or an expensive value read more than once.
+
+Example: ``y = (x + 1).t()`` is one loader ``idx -> add(load(x, 8*idx[1] + idx[0]), 1.0)``;
+only if ``y`` is an output does it become ``Pointwise(buf0, ranges=[8, 4], …)``.
+
+The per-op rules are in :mod:`torchfuse.inductor.lowerings`; anything without a rule
+becomes an :class:`~torchfuse.inductor.ir.Extern` call of the ATen op.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import sympy
+import torch
+from torchfuse.graph import schema as S
+from torchfuse.graph.ops import node_inputs, tensor_refs
+from torchfuse.inductor import ir
+from torchfuse.inductor.config import InductorConfig
+
+Loader = Callable[[Sequence[sympy.Expr]], ir.Value]
+
+
+class LoweringError(RuntimeError):
+    """A node the lowering cannot handle (and cannot fall back to an extern call for)."""
+
+
+class Fallback(Exception):
+    """Raised by a lowering rule to say: call this op through ATen instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A strided view of a buffer: element ``idx`` lives at ``offset + sum(idx*strides)``."""
+
+    buffer: str
+    strides: tuple[sympy.Expr, ...]
+    offset: sympy.Expr
+
+
+@dataclass(frozen=True, slots=True)
+class TensorValue:
+    sizes: tuple[sympy.Expr, ...]
+    dtype: str
+    loader: Loader
+    layout: Layout | None = None
+    origins: tuple[str, ...] = ()
+    ops: int = 0
+    """How many computations the loader inlines (decides when to realize)."""
+
+
+def expr_of(e: S.Expr) -> sympy.Expr:
+    if isinstance(e, int):
+        return sympy.Integer(e)
+    tree = sympy.sympify(e.replace("//", " // "), locals={})
+    return tree.subs({s: ir.size_symbol(s.name) for s in tree.free_symbols})
+
+
+def strided_loader(layout: Layout, dtype: str) -> Loader:
+    def load(idx: Sequence[sympy.Expr]) -> ir.Value:
+        index = layout.offset + sum(
+            (i * s for i, s in zip(idx, layout.strides, strict=True)), sympy.Integer(0)
+        )
+        return ir.Load(layout.buffer, sympy.expand(index), dtype)
+
+    return load
+
+
+def cast(v: ir.Value, dtype: str) -> ir.Value:
+    if _dtype_of(v) == dtype:
+        return v
+    if isinstance(v, ir.Const):
+        return ir.Const(_py_value(v.value, dtype), dtype)
+    return ir.Cast(v, dtype)
+
+
+def _py_value(value, dtype: str):
+    if dtype == "bool":
+        return bool(value)
+    if dtype in ir.FLOAT_DTYPES:
+        return float(value)
+    return int(value)
+
+
+def _dtype_of(v: ir.Value) -> str:
+    return v.dtype
+
+
+class Lowering:
+    """Walks the graph once; :meth:`run` returns the LoopProgram."""
+
+    def __init__(self, graph: S.Graph, config: InductorConfig) -> None:
+        self.graph = graph
+        self.config = config
+        self.env: dict[str, object] = {}
+        self.buffers: dict[str, ir.BufferSpec] = {}
+        self.nodes: list[ir.Node] = []
+        self.fallbacks: list[str] = []
+        self._views: dict[tuple, str] = {}
+        self._count = 0
+        self._indirect = 0
+        self.uses = Counter(n for node in graph.nodes for n in node_inputs(node))
+        self.uses.update(tensor_refs([o.value for o in graph.outputs]))
+        self.device = next((graph.values[i.name].device for i in graph.inputs), None) or next(
+            (m.device for m in graph.values.values()), "cpu"
+        )
+
+    # -- names
+    def fresh(self, prefix: str = "buf") -> str:
+        name = f"{prefix}{self._count}"
+        self._count += 1
+        return name
+
+    def indirect_symbol(self) -> sympy.Symbol:
+        self._indirect += 1
+        return sympy.Symbol(f"ind{self._indirect - 1}", integer=True)
+
+    def meta(self, value_name: str) -> S.TensorMeta:
+        return self.graph.values[value_name]
+
+    # -- realization
+    def add_buffer(self, spec: ir.BufferSpec) -> None:
+        self.buffers[spec.name] = spec
+
+    def realize(self, tv: TensorValue, meta: S.TensorMeta | None = None) -> TensorValue:
+        """Make ``tv`` a buffer (strides from ``meta`` when given, else contiguous)."""
+        if tv.layout is not None:
+            return tv
+        strides = [expr_of(s) for s in meta.strides] if meta is not None else ir.contiguous_strides(tv.sizes)
+        name = self.fresh()
+        xs = [ir.loop_var("x", i) for i in range(len(tv.sizes))]
+        body = cast(tv.loader(xs), tv.dtype)
+        store = sympy.expand(sum((x * s for x, s in zip(xs, strides, strict=True)), sympy.Integer(0)))
+        self.add_buffer(ir.BufferSpec(name, tv.dtype, tv.sizes, tuple(strides)))
+        self.nodes.append(ir.Pointwise(name, tv.sizes, body, tv.dtype, store, tv.origins))
+        layout = Layout(name, tuple(strides), sympy.Integer(0))
+        return TensorValue(tv.sizes, tv.dtype, strided_loader(layout, tv.dtype), layout)
+
+    def as_buffer(self, tv: TensorValue, meta: S.TensorMeta | None = None) -> str:
+        """A buffer name holding exactly ``tv`` (a named view when it is a strided view)."""
+        tv = self.realize(tv, meta)
+        lay = tv.layout
+        assert lay is not None
+        base = self.buffers[lay.buffer]
+        if (
+            tuple(tv.sizes) == tuple(base.sizes)
+            and tuple(lay.strides) == tuple(base.strides)
+            and lay.offset == 0
+        ):
+            return lay.buffer
+        key = (lay.buffer, tuple(tv.sizes), tuple(lay.strides), lay.offset)
+        if key in self._views:
+            return self._views[key]
+        name = self.fresh("view")
+        self._views[key] = name
+        self.add_buffer(
+            ir.BufferSpec(
+                name,
+                tv.dtype,
+                tv.sizes,
+                lay.strides,
+                base.offset + lay.offset,
+                kind="view",
+                view_of=lay.buffer,
+            )
+        )
+        self.nodes.append(ir.View(name, lay.buffer))
+        return name
+
+    def maybe_realize(self, value_name: str, tv: TensorValue) -> TensorValue:
+        if tv.layout is not None or tv.ops == 0:
+            return tv
+        # cheap values read twice are recomputed by each reader: that costs a few flops, a
+        # buffer costs a write and a read of the whole tensor
+        if (
+            self.uses[value_name] > 1 and tv.ops > self.config.max_recompute_ops
+        ) or tv.ops > self.config.max_inline_ops:
+            return self.realize(tv, self.meta(value_name))
+        return tv
+
+    # -- reductions
+    def reduction(
+        self,
+        x: TensorValue,
+        dims: Sequence[int],
+        keepdim: bool,
+        rop: ir.ReduceOp,
+        out_dtype: str,
+        origin: str,
+        body: Callable[[ir.Value], ir.Value] | None = None,
+    ) -> TensorValue:
+        nd = len(x.sizes)
+        dims = sorted({d % nd for d in dims}) if nd else []
+        kept = [d for d in range(nd) if d not in dims]
+        ranges = tuple(x.sizes[d] for d in kept)
+        rranges = tuple(x.sizes[d] for d in dims)
+        if rop in ir.INDEX_REDUCTIONS:
+            acc = ir.compute_dtype(x.dtype)
+        elif rop in (ir.ReduceOp.ANY, ir.ReduceOp.ALL):
+            acc = "bool"
+        elif rop in (ir.ReduceOp.MAX, ir.ReduceOp.MIN):
+            acc = ir.compute_dtype(x.dtype)
+        else:
+            acc = ir.compute_dtype(out_dtype)
+
+        def value_at(xs: Sequence[sympy.Expr], rs: Sequence[sympy.Expr]) -> ir.Value:
+            idx: list[sympy.Expr] = [sympy.Integer(0)] * nd
+            for d, v in zip(kept, xs, strict=True):
+                idx[d] = v
+            for d, v in zip(dims, rs, strict=True):
+                idx[d] = v
+            v = x.loader(idx)
+            v = body(v) if body else v
+            if acc == "bool":
+                return (
+                    ir.Call(ir.VOp.NE, (v, ir.Const(0, _dtype_of(v))), "bool")
+                    if _dtype_of(v) != "bool"
+                    else v
+                )
+            return cast(v, acc)
+
+        origins = (*x.origins, origin)
+        rnumel = ir.product(rranges)
+        xs = [ir.loop_var("x", i) for i in range(len(ranges))]
+        if rnumel == 1:  # nothing to reduce: a pointwise cast
+
+            def load_one(idx):
+                return (
+                    cast(value_at(idx, [sympy.Integer(0)] * len(rranges)), out_dtype)
+                    if rop not in ir.INDEX_REDUCTIONS
+                    else ir.Const(0, "int64")
+                )
+
+            res = TensorValue(ranges, out_dtype, load_one, None, origins, x.ops + 1)
+            return self._keep_dims(self.realize(res), nd, dims, keepdim)
+        name = self.fresh()
+        split = self._split_factor(ranges, rranges, rop)
+        if split:
+            chunk = int(rnumel) // split
+            part = self.fresh()
+            s = ir.loop_var("x", len(ranges))
+            r = ir.loop_var("r", 0)
+            body1 = value_at(xs, ir.unflatten(s * chunk + r, rranges))
+            pranges = (*ranges, sympy.Integer(split))
+            pstore = sympy.expand(
+                sum(
+                    (v * st for v, st in zip([*xs, s], ir.contiguous_strides(pranges), strict=True)),
+                    sympy.Integer(0),
+                )
+            )
+            self.add_buffer(ir.BufferSpec(part, acc, pranges, tuple(ir.contiguous_strides(pranges))))
+            self.nodes.append(
+                ir.Reduction(part, pranges, (sympy.Integer(chunk),), body1, rop, acc, pstore, origins)
+            )
+            xflat = sympy.expand(
+                sum(
+                    (v * st for v, st in zip(xs, ir.contiguous_strides(ranges), strict=True)),
+                    sympy.Integer(0),
+                )
+            )
+            body2 = ir.Load(part, sympy.expand(xflat * split + r), acc)
+            rranges2: tuple[sympy.Expr, ...] = (sympy.Integer(split),)
+            body = body2
+        else:
+            rs = [ir.loop_var("r", i) for i in range(len(rranges))]
+            body = value_at(xs, rs)
+            rranges2 = rranges
+        strides = ir.contiguous_strides(ranges)
+        store = sympy.expand(sum((v * st for v, st in zip(xs, strides, strict=True)), sympy.Integer(0)))
+        self.add_buffer(ir.BufferSpec(name, out_dtype, ranges, tuple(strides)))
+        self.nodes.append(ir.Reduction(name, ranges, rranges2, body, rop, out_dtype, store, origins))
+        layout = Layout(name, tuple(strides), sympy.Integer(0))
+        res = TensorValue(ranges, out_dtype, strided_loader(layout, out_dtype), layout)
+        return self._keep_dims(res, nd, dims, keepdim)
+
+    def _split_factor(self, ranges, rranges, rop) -> int:
+        xnumel, rnumel = ir.product(ranges), ir.product(rranges)
+        if rop not in ir.SPLITTABLE or not (xnumel.is_Integer and rnumel.is_Integer):
+            return 0
+        if int(xnumel) > self.config.split_max_outputs or int(rnumel) < self.config.split_min_rnumel:
+            return 0
+        n = int(rnumel)
+        target = self.config.split_target
+        best = 0
+        for cand in range(16, 4 * target + 1):
+            if n % cand == 0 and (best == 0 or abs(cand - target) < abs(best - target)):
+                best = cand
+        return best
+
+    def _keep_dims(self, tv: TensorValue, nd: int, dims: Sequence[int], keepdim: bool) -> TensorValue:
+        if not keepdim or not dims:
+            return tv
+        kept = [d for d in range(nd) if d not in dims]
+        sizes = tuple(sympy.Integer(1) if d in dims else tv.sizes[kept.index(d)] for d in range(nd))
+        inner = tv.loader
+
+        def load(idx):
+            return inner([idx[d] for d in kept])
+
+        layout = None
+        if tv.layout is not None:
+            strides = list(tv.layout.strides)
+            full = [sympy.Integer(0) if d in dims else strides[kept.index(d)] for d in range(nd)]
+            layout = Layout(tv.layout.buffer, tuple(full), tv.layout.offset)
+        return TensorValue(sizes, tv.dtype, load, layout, tv.origins)
+
+    # -- extern calls
+    def extern(self, node: S.Node, reason: str = "") -> None:
+        def enc(a: S.Argument) -> S.Argument:
+            if isinstance(a, S.TensorRef):
+                tv = self.env[a.name]
+                assert isinstance(tv, TensorValue)
+                return S.TensorRef(name=self.as_buffer(tv, self.meta(a.name)))
+            if isinstance(a, S.ListArg):
+                return S.ListArg(items=tuple(enc(x) for x in a.items))
+            return a
+
+        args = tuple(enc(a) for a in node.args)
+        kwargs = tuple((k, enc(v)) for k, v in node.kwargs.items())
+        outs = []
+        for o in node.outputs:
+            if not o:
+                outs.append("")
+                continue
+            m = self.meta(o)
+            name = self.fresh()
+            sizes = tuple(expr_of(s) for s in m.sizes)
+            strides = tuple(expr_of(s) for s in m.strides)
+            self.add_buffer(
+                ir.BufferSpec(name, m.dtype, sizes, strides, expr_of(m.storage_offset), kind="extern")
+            )
+            layout = Layout(name, strides, sympy.Integer(0))
+            self.env[o] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)
+            outs.append(name)
+        self.nodes.append(
+            ir.Extern(
+                outs[0] if outs and outs[0] else self.fresh("extern"),
+                _extern_op(node.op),
+                args,
+                kwargs,
+                tuple(outs),
+                (_short(node.op),),
+            )
+        )
+        if reason:
+            self.fallbacks.append(f"{node.name}: {node.op} ({reason})")
+
+    # -- driver
+    def run(self) -> ir.LoopProgram:
+        from torchfuse.inductor.lowerings import EXTERN_BY_DESIGN, all_rules
+
+        g = self.graph
+        for inp in g.inputs:
+            m = g.values[inp.name]
+            sizes = tuple(expr_of(s) for s in m.sizes)
+            strides = tuple(expr_of(s) for s in m.strides)
+            self.add_buffer(
+                ir.BufferSpec(inp.name, m.dtype, sizes, strides, expr_of(m.storage_offset), "input")
+            )
+            layout = Layout(inp.name, strides, sympy.Integer(0))
+            self.env[inp.name] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)
+        rules = all_rules()
+        for node in g.nodes:
+            op = _functional_name(node.op)
+            rule = rules.get(op)
+            if rule is None:
+                self.extern(node, "" if op in EXTERN_BY_DESIGN else "no lowering")
+                continue
+            try:
+                result = rule(self, node)
+            except Fallback as e:
+                self.extern(node, str(e) or "lowering declined")
+                continue
+            results = result if isinstance(result, list | tuple) else [result]
+            for name, tv in zip(node.outputs, results, strict=False):
+                if name and tv is not None:
+                    self.env[name] = self.maybe_realize(name, tv) if isinstance(tv, TensorValue) else tv
+        outputs: list[object] = []
+        for out in g.outputs:
+            if isinstance(out.value, S.TensorRef):
+                tv = self.env[out.value.name]
+                assert isinstance(tv, TensorValue)
+                outputs.append(self.as_buffer(tv, self.meta(out.value.name)))
+            else:
+                outputs.append(out.value)
+        return ir.LoopProgram(
+            name=g.name,
+            inputs=tuple(i.name for i in g.inputs),
+            buffers=dict(self.buffers),
+            nodes=tuple(self.nodes),
+            outputs=tuple(outputs),
+            symbols=tuple(g.symbols),
+            device=self.device,
+            meta={"fallbacks": "\n".join(self.fallbacks)},
+        )
+
+
+def _short(op: str) -> str:
+    return op.split(".")[1].strip("_")
+
+
+def _functional_name(op: str) -> str:
+    """``aten.add_.Tensor`` -> ``aten.add.Tensor``: an in-place op in an SSA graph is its
+    functional twin (its result already has a fresh value name)."""
+    ns, name, overload = op.split(".")
+    if name.endswith("_") and not name.endswith("__") and not name.startswith("_"):
+        return f"{ns}.{name[:-1]}.{overload}"
+    return op
+
+
+def _extern_op(op: str) -> str:
+    """The op an extern step calls: the functional twin of an in-place op when torch has one
+    (the graph is SSA, so the mutated argument must keep its old value)."""
+    from torchfuse.graph.ops import UnknownOpError, resolve_op
+
+    functional = _functional_name(op)
+    if functional == op:
+        return op
+    try:
+        resolve_op(functional)
+    except UnknownOpError:
+        return op
+    return functional
+
+
+def lower(graph: S.Graph, config: InductorConfig) -> ir.LoopProgram:
+    """Lower a graph (already decomposed) to the loop IR."""
+    return Lowering(graph, config).run()
+
+
+def result_dtype(*args: object) -> str:
+    """Eager type promotion over tensors (0-dim ones rank below the rest) and Python scalars."""
+    from torchfuse.graph.ops import dtype_name, to_dtype
+
+    def category(dt: torch.dtype) -> int:
+        return 0 if dt == torch.bool else (2 if dt.is_floating_point else (3 if dt.is_complex else 1))
+
+    groups: list[list[torch.dtype]] = [[], [], []]
+    for a in args:
+        if isinstance(a, TensorValue):
+            groups[0 if a.sizes else 1].append(to_dtype(a.dtype))
+        elif isinstance(a, bool):
+            groups[2].append(torch.bool)
+        elif isinstance(a, int):
+            groups[2].append(torch.int64)
+        elif isinstance(a, float):
+            groups[2].append(torch.get_default_dtype())
+    result: torch.dtype | None = None
+    for group in groups:
+        if not group:
+            continue
+        g = group[0]
+        for dt in group[1:]:
+            g = torch.promote_types(g, dt)
+        # a lower-priority group (0-dim tensors, then scalars) only lifts the category
+        if result is None or category(g) > category(result):
+            result = g
+    return dtype_name(result or torch.float32)

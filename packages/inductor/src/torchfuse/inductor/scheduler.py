@@ -1,0 +1,467 @@
+"""Scheduling and fusion: which loop-IR nodes share a kernel, and in what order kernels run.
+
+A kernel iterates over a *domain* ``(xnumel, rnumel)``: pointwise kernels have
+``rnumel == 1``; reduction kernels compute rows of ``rnumel`` elements. Each node in a
+kernel has a *role*: ``FULL`` (one value per ``(x, r)`` point: pointwise nodes of
+``xnumel*rnumel`` elements and the bodies of reductions), ``ROW`` (one value per ``x``:
+pointwise epilogues of reductions) or ``REDUCE`` (a reduction; its result is per row).
+
+Fusion is greedy over nodes in program order. A node joins an existing kernel when
+
+* its sizes fit the kernel's domain (a pointwise kernel grows into a reduction domain when
+  a reduction over its elements, or over its rows, joins);
+* every value it reads from the kernel is read at exactly the point where it is computed
+  (the index expressions, rewritten in kernel coordinates, are equal), so it can be taken
+  from registers -- this is checked, never assumed;
+* no cycle appears between kernels, the kernel stays under ``max_fusion_size`` nodes and a
+  looped reduction needs at most ``max_loop_phases`` passes;
+* it saves memory traffic (the cost model: bytes of reads shared with the kernel).
+
+Example, ``softmax`` over rows of 8: ``amax`` (REDUCE), ``exp(x - amax)`` (FULL), ``sum``
+(REDUCE), ``exp / sum`` (FULL) all land in one kernel over domain ``(rows, 8)``; only the
+last value is stored.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+
+import sympy
+from torchfuse.inductor import ir
+from torchfuse.inductor.config import InductorConfig
+
+log = logging.getLogger("torchfuse.inductor.schedule")
+
+XI = sympy.Symbol("xindex", integer=True, nonnegative=True)
+RI = sympy.Symbol("rindex", integer=True, nonnegative=True)
+
+
+class Role(enum.Enum):
+    FULL = "full"
+    ROW = "row"
+    REDUCE = "reduce"
+
+
+class GroupKind(enum.Enum):
+    POINTWISE = "poi"
+    PERSISTENT = "per"
+    LOOPED = "red"
+    EXTERN = "extern"
+    VIEW = "view"
+
+
+KERNEL_KINDS = frozenset({GroupKind.POINTWISE, GroupKind.PERSISTENT, GroupKind.LOOPED})
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a node sits in its kernel: role, loop-variable substitution, loop phase."""
+
+    role: Role
+    varmap: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
+    phase: int = 0
+    """For FULL/REDUCE: which pass over the row computes it; for ROW: after which pass (-1:
+    before the first)."""
+    online_with: str | None = None
+    """For ``sum(exp(v - max(v)))``: the max reduction it is computed with in one pass
+    (online softmax: the running sum is rescaled whenever the running max grows)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelGroup:
+    index: int
+    kind: GroupKind
+    nodes: tuple[ir.Node, ...]
+    xnumel: sympy.Expr = sympy.S.One
+    rnumel: sympy.Expr = sympy.S.One
+    placements: tuple[tuple[str, Placement], ...] = ()
+    stores: frozenset[str] = frozenset()
+    """Buffers the kernel writes to memory (the others live only in registers)."""
+    phases: int = 1
+    outer: bool = False
+    """A reduction over a strided (leading) dim: launched with wide ``XBLOCK`` tiles."""
+
+    def placement(self, name: str) -> Placement:
+        return dict(self.placements)[name]
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    groups: tuple[KernelGroup, ...]
+    """In execution order."""
+
+
+def _numels(node: ir.Node) -> tuple[sympy.Expr, sympy.Expr]:
+    if isinstance(node, ir.Reduction):
+        return ir.product(node.ranges), ir.product(node.rranges)
+    assert isinstance(node, ir.Pointwise)
+    return ir.product(node.ranges), sympy.Integer(1)
+
+
+def _eq(a: sympy.Expr, b: sympy.Expr) -> bool:
+    return sympy.expand(a - b) == 0
+
+
+def _vars(prefix: str, n: int) -> list[sympy.Symbol]:
+    return [ir.loop_var(prefix, i) for i in range(n)]
+
+
+def _varmap(node: ir.Node, role: Role, xnumel: sympy.Expr, rnumel: sympy.Expr):
+    if isinstance(node, ir.Reduction):
+        xs = ir.unflatten(XI, node.ranges) if node.ranges else []
+        rs = ir.unflatten(RI, node.rranges)
+        return tuple(zip(_vars("x", len(node.ranges)), xs, strict=True)) + tuple(
+            zip(_vars("r", len(node.rranges)), rs, strict=True)
+        )
+    assert isinstance(node, ir.Pointwise)
+    ranges = list(node.ranges)
+    xs_syms = _vars("x", len(ranges))
+    if role == Role.ROW or rnumel == 1:
+        return tuple(zip(xs_syms, ir.unflatten(XI, ranges) if ranges else [], strict=True))
+    acc = sympy.Integer(1)
+    for i in range(len(ranges) + 1):  # a split point: leading dims are rows, the rest is r
+        if _eq(acc, xnumel) and _eq(ir.product(ranges[i:]), rnumel):
+            coords = (ir.unflatten(XI, ranges[:i]) if i else []) + (
+                ir.unflatten(RI, ranges[i:]) if i < len(ranges) else []
+            )
+            return tuple(zip(xs_syms, coords, strict=True))
+        if i < len(ranges):
+            acc = acc * ranges[i]
+    return tuple(zip(xs_syms, ir.unflatten(XI * rnumel + RI, ranges), strict=True))
+
+
+def _role(node: ir.Node, xnumel, rnumel) -> Role | None:
+    nx, nr = _numels(node)
+    if isinstance(node, ir.Reduction):
+        return Role.REDUCE if _eq(nx, xnumel) and _eq(nr, rnumel) else None
+    if _eq(nx, xnumel * rnumel):
+        return Role.FULL
+    if _eq(nx, xnumel):
+        return Role.ROW
+    return None
+
+
+def _is_static_int(e: sympy.Expr) -> bool:
+    return bool(sympy.sympify(e).is_Integer)
+
+
+class _Builder:
+    def __init__(self, prog: ir.LoopProgram, config: InductorConfig) -> None:
+        self.prog = prog
+        self.config = config
+        self.producer: dict[str, int] = {}  # buffer -> group index
+        self.groups: list[dict] = []
+        self.group_deps: list[set[int]] = []
+        self.readers: dict[str, set[int]] = {}  # buffer -> groups reading it
+        self.consumers: dict[str, set[str]] = {}
+        for node in prog.nodes:
+            for b in ir.reads(node):
+                self.consumers.setdefault(b, set()).add(node.name)
+
+    def bytes_of(self, buf: str) -> int:
+        spec = self.prog.buffers.get(buf)
+        if spec is None:
+            return 0
+        n = ir.product(spec.sizes)
+        n = int(n) if _is_static_int(n) else 4096
+        from torchfuse.graph.ops import to_dtype
+
+        return n * to_dtype(spec.dtype).itemsize
+
+    def deps(self, gi: int) -> set[int]:
+        return self.group_deps[gi]
+
+    def _record(self, gi: int, node: ir.Node) -> None:
+        """Book-keeping after ``node`` joined group ``gi``."""
+        for b in ir.writes(node):
+            self.producer[b] = gi
+        for b in ir.reads(node):
+            self.readers.setdefault(b, set()).add(gi)
+            h = self.producer.get(b)
+            if h is not None and h != gi:
+                self.group_deps[gi].add(h)
+
+    def reaches(self, src: int, dst: int) -> bool:
+        """True when ``dst`` is ``src`` or a (transitive) dependency of ``src``."""
+        seen, stack = set(), [src]
+        while stack:
+            g = stack.pop()
+            if g == dst:
+                return True
+            if g in seen:
+                continue
+            seen.add(g)
+            stack.extend(self.deps(g))
+        return False
+
+    # -- validation of a candidate kernel
+    def place(self, nodes: list[ir.Node], xnumel, rnumel) -> dict[str, Placement] | None:
+        roles: dict[str, Role] = {}
+        maps: dict[str, dict] = {}
+        for n in nodes:
+            role = _role(n, xnumel, rnumel)
+            if role is None:
+                return None
+            roles[n.name] = role
+            maps[n.name] = dict(_varmap(n, role, xnumel, rnumel))
+        bounds = {XI: xnumel, RI: rnumel}
+        by_name = {n.name: n for n in nodes}
+        phase: dict[str, int] = {}
+        online: dict[str, str] = {}
+        for n in nodes:
+            ctx_full = roles[n.name] != Role.ROW
+            p = 0 if ctx_full else -1
+            for ld in ir.loads_of(n.body):
+                prod = by_name.get(ld.buffer)
+                if prod is None:
+                    continue
+                if ld.indirect or (roles[prod.name] == Role.FULL and not ctx_full):
+                    return None
+                lhs = ir.simplify_index(ld.index.xreplace(maps[n.name]), bounds)
+                rhs = ir.simplify_index(prod.store_index.xreplace(maps[prod.name]), bounds)
+                if lhs != rhs:
+                    return None
+                pp = phase[prod.name]
+                if roles[prod.name] == Role.FULL:
+                    p = max(p, pp)
+                elif ctx_full:
+                    p = max(p, pp + 1)
+                else:
+                    p = max(p, pp)
+            if isinstance(n, ir.Reduction) and n.reduce == ir.ReduceOp.SUM:
+                partner = self._online_partner(n, nodes, roles, maps, bounds)
+                if partner is not None and partner not in online.values():
+                    online[n.name] = partner
+                    p = phase[partner]
+            phase[n.name] = p
+        return {
+            n.name: Placement(roles[n.name], tuple(maps[n.name].items()), phase[n.name], online.get(n.name))
+            for n in nodes
+        }
+
+    def _online_partner(self, s_node, nodes, roles, maps, bounds) -> str | None:
+        """The max reduction ``m`` when ``s_node`` is ``sum(exp(v - m))`` with ``m = max(v)``."""
+        by_name = {n.name: n for n in nodes}
+
+        def norm(v: ir.Value, owner: str) -> ir.Value:
+            if isinstance(v, ir.Load):
+                prod = by_name.get(v.buffer)
+                if prod is not None and isinstance(prod, ir.Pointwise) and roles[prod.name] == Role.FULL:
+                    return norm(prod.body, prod.name)
+                idx = ir.simplify_index(v.index.xreplace(maps[owner]), bounds)
+                return ir.Load(v.buffer, idx, v.dtype, tuple((k, norm(x, owner)) for k, x in v.indirect))
+            if isinstance(v, ir.Cast):
+                return ir.Cast(norm(v.arg, owner), v.dtype)
+            if isinstance(v, ir.Call):
+                return ir.Call(v.op, tuple(norm(a, owner) for a in v.args), v.dtype)
+            if isinstance(v, ir.IndexValue):
+                return ir.IndexValue(ir.simplify_index(v.index.xreplace(maps[owner]), bounds), v.dtype)
+            return v
+
+        body = norm(s_node.body, s_node.name)
+        if not (isinstance(body, ir.Call) and body.op == ir.VOp.EXP):
+            return None
+        inner = body.args[0]
+        if not (isinstance(inner, ir.Call) and inner.op == ir.VOp.SUB and isinstance(inner.args[1], ir.Load)):
+            return None
+        m = by_name.get(inner.args[1].buffer)
+        if not (isinstance(m, ir.Reduction) and m.reduce == ir.ReduceOp.MAX) or m.dtype != "float32":
+            return None
+        return m.name if norm(m.body, m.name) == inner.args[0] else None
+
+    def try_add(self, gi: int, node: ir.Node):
+        g = self.groups[gi]
+        if g["kind"] not in KERNEL_KINDS or len(g["nodes"]) >= self.config.max_fusion_size:
+            return None
+        shared = 0
+        produced = {m.name for m in g["nodes"]}
+        group_reads = {b for m in g["nodes"] for b in ir.reads(m)}
+        for b in ir.reads(node):
+            if b in produced or b in group_reads:
+                shared += self.bytes_of(b)
+        if shared == 0:
+            return None
+        for b in ir.reads(node):
+            h = self.producer.get(b)
+            if h is not None and h != gi and self.reaches(h, gi):
+                return None
+        X, R = g["xnumel"], g["rnumel"]
+        nx, nr = _numels(node)
+        if isinstance(node, ir.Reduction) and R == 1:
+            if not (_eq(X, nx * nr) or _eq(X, nx)):
+                return None
+            X, R = nx, nr
+        nodes = [*g["nodes"], node]
+        placed = self.place(nodes, X, R)
+        if placed is None:
+            return None
+        if R != 1 and not self._persistent(R):
+            if max(p.phase for p in placed.values()) + 1 > self.config.max_loop_phases:
+                return None
+        return shared, X, R, placed
+
+    def _persistent(self, rnumel) -> bool:
+        return _is_static_int(rnumel) and int(rnumel) <= self.config.persistent_rnumel_max
+
+    def new_group(self, node: ir.Node) -> None:
+        if isinstance(node, ir.Extern | ir.View):
+            kind = GroupKind.EXTERN if isinstance(node, ir.Extern) else GroupKind.VIEW
+            X, R = sympy.Integer(1), sympy.Integer(1)
+        else:
+            X, R = _numels(node)
+            kind = GroupKind.POINTWISE
+        placed = self.place([node], X, R) if kind == GroupKind.POINTWISE else {}
+        self.groups.append({"kind": kind, "nodes": [node], "xnumel": X, "rnumel": R, "placed": placed})
+        self.group_deps.append(set())
+        self._record(len(self.groups) - 1, node)
+
+    def run(self) -> Schedule:
+        for node in self.prog.nodes:
+            best = None
+            if isinstance(node, ir.Pointwise | ir.Reduction):
+                # only kernels that produce or read what this node reads can save traffic
+                cands: set[int] = set()
+                for b in ir.reads(node):
+                    cands.update(self.readers.get(b, ()))
+                    if b in self.producer:
+                        cands.add(self.producer[b])
+                for gi in sorted(cands):
+                    res = self.try_add(gi, node)
+                    if res is not None and (best is None or res[0] > best[1][0]):
+                        best = (gi, res)
+            if best is None:
+                self.new_group(node)
+                continue
+            gi, (_, X, R, placed) = best
+            g = self.groups[gi]
+            g["nodes"].append(node)
+            g["xnumel"], g["rnumel"], g["placed"] = X, R, placed
+            self._record(gi, node)
+            log.debug("fuse %s into kernel %d (domain %s x %s)", node.name, gi, X, R)
+        return Schedule(self.finish(self.order()))
+
+    def order(self) -> list[int]:
+        """A topological order of kernels that, among the ready ones, runs first the one that
+        frees the most memory (a greedy bound on peak memory)."""
+        n = len(self.groups)
+        deps = {i: self.deps(i) for i in range(n)}
+        done: list[int] = []
+        remaining_reads: dict[str, int] = {}
+        for i in range(n):
+            for b in {b for m in self.groups[i]["nodes"] for b in ir.reads(m)}:
+                remaining_reads[b] = remaining_reads.get(b, 0) + 1
+        pending = set(range(n))
+        while pending:
+            ready = [i for i in sorted(pending) if deps[i] <= set(done)]
+
+            def gain(i: int) -> int:
+                reads = {b for m in self.groups[i]["nodes"] for b in ir.reads(m)}
+                freed = sum(
+                    self.bytes_of(b)
+                    for b in reads
+                    if remaining_reads.get(b) == 1
+                    and self.prog.buffers.get(b) is not None
+                    and self.prog.buffers[b].kind != "input"
+                )
+                made = sum(self.bytes_of(b) for m in self.groups[i]["nodes"] for b in ir.writes(m))
+                return freed - made
+
+            pick = max(ready, key=lambda i: (gain(i), -i)) if self.config.memory_order else ready[0]
+            for b in {b for m in self.groups[pick]["nodes"] for b in ir.reads(m)}:
+                remaining_reads[b] -= 1
+            done.append(pick)
+            pending.discard(pick)
+        return done
+
+    def finish(self, order: list[int]) -> tuple[KernelGroup, ...]:
+        outputs = {o for o in self.prog.outputs if isinstance(o, str)}
+        out: list[KernelGroup] = []
+        for k, gi in enumerate(order):
+            g = self.groups[gi]
+            names = {m.name for m in g["nodes"]}
+            kind = g["kind"]
+            placed = g["placed"]
+            phases = 1 + max((p.phase for p in placed.values()), default=0)
+            outer = False
+            if kind == GroupKind.POINTWISE and g["rnumel"] != 1:
+                kind = GroupKind.PERSISTENT if self._persistent(g["rnumel"]) else GroupKind.LOOPED
+                outer = self._outer(g) and phases <= self.config.max_loop_phases
+                if outer:  # rows are strided in memory: tiles of many rows, short chunks of r
+                    kind = GroupKind.LOOPED
+            stores = frozenset(
+                m.name
+                for m in g["nodes"]
+                if m.name in outputs or any(c not in names for c in self.consumers.get(m.name, ()))
+            )
+            out.append(
+                KernelGroup(
+                    k,
+                    kind,
+                    tuple(g["nodes"]),
+                    g["xnumel"],
+                    g["rnumel"],
+                    tuple(placed.items()),
+                    stores,
+                    phases,
+                    outer,
+                )
+            )
+        return tuple(out)
+
+    def _outer(self, g: dict) -> bool:
+        """True when the kernel's reads are contiguous along x and strided along r (a
+        reduction over a leading dim, e.g. the weight gradient of a layer_norm)."""
+        bounds = {XI: g["xnumel"], RI: g["rnumel"]}
+        names = {m.name for m in g["nodes"]}
+        inner = outer = 0
+        for m in g["nodes"]:
+            p = g["placed"][m.name]
+            if p.role == Role.ROW:
+                continue
+            for ld in ir.loads_of(m.body):
+                if ld.buffer in names:
+                    continue
+                e = sympy.expand(ir.simplify_index(ld.index.xreplace(dict(p.varmap)), bounds))
+                cx, cr = e.coeff(XI), e.coeff(RI)
+                if cr == 1:
+                    inner += 1
+                elif cx == 1 and cr != 0:
+                    outer += 1
+        return outer > inner
+
+
+def dead_code_elimination(prog: ir.LoopProgram) -> ir.LoopProgram:
+    """Drop nodes whose buffers nobody reads (unused mean/rstd of layer_norm, say)."""
+    live = {o for o in prog.outputs if isinstance(o, str)}
+    kept: list[ir.Node] = []
+    for node in reversed(prog.nodes):
+        if isinstance(node, ir.Extern) or any(w in live for w in ir.writes(node)):
+            kept.append(node)
+            live.update(ir.reads(node))
+    kept.reverse()
+    return ir.LoopProgram(
+        prog.name, prog.inputs, prog.buffers, tuple(kept), prog.outputs, prog.symbols, prog.device, prog.meta
+    )
+
+
+def schedule(prog: ir.LoopProgram, config: InductorConfig) -> Schedule:
+    return _Builder(prog, config).run()
+
+
+def format_schedule(s: Schedule) -> str:
+    lines = []
+    for g in s.groups:
+        head = f"kernel {g.index} [{g.kind.value}]"
+        if g.kind in KERNEL_KINDS:
+            head += f" xnumel={g.xnumel} rnumel={g.rnumel} phases={g.phases} stores={sorted(g.stores)}"
+        lines.append(head)
+        for node in g.nodes:
+            text = ir.format_node(node).replace("\n", "\n    ")
+            role = ""
+            if g.kind in KERNEL_KINDS:
+                p = g.placement(node.name)
+                role = f"({p.role.value}, phase {p.phase}) "
+            lines.append(f"  {role}{text}")
+    return "\n".join(lines) + "\n"

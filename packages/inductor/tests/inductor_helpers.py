@@ -1,0 +1,64 @@
+"""Shared helpers: compile a torch function with inductor and run the result."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import tempfile
+from pathlib import Path
+
+import torch
+from torchfuse.graph import schema as S
+from torchfuse.graph import trace
+from torchfuse.inductor import compile_graph
+
+_counter = itertools.count()
+
+BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
+"""bf16 tolerance. Results are computed in fp32 and rounded once on store; Triton's CPU
+interpreter truncates (instead of rounding) when narrowing to bf16, so compare to 2 ulps."""
+
+
+def compile_fn(fn, *inputs, options=None) -> S.Program:
+    graph, constants = trace(fn, *inputs)
+    assert not constants, "test functions must not capture tensors"
+    return compile_graph(graph, inputs, options=options)
+
+
+def load_output_code(program: S.Program):
+    path = Path(tempfile.mkdtemp()) / f"output_code_{next(_counter)}.py"
+    path.write_text(program.meta["output_code.py"])
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_output_code(program: S.Program, inputs) -> list:
+    return load_output_code(program).call(list(inputs))
+
+
+def run_runtime(program: S.Program, inputs) -> list:
+    from torchfuse.runtime import load
+
+    return list(load(program, device="cpu")(*inputs))
+
+
+def as_tuple(x):
+    return tuple(x) if isinstance(x, tuple | list) else (x,)
+
+
+def assert_matches(out, ref, **tol) -> None:
+    ref = as_tuple(ref)
+    assert len(out) == len(ref)
+    for a, b in zip(out, ref, strict=True):
+        assert a.dtype == b.dtype, (a.dtype, b.dtype)
+        assert a.shape == b.shape, (a.shape, b.shape)
+        if b.dtype.is_floating_point:
+            torch.testing.assert_close(a, b, **tol)
+        else:
+            assert torch.equal(a, b), (a, b)
+
+
+def kernel_kinds(program: S.Program) -> list[str]:
+    return [k.name.split("_")[1] for k in program.kernels]

@@ -1,0 +1,192 @@
+"""Fusion decisions, pinned by kernel counts and by what is (not) written to memory."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from inductor_helpers import BF16_TOL, assert_matches, compile_fn, kernel_kinds, run_output_code, run_runtime
+from torchfuse.graph import schema as S
+
+
+def seed_fn(x, y):
+    return F.silu(torch.relu((x + y) * 2.0)).sum(dim=1).mean()
+
+
+def rmsnorm(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16) * w
+
+
+def add_layer_norm(x, r, w, b):
+    h = x + r
+    return h, F.layer_norm(h, (h.shape[-1],), w, b)
+
+
+def allocated(program: S.Program) -> set[str]:
+    return {s.buffer for s in program.steps if isinstance(s, S.AllocStep)}
+
+
+def test_seed_function_is_one_reduction_kernel_plus_the_mean():
+    x, y = torch.randn(6, 16), torch.randn(6, 16)
+    program = compile_fn(seed_fn, x, y)
+    assert len(program.kernels) == 2
+    first = program.kernels[0].name
+    assert first.startswith("triton_per_fused_") and all(op in first for op in ("add", "mul", "relu", "sum"))
+    # only the row sums and the result reach memory
+    assert len(allocated(program)) == 2
+    assert_matches(run_output_code(program, [x, y]), seed_fn(x, y), atol=1e-4, rtol=1e-5)
+
+
+def test_softmax_is_one_kernel():
+    x = torch.randn(4, 32)
+    program = compile_fn(lambda x: x.softmax(-1), x)
+    assert kernel_kinds(program) == ["per"]
+    assert_matches(run_output_code(program, [x]), x.softmax(-1))
+
+
+def test_layer_norm_is_one_kernel():
+    x, w, b = torch.randn(4, 32), torch.randn(32), torch.randn(32)
+    fn = lambda x, w, b: F.layer_norm(x, (32,), w, b)
+    program = compile_fn(fn, x, w, b)
+    assert kernel_kinds(program) == ["per"]
+    assert_matches(run_output_code(program, [x, w, b]), fn(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_written_out_rmsnorm_is_one_kernel():
+    x, w = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(32, dtype=torch.bfloat16)
+    program = compile_fn(rmsnorm, x, w)
+    assert kernel_kinds(program) == ["per"]
+    assert_matches(run_output_code(program, [x, w]), rmsnorm(x, w), **BF16_TOL)
+
+
+def test_add_layer_norm_returning_both_is_one_kernel():
+    args = (torch.randn(4, 32), torch.randn(4, 32), torch.randn(32), torch.randn(32))
+    program = compile_fn(add_layer_norm, *args)
+    assert kernel_kinds(program) == ["per"]
+    assert len(allocated(program)) == 2
+    assert_matches(run_output_code(program, args), add_layer_norm(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_long_rows_use_one_looped_kernel():
+    x = torch.randn(3, 40)
+    opts = {"persistent_rnumel_max": 16, "looped_rblock": 16}
+    program = compile_fn(lambda x: x.softmax(-1), x, options=opts)
+    assert kernel_kinds(program) == ["red"]
+    assert "for roffset in range(0, rnumel, RBLOCK)" in program.kernels[0].source
+    assert_matches(run_output_code(program, [x]), x.softmax(-1))
+
+
+def test_cross_entropy_rows_in_one_kernel():
+    x, t = torch.randn(4, 40), torch.randint(0, 40, (4,))
+    fn = lambda x, t: F.cross_entropy(x, t)
+    for opts in (None, {"persistent_rnumel_max": 16, "looped_rblock": 16}):
+        program = compile_fn(fn, x, t, options=opts)
+        # per-row logsumexp and target logit in one kernel, the batch mean in a second
+        assert len(program.kernels) == 2
+        assert_matches(run_output_code(program, [x, t]), fn(x, t), atol=1e-5, rtol=1e-5)
+
+
+def test_split_reduction_when_few_outputs():
+    x = torch.randn(32, 32)
+    program = compile_fn(lambda x: x.sum(), x, options={"split_min_rnumel": 256, "split_target": 16})
+    assert len(program.kernels) == 2
+    assert_matches(run_output_code(program, [x]), x.sum(), atol=1e-4, rtol=1e-5)
+
+
+def test_horizontal_fusion_of_reductions_sharing_input():
+    x = torch.randn(5, 16)
+    fn = lambda x: (x.sum(1), x.amax(1), (x * 2).exp())
+    program = compile_fn(fn, x)
+    assert len(program.kernels) == 1
+    assert_matches(run_output_code(program, [x]), fn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_reduction_epilogue_fuses():
+    x = torch.randn(5, 16)
+    fn = lambda x: (x.sum(1) * 2 + 1).sigmoid()
+    program = compile_fn(fn, x)
+    assert len(program.kernels) == 1
+    assert_matches(run_output_code(program, [x]), fn(x))
+
+
+def test_mismatched_index_is_not_fused_but_correct():
+    x = torch.randn(8, 8)
+    fn = lambda x: (x.exp() + 1) @ x + (x.exp() + 1).t().sum(0)
+    program = compile_fn(fn, x)
+    assert_matches(run_output_code(program, [x]), fn(x), atol=1e-4, rtol=1e-5)
+
+
+def test_no_cycle_through_an_extern():
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+
+    def fn(x, w):
+        a = x.relu()
+        b = a @ w  # extern between two pointwise users of x
+        return a * 2 + b, b.sum(1)
+
+    program = compile_fn(fn, x, w)
+    assert_matches(run_runtime(program, [x, w]), fn(x, w), atol=1e-5, rtol=1e-5)
+
+
+def test_buffer_reuse_after_free():
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+
+    def fn(x, w):
+        a = (x @ w).relu()
+        b = (a @ w).sigmoid()
+        return (b @ w).tanh()
+
+    program = compile_fn(fn, x, w)
+    reused = [s for s in program.steps if isinstance(s, S.AllocStep) and s.reuse]
+    frees = [s for s in program.steps if isinstance(s, S.FreeStep)]
+    assert reused and frees
+    assert_matches(run_runtime(program, [x, w]), fn(x, w), atol=1e-5, rtol=1e-5)
+
+
+def test_dead_outputs_of_decompositions_are_not_computed():
+    x = torch.randn(4, 8)
+    program = compile_fn(lambda x: F.layer_norm(x, (8,)), x)
+    assert len(allocated(program)) == 1
+
+
+def test_benchmark_shaped_workloads_fuse():
+    """Small versions of the benchmark table: rope, small_ops, swiglu, causal attention."""
+    torch.manual_seed(0)
+
+    def rope(x, cos, sin):
+        x1, x2 = x.chunk(2, -1)
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    def small_ops(x, y):
+        for _ in range(10):
+            x, y = torch.sin(x) * y + 0.5, torch.cos(y) - x * 0.1
+        return x, y
+
+    def swiglu(x, wg, wu, wd):
+        return (F.silu(x @ wg) * (x @ wu)) @ wd
+
+    def attention(q, k, v):
+        s = q @ k.transpose(-1, -2) / 2.0
+        mask = torch.ones(8, 8, dtype=torch.bool).triu(1)
+        return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+    cases = [
+        (rope, (torch.randn(2, 3, 8, 4), torch.randn(8, 4), torch.randn(8, 4)), 1),
+        (small_ops, (torch.randn(8, 8), torch.randn(8, 8)), 1),
+        (swiglu, (torch.randn(4, 8), torch.randn(8, 16), torch.randn(8, 16), torch.randn(16, 8)), 1),
+        (attention, (torch.randn(2, 8, 4), torch.randn(2, 8, 4), torch.randn(2, 8, 4)), 1),
+    ]
+    for fn, args, n_kernels in cases:
+        program = compile_fn(fn, *args)
+        assert len(program.kernels) == n_kernels, (fn.__name__, [k.name for k in program.kernels])
+        assert program.meta["fallbacks"] == ""
+        assert_matches(run_output_code(program, args), fn(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_reduction_over_leading_dim_uses_wide_tiles():
+    x, g = torch.randn(40, 24), torch.randn(40, 24)
+    fn = lambda x, g: ((x * g).sum(0), g.sum(0))  # the shape of a weight/bias gradient
+    program = compile_fn(fn, x, g)
+    assert kernel_kinds(program) == ["red"]
+    assert program.kernels[0].configs[0].meta["XBLOCK"] > 1
+    assert_matches(run_output_code(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
