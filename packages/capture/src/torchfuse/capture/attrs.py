@@ -1,0 +1,221 @@
+"""Attribute reads and writes on Vars (``LOAD_ATTR``, ``STORE_ATTR``, ``getattr``)."""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any
+
+import torch
+from torchfuse.capture import variables as V
+from torchfuse.capture.context import current
+from torchfuse.capture.errors import Unsupported, UserException
+from torchfuse.capture.source import AttrSource, ClassAttrSource, ModuleAttrSource, ModuleStateSource
+from torchfuse.capture.values import from_py, size_of
+
+# Tensor attributes that are plain metadata: answered from the fake, never recorded.
+_TENSOR_META = {"dtype", "ndim", "is_cuda", "is_sparse", "is_quantized", "is_meta", "layout",
+                "requires_grad", "is_leaf"}
+# Tensor attributes that need values or autograd state capture does not model.
+_TENSOR_UNSUPPORTED = {"grad", "grad_fn", "data", "_version", "untyped_storage", "storage"}
+
+
+def getattr_var(obj: V.Var, name: str) -> V.Var:
+    ctx = current()
+    if isinstance(obj, V.TensorVar):
+        return _tensor_attr(obj, name)
+    if isinstance(obj, V.ModuleVar):
+        return _module_attr(obj, name)
+    if isinstance(obj, V.UserObjVar):
+        return _object_attr(obj, name)
+    if isinstance(obj, V.ListVar):
+        fields = obj.fields
+        if fields and name in fields:
+            return obj.items[fields.index(name)]
+        return V.MethodVar(obj, name)
+    if isinstance(obj, V.DictVar | V.SetVar):
+        return V.MethodVar(obj, name)
+    if isinstance(obj, V.ConstVar):
+        value = getattr(obj.value, name)
+        if callable(value) and not isinstance(value, type):
+            return V.MethodVar(obj, name)
+        return from_py(value) if obj.source is None else V.ConstVar(value, AttrSource(obj.source, name))
+    if isinstance(obj, V.ObjVar):
+        try:
+            value = getattr(obj.value, name)
+        except AttributeError as e:
+            raise UserException(e, ctx.loc) from e
+        if isinstance(obj.value, types.ModuleType):
+            # members of Python modules are assumed stable: no guard unless it is a tensor
+            source = AttrSource(obj.source, name) if obj.source is not None and \
+                isinstance(value, torch.Tensor) else None
+            return ctx.wrap(value, source)
+        if isinstance(obj.value, type):
+            raw = inspect.getattr_static(obj.value, name, None)
+            if isinstance(raw, classmethod):
+                return V.BoundMethodVar(V.ObjVar(raw.__func__), obj)
+        return ctx.wrap(value, AttrSource(obj.source, name) if obj.source is not None else None)
+    if isinstance(obj, V.SuperVar):
+        return _super_attr(obj, name)
+    if isinstance(obj, V.BoundMethodVar):
+        if name == "__self__":
+            return obj.self_var
+        if name == "__func__":
+            return obj.func
+    if isinstance(obj, V.FunctionVar):
+        if name in ("__name__", "__qualname__"):
+            return V.ConstVar(obj.code.co_name)
+        if name == "__code__":
+            return V.ConstVar(obj.code)
+    raise Unsupported(f"attribute {name!r} of {obj.describe()}", ctx.loc)
+
+
+def hasattr_var(obj: V.Var, name: str) -> bool:
+    try:
+        getattr_var(obj, name)
+    except UserException as e:
+        if isinstance(e.exc, AttributeError):
+            return False
+        raise
+    except Unsupported as e:
+        if e.reason.startswith(("attribute ", "tensor has no attribute")):
+            return False
+        raise
+    return True
+
+
+def _tensor_attr(obj: V.TensorVar, name: str) -> V.Var:
+    ctx = current()
+    fake = obj.fake
+    if name == "shape":
+        return V.ConstVar(size_of(obj))
+    if name == "device":
+        return V.ConstVar(fake.fake_device)
+    if name in _TENSOR_META:
+        return V.ConstVar(getattr(fake, name))
+    if name in _TENSOR_UNSUPPORTED:
+        raise Unsupported(f"tensor attribute .{name} is not captured", ctx.loc)
+    raw = getattr(torch.Tensor, name, None)
+    if raw is None:
+        raise UserException(AttributeError(f"'Tensor' object has no attribute {name!r}"), ctx.loc)
+    if callable(raw) and not isinstance(raw, property):
+        return V.MethodVar(obj, name)
+    return from_py(ctx.call_torch(getattr, [fake, name], {}, f"Tensor.{name}"))
+
+
+def _module_attr(obj: V.ModuleVar, name: str) -> V.Var:
+    ctx = current()
+    if name in obj.overrides:
+        return obj.overrides[name]
+    mod = obj.value
+    src = obj.source
+    d = mod.__dict__
+    for table in ("_parameters", "_buffers", "_modules"):
+        tbl = d.get(table)
+        if tbl is not None and name in tbl:
+            value = tbl[name]
+            if value is None:
+                return V.ConstVar(None)
+            return ctx.wrap(value, ModuleStateSource(src, table, name) if src is not None else None)
+    if name in ("_parameters", "_buffers", "_modules"):
+        # torch's own module code walks these dicts; their entries keep module-state sources
+        table = d[name]
+        items = {k: (ctx.wrap(v, ModuleStateSource(src, name, k) if src is not None else None)
+                     if v is not None else V.ConstVar(None)) for k, v in table.items()}
+        return V.DictVar(items, ModuleAttrSource(src, name) if src is not None else None)
+    if name in d:
+        value = d[name]
+        return ctx.wrap(value, ModuleAttrSource(src, name) if src is not None else None)
+    return _class_attr(obj, type(mod), name)
+
+
+def _object_attr(obj: V.UserObjVar, name: str) -> V.Var:
+    ctx = current()
+    if name in obj.overrides:
+        return obj.overrides[name]
+    d = getattr(obj.value, "__dict__", {})
+    if name in d and not obj.is_new:
+        return ctx.wrap(d[name], AttrSource(obj.source, name) if obj.source is not None else None)
+    return _class_attr(obj, type(obj.value), name)
+
+
+def _class_attr(obj: V.Var, cls: type, name: str) -> V.Var:
+    ctx = current()
+    raw = inspect.getattr_static(cls, name, _MISSING)
+    if raw is _MISSING:
+        getattr_fn = inspect.getattr_static(cls, "__getattr__", None)
+        if getattr_fn is not None and getattr_fn is not torch.nn.Module.__getattr__:
+            from torchfuse.capture.calls import call
+
+            return call(V.BoundMethodVar(V.ObjVar(getattr_fn), obj), [V.ConstVar(name)], {})
+        raise UserException(AttributeError(f"{cls.__name__!r} object has no attribute {name!r}"),
+                            ctx.loc)
+    return bind_class_attr(obj, cls, raw, name)
+
+
+_MISSING = object()
+
+
+def bind_class_attr(obj: V.Var, cls: type, raw: Any, name: str) -> V.Var:
+    """What ``obj.<name>`` is when the class holds ``raw`` (descriptors resolved)."""
+    from torchfuse.capture.calls import call
+
+    if isinstance(raw, staticmethod):
+        return V.ObjVar(raw.__func__)
+    if isinstance(raw, classmethod):
+        return V.BoundMethodVar(V.ObjVar(raw.__func__), V.ObjVar(cls))
+    if isinstance(raw, property):
+        if raw.fget is None:
+            raise Unsupported("unreadable property", current().loc)
+        return call(V.ObjVar(raw.fget), [obj], {})
+    if isinstance(raw, types.FunctionType):
+        return V.BoundMethodVar(V.ObjVar(raw), obj)
+    if isinstance(raw, functools_cached_property()):
+        return call(V.ObjVar(raw.func), [obj], {})
+    if hasattr(raw, "__get__") and not isinstance(raw, type) and not V.is_constant(raw):
+        if isinstance(raw, types.BuiltinFunctionType | types.WrapperDescriptorType
+                      | types.MethodDescriptorType):
+            return V.BoundMethodVar(V.ObjVar(raw), obj)
+        raise Unsupported(f"descriptor {type(raw).__name__} on {cls.__name__}", current().loc)
+    if V.is_constant(raw) and obj.source is not None:
+        return V.ConstVar(raw, ClassAttrSource(obj.source, name))
+    return current().wrap(raw, None)
+
+
+def functools_cached_property() -> type:
+    import functools
+
+    return functools.cached_property
+
+
+def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
+    self_type = obj.self_var.python_type() if not isinstance(obj.self_var, V.ObjVar) else obj.self_var.value
+    mro = self_type.__mro__
+    start = mro.index(obj.cls) + 1
+    for klass in mro[start:]:
+        if name in klass.__dict__:
+            raw = klass.__dict__[name]
+            if isinstance(raw, types.FunctionType):
+                return V.BoundMethodVar(V.ObjVar(raw), obj.self_var)
+            return bind_class_attr(obj.self_var, klass, raw, name)
+    raise Unsupported(f"super() has no attribute {name!r}", current().loc)
+
+
+def setattr_var(obj: V.Var, name: str, value: V.Var) -> None:
+    ctx = current()
+    if isinstance(obj, V.ModuleVar | V.UserObjVar):
+        prop = inspect.getattr_static(type(obj.value), name, None)
+        if isinstance(prop, property):
+            if prop.fset is None:
+                raise Unsupported(f"property {name} has no setter", ctx.loc)
+            from torchfuse.capture.calls import call
+
+            call(V.ObjVar(prop.fset), [obj, value], {})
+            return
+        obj.overrides[name] = value
+        if obj.source is not None or isinstance(obj, V.ModuleVar):
+            if obj.source is None:
+                raise Unsupported("attribute write on a module capture cannot name", ctx.loc)
+            ctx.side_effects.append(("setattr", obj, name, value))
+        return
+    raise Unsupported(f"attribute assignment on {obj.describe()}", ctx.loc)

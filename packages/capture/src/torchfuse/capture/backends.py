@@ -1,0 +1,42 @@
+"""Backends: what turns a captured Graph into something callable.
+
+A backend is ``backend(graph, example_inputs) -> callable(*flat_inputs) -> list``. Named
+backends are found through the entry-point group ``torchfuse.backends``; this package
+registers ``eager`` (the reference interpreter). ``inductor`` comes from torchfuse-inductor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+import torch
+from torchfuse.capture.errors import BackendNotFound
+from torchfuse.graph import schema as S
+from torchfuse.graph.interpreter import Interpreter
+
+Backend = Callable[[S.Graph, Sequence[torch.Tensor]], Callable[..., list[Any]]]
+
+
+def eager(graph: S.Graph, example_inputs: Sequence[torch.Tensor]) -> Callable[..., list[Any]]:
+    """Run the graph with :func:`torchfuse.graph.run`'s interpreter (no compilation)."""
+    interp = Interpreter(graph)
+    return interp.run
+
+
+def list_backends() -> list[str]:
+    """Names registered under the ``torchfuse.backends`` entry-point group, sorted."""
+    return sorted({ep.name for ep in entry_points(group="torchfuse.backends")})
+
+
+def lookup_backend(backend: str | Backend) -> Backend:
+    """The backend callable for a name (or the callable itself)."""
+    if callable(backend):
+        return backend
+    for ep in entry_points(group="torchfuse.backends"):
+        if ep.name == backend:
+            return ep.load()
+    hint = " (install torchfuse-inductor for the default backend)" if backend == "inductor" else ""
+    raise BackendNotFound(f"no torchfuse backend named {backend!r}{hint}; "
+                          f"available: {', '.join(list_backends()) or 'none'}")

@@ -1,0 +1,417 @@
+"""Builtins, ``operator``, ``math`` and the grad-mode/autocast context managers.
+
+:func:`handler_for` maps a Python callable to the function that evaluates it on Vars. The
+table is written out here, in one place; callables not in it fall to the generic rules of
+:mod:`torchfuse.capture.calls`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torchfuse.capture import operators as O
+from torchfuse.capture import variables as V
+from torchfuse.capture.context import current
+from torchfuse.capture.errors import Unsupported, UserException
+from torchfuse.capture.values import from_py, to_py
+
+Handler = Callable[[list[V.Var], dict[str, V.Var]], V.Var]
+
+
+def _const_args(args: list[V.Var], kwargs: dict[str, V.Var]) -> bool:
+    from torchfuse.capture.values import contains_tensor
+
+    return all(isinstance(a, V.ConstVar | V.ObjVar | V.ListVar | V.DictVar | V.SetVar)
+               and not contains_tensor(a)
+               for a in [*args, *kwargs.values()])
+
+
+def _fold(fn: Callable[..., Any]) -> Handler:
+    def h(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+        if not _const_args(args, kwargs):
+            raise Unsupported(f"{fn.__name__}() on non-constant arguments", current().loc)
+        try:
+            return from_py(fn(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()}))
+        except Exception as e:  # what eager would raise
+            raise UserException(e, current().loc) from e
+    return h
+
+
+def _call(fn: V.Var, *args: V.Var) -> V.Var:
+    from torchfuse.capture.calls import call
+
+    return call(fn, list(args), {})
+
+
+def _len(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    (x,) = args
+    if isinstance(x, V.ListVar | V.DictVar | V.SetVar):
+        if x.source is not None and not isinstance(x, V.SetVar):
+            current().guards.length(x.source, len(x.items))
+        return V.ConstVar(len(x.items))
+    if isinstance(x, V.TensorVar):
+        from torchfuse.capture.values import size_of
+
+        sizes = size_of(x)
+        if not sizes:
+            raise Unsupported("len() of a 0-d tensor", current().loc)
+        return V.ConstVar(sizes[0])
+    if isinstance(x, V.ModuleVar):
+        return V.ConstVar(len(x.value))
+    return V.ConstVar(len(x.python()))
+
+
+def _isinstance(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    obj, cls = args
+    classes = cls.python()
+    if isinstance(obj, V.TensorVar):
+        t = obj.py_type
+        return V.ConstVar(issubclass(t, classes))
+    if isinstance(obj, V.ConstVar):
+        return V.ConstVar(isinstance(obj.python(), classes))
+    return V.ConstVar(issubclass(obj.python_type(), classes))
+
+
+def _getattr(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture.attrs import getattr_var, hasattr_var
+
+    name = args[1].python()
+    if len(args) == 3 and not hasattr_var(args[0], name):
+        return args[2]
+    return getattr_var(args[0], name)
+
+
+def _hasattr(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture.attrs import hasattr_var
+
+    return V.ConstVar(hasattr_var(args[0], args[1].python()))
+
+
+def _setattr(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture.attrs import setattr_var
+
+    setattr_var(args[0], args[1].python(), args[2])
+    return V.ConstVar(None)
+
+
+def _seq(kind: type) -> Handler:
+    def h(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+        items = O.iterate(args[0]) if args else []
+        return V.ListVar(items, kind)
+    return h
+
+
+def _dict(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    out: dict[Any, V.Var] = {}
+    if args:
+        if isinstance(args[0], V.DictVar):
+            out.update(args[0].items)
+        else:
+            for pair in O.iterate(args[0]):
+                k, v = O.iterate(pair)
+                out[k.python()] = v
+    out.update(kwargs)
+    return V.DictVar(out)
+
+
+def _set(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    return V.SetVar(O.iterate(args[0]) if args else [])
+
+
+def _reduce_builtin(name: str) -> Handler:
+    pyfn = getattr(builtins, name)
+
+    def h(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+        items = O.iterate(args[0]) if len(args) == 1 or name == "sum" else list(args)
+        if name in ("any", "all"):
+            for it in items:
+                t = O.truth(it)
+                if t == (name == "any"):
+                    return V.ConstVar(t)
+            return V.ConstVar(name == "all")
+        if name == "sum":
+            acc = args[1] if len(args) > 1 else kwargs.get("start", V.ConstVar(0))
+            for it in items:
+                acc = O.binary("+", acc, it)
+            return acc
+        # min / max
+        if any(isinstance(i, V.TensorVar) for i in items):
+            raise Unsupported(f"{name}() over tensors compares values (data-dependent)", current().loc,
+                              f"use torch.{name}imum or torch.stack(...).{name}()")
+        key = kwargs.get("key")
+        if key is None:
+            vals = [i.python() for i in items]
+            kw = {"default": kwargs["default"].python()} if "default" in kwargs else {}
+            return from_py(pyfn(vals, **kw))
+        keyed = [(_call(key, i).python(), n) for n, i in enumerate(items)]
+        best = pyfn(keyed, key=lambda p: p[0])
+        return items[best[1]]
+    return h
+
+
+def sorted_vars(items: list[V.Var], key: V.Var | None, reverse: bool) -> list[V.Var]:
+    if key is not None and not (isinstance(key, V.ConstVar) and key.value is None):
+        keys = [_call(key, i).python() for i in items]
+    else:
+        keys = [i.python() for i in items]
+    order = sorted(range(len(items)), key=lambda n: keys[n], reverse=reverse)
+    return [items[n] for n in order]
+
+
+def _sorted(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    rev = kwargs.get("reverse")
+    return V.ListVar(sorted_vars(O.iterate(args[0]), kwargs.get("key"), bool(rev.python()) if rev else False))
+
+
+def _reversed(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    return V.IteratorVar(list(reversed(O.iterate(args[0]))))
+
+
+def _enumerate(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    start = (args[1] if len(args) > 1 else kwargs.get("start", V.ConstVar(0))).python()
+    return V.IteratorVar([V.ListVar([V.ConstVar(i + start), v], tuple)
+                          for i, v in enumerate(O.iterate(args[0]))])
+
+
+def _zip(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    cols = [O.iterate(a) for a in args]
+    strict = kwargs.get("strict")
+    if strict is not None and strict.python() and len({len(c) for c in cols}) > 1:
+        raise Unsupported("zip(strict=True) over sequences of different lengths", current().loc)
+    return V.IteratorVar([V.ListVar(list(row), tuple) for row in zip(*cols, strict=False)])
+
+
+def _map(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    fn, *its = args
+    cols = [O.iterate(a) for a in its]
+    return V.IteratorVar([_call(fn, *row) for row in zip(*cols, strict=False)])
+
+
+def _filter(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    fn, it = args
+    keep = []
+    for v in O.iterate(it):
+        ok = O.truth(v) if isinstance(fn, V.ConstVar) and fn.value is None else O.truth(_call(fn, v))
+        if ok:
+            keep.append(v)
+    return V.IteratorVar(keep)
+
+
+def _iter(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    if isinstance(args[0], V.IteratorVar):
+        return args[0]
+    return V.IteratorVar(O.iterate(args[0]))
+
+
+def _next(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    it = args[0]
+    if not isinstance(it, V.IteratorVar):
+        raise Unsupported(f"next() on {it.describe()}", current().loc)
+    v = it.next()
+    if v is None:
+        if len(args) > 1:
+            return args[1]
+        raise UserException(StopIteration(), current().loc)
+    return v
+
+
+def _type(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    if len(args) != 1:
+        raise Unsupported("type() with 3 arguments", current().loc)
+    return V.ObjVar(args[0].python_type())
+
+
+def _abs(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    return O.unary("abs", args[0])
+
+
+def _print(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    raise Unsupported("print() inside a compiled function", current().loc,
+                      "remove the print, or log outside the compiled function")
+
+
+def _super(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture.frame import Frame
+
+    if len(args) == 2:
+        return V.SuperVar(args[0].python(), args[1])
+    frame = Frame.current_frame()
+    if frame is None or "__class__" not in frame.cells:
+        raise Unsupported("super() without a __class__ cell", current().loc)
+    cls = frame.cells["__class__"].contents.python()
+    self_var = frame.locals[frame.code.co_varnames[0]]
+    return V.SuperVar(cls, self_var)
+
+
+def _int_like(kind: type) -> Handler:
+    def h(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+        if args and isinstance(args[0], V.TensorVar):
+            raise Unsupported(f"{kind.__name__}(tensor) reads a value (data-dependent)", current().loc)
+        return _fold(kind)(args, kwargs)
+    return h
+
+
+def _id(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    raise Unsupported("id() inside a compiled function: object identities differ between calls",
+                      current().loc)
+
+
+def _callable(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    v = args[0]
+    if isinstance(v, V.FunctionVar | V.BoundMethodVar | V.PartialVar | V.ModuleVar | V.MethodVar):
+        return V.ConstVar(True)
+    if isinstance(v, V.TensorVar | V.ListVar | V.DictVar | V.SetVar):
+        return V.ConstVar(False)
+    return V.ConstVar(callable(v.python()))
+
+
+def _reduce(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    fn, seq = args[0], O.iterate(args[1])
+    acc, rest = (args[2], seq) if len(args) > 2 else (seq[0], seq[1:])
+    for v in rest:
+        acc = _call(fn, acc, v)
+    return acc
+
+
+def _partial(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    return V.PartialVar(args[0], list(args[1:]), dict(kwargs))
+
+
+def _operator_binary(sym: str) -> Handler:
+    return lambda args, kwargs: O.binary(sym, args[0], args[1])
+
+
+def _operator_compare(sym: str) -> Handler:
+    return lambda args, kwargs: O.compare(sym, args[0], args[1])
+
+
+# ----------------------------------------------------------------------------- contexts
+
+
+def _context(kind: str) -> Handler:
+    def h(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+        return V.ContextVar(kind, tuple(a.python() for a in args) +
+                            tuple((k, v.python()) for k, v in kwargs.items()))
+    return h
+
+
+def context_of_object(obj: Any) -> V.ContextVar | None:
+    """A grad-mode/autocast context manager object made outside capture (e.g. by the
+    ``@torch.no_grad()`` decorator) as a context variable."""
+    if isinstance(obj, torch.no_grad):
+        return V.ContextVar("no_grad")
+    if isinstance(obj, torch.enable_grad):
+        return V.ContextVar("enable_grad")
+    if isinstance(obj, torch.set_grad_enabled):
+        return V.ContextVar("set_grad_enabled", (obj.mode,))
+    if isinstance(obj, torch.inference_mode):
+        return V.ContextVar("inference_mode", (obj.mode,))
+    if isinstance(obj, torch.autocast):
+        return V.ContextVar("autocast", (obj.device, ("dtype", obj.fast_dtype), ("enabled", obj._enabled)))
+    return None
+
+
+def enter_context(ctxvar: V.ContextVar) -> None:
+    ctx = current()
+    if ctxvar.kind in ("no_grad", "enable_grad", "set_grad_enabled", "inference_mode"):
+        enabled = {"no_grad": False, "enable_grad": True, "inference_mode": False}.get(
+            ctxvar.kind, bool(ctxvar.args[0]) if ctxvar.args else True)
+        if ctxvar.kind == "inference_mode" and ctxvar.args and not ctxvar.args[0]:
+            enabled = torch.is_grad_enabled()
+        ctxvar.saved = torch.is_grad_enabled()
+        set_grad(enabled)
+    elif ctxvar.kind == "autocast":
+        args = [a for a in ctxvar.args if not isinstance(a, tuple)]
+        kw = dict(a for a in ctxvar.args if isinstance(a, tuple))
+        cm = torch.autocast(*args, **kw)
+        cm.__enter__()
+        ctxvar.saved = cm
+    else:
+        raise Unsupported(f"context manager {ctxvar.kind}", ctx.loc)
+
+
+def exit_context(ctxvar: V.ContextVar) -> V.Var:
+    if ctxvar.kind == "autocast":
+        ctxvar.saved.__exit__(None, None, None)
+    else:
+        set_grad(ctxvar.saved)
+    return V.ConstVar(None)
+
+
+def set_grad(enabled: bool) -> None:
+    """Switch grad mode while capturing and record the switch as a graph node."""
+    from torchfuse.capture.grad_op import SET_GRAD_ENABLED
+    from torchfuse.graph import schema as S
+
+    ctx = current()
+    if torch.is_grad_enabled() != enabled:
+        torch.set_grad_enabled(enabled)
+        ctx.add_node(SET_GRAD_ENABLED, [S.Bool(value=enabled)])
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _table() -> dict[Any, Handler]:
+    t: dict[Any, Handler] = {
+        len: _len, isinstance: _isinstance, getattr: _getattr, hasattr: _hasattr,
+        setattr: _setattr, list: _seq(list), tuple: _seq(tuple), dict: _dict, set: _set,
+        frozenset: lambda a, k: V.ConstVar(frozenset(v.python() for v in O.iterate(a[0]))),
+        sorted: _sorted, reversed: _reversed, enumerate: _enumerate, zip: _zip, map: _map,
+        filter: _filter, iter: _iter, next: _next, type: _type, abs: _abs, print: _print,
+        super: _super, callable: _callable, int: _int_like(int), float: _int_like(float),
+        bool: lambda a, k: V.ConstVar(O.truth(a[0])) if a else V.ConstVar(False),
+        functools.partial: _partial, functools.reduce: _reduce, issubclass: _fold(issubclass),
+        id: _id,
+        torch.no_grad: _context("no_grad"), torch.enable_grad: _context("enable_grad"),
+        torch.set_grad_enabled: _context("set_grad_enabled"),
+        torch.inference_mode: _context("inference_mode"),
+        torch.autocast: _context("autocast"),
+    }
+    for name in ("any", "all", "sum", "min", "max"):
+        t[getattr(builtins, name)] = _reduce_builtin(name)
+    for fn in (range, str, round, divmod, pow, repr, chr, ord, slice, hash, format, bin, hex, oct):
+        t[fn] = _fold(fn)
+    for sym, fn in O.BINARY.items():
+        t[fn] = _operator_binary(sym)
+    for sym, fn in O.COMPARE.items():
+        t[fn] = _operator_compare(sym)
+    t[operator.neg] = lambda a, k: O.unary("-", a[0])
+    t[operator.pos] = lambda a, k: O.unary("+", a[0])
+    t[operator.invert] = lambda a, k: O.unary("~", a[0])
+    t[operator.not_] = lambda a, k: V.ConstVar(not O.truth(a[0]))
+    t[operator.truth] = lambda a, k: V.ConstVar(O.truth(a[0]))
+    t[operator.getitem] = lambda a, k: O.getitem(a[0], a[1])
+    t[operator.contains] = lambda a, k: V.ConstVar(O.contains(a[0], a[1]))
+    t[operator.is_] = lambda a, k: V.ConstVar(O.is_same(a[0], a[1]))
+    t[operator.is_not] = lambda a, k: V.ConstVar(not O.is_same(a[0], a[1]))
+    t[operator.index] = _fold(operator.index)
+    return t
+
+
+_TABLE = _table()
+_MATH_TENSOR = {"sqrt", "exp", "log", "sin", "cos", "tanh", "floor", "ceil"}
+
+
+def handler_for(value: Any) -> Handler | None:
+    try:
+        h = _TABLE.get(value)
+    except TypeError:
+        return None
+    if h is not None:
+        return h
+    mod = getattr(value, "__module__", None)
+    if mod == "math" or getattr(value, "__self__", None) is math:
+        return _fold(value)
+    if isinstance(value, type) and issubclass(value, torch.autocast):
+        return _context("autocast")
+    return None
+
+
+__all__ = ["enter_context", "exit_context", "handler_for", "sorted_vars", "to_py"]

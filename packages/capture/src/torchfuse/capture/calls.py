@@ -1,0 +1,340 @@
+"""Calling Vars: inlining user code, calling torch on fakes, builtins, classes.
+
+:func:`call` is the single entry every ``CALL`` goes through. The rule, in order:
+
+1. bound methods / partials unwrap to their function;
+2. methods of tensors and containers (``x.relu()``, ``lst.append``);
+3. builtins and the ``operator``/``math`` modules (:mod:`torchfuse.capture.builtins`);
+4. grad-mode and autocast context managers;
+5. torch library code (``torch.*`` functions, ``torch.nn.functional``, ``torch.nn`` leaf
+   modules) is *called directly on fakes* under the recorder when its arguments are tensors
+   and constants — nothing of torch's own Python is interpreted;
+6. everything else written in Python (user functions, ``forward`` s, methods, properties,
+   lambdas, comprehensions) is inlined: its bytecode runs in a child frame.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from typing import Any
+
+import torch
+from torchfuse.capture import variables as V
+from torchfuse.capture.context import current
+from torchfuse.capture.errors import Unsupported
+from torchfuse.capture.source import AttrSource, ItemSource, Source
+from torchfuse.capture.values import from_py, to_py
+
+CO_VARARGS = inspect.CO_VARARGS
+CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
+
+
+def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """Call ``fn`` with Var arguments; returns the result Var."""
+    from torchfuse.capture import builtins as B
+    from torchfuse.capture import methods as M
+
+    ctx = current()
+    if isinstance(fn, V.BoundMethodVar):
+        if isinstance(fn.self_var, V.ModuleVar) and isinstance(fn.func, V.ObjVar) and \
+                isinstance(fn.func.value, types.FunctionType):
+            # methods of modules are interpreted, torch's own (Sequential.forward) included:
+            # calling them natively would touch real parameters behind capture's back
+            return inline(fn.func, [fn.self_var, *args], kwargs)
+        return call(fn.func, [fn.self_var, *args], kwargs)
+    if isinstance(fn, V.PartialVar):
+        return call(fn.func, [*fn.args, *args], {**fn.kwargs, **kwargs})
+    if isinstance(fn, V.MethodVar):
+        return M.call_method(fn.obj, fn.name, args, kwargs)
+    if isinstance(fn, V.FunctionVar):
+        return inline(fn, args, kwargs)
+    if isinstance(fn, V.ExitVar):
+        return B.exit_context(fn.ctx)
+    if isinstance(fn, V.ModuleVar):
+        return call_module(fn, args, kwargs)
+    if isinstance(fn, V.UserObjVar):
+        return call(_attr(fn, "__call__"), args, kwargs)
+    if isinstance(fn, V.SuperVar | V.NullVar | V.CellVar | V.IteratorVar):
+        raise Unsupported(f"call of {fn.describe()}", ctx.loc)
+    if isinstance(fn, V.ConstVar | V.TensorVar | V.ListVar | V.DictVar | V.SetVar):
+        raise Unsupported(f"{fn.describe()} is not callable", ctx.loc)
+    value = fn.python()
+    from torchfuse.capture.compiler import CompiledFunction
+
+    if isinstance(value, CompiledFunction):  # compiled inside compiled: capture it inline
+        inner = [ctx.wrap(value.bound_self, None)] if value.bound_self is not None else []
+        return inline(V.ObjVar(value.fn), [*inner, *args], kwargs)
+    handler = B.handler_for(value)
+    if handler is not None:
+        return handler(args, kwargs)
+    if isinstance(value, functools.partial):
+        pv = V.PartialVar(ctx.wrap(value.func, None), [ctx.wrap(a, None) for a in value.args],
+                          {k: ctx.wrap(v, None) for k, v in value.keywords.items()})
+        return call(pv, args, kwargs)
+    if isinstance(value, types.MethodType):
+        return call(V.BoundMethodVar(ctx.wrap(value.__func__, None), ctx.wrap(value.__self__, None)),
+                    args, kwargs)
+    if is_torch_callable(value):
+        return call_torch_function(value, args, kwargs)
+    if isinstance(value, types.FunctionType):
+        return inline(fn, args, kwargs)
+    if isinstance(value, type):
+        return construct(value, args, kwargs)
+    raise Unsupported(f"call to {_qualname(value)} is not supported", ctx.loc,
+                      "move it out of the compiled function")
+
+
+def _attr(obj: V.Var, name: str) -> V.Var:
+    from torchfuse.capture.attrs import getattr_var
+
+    return getattr_var(obj, name)
+
+
+def _qualname(value: Any) -> str:
+    mod = getattr(value, "__module__", None)
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None) or repr(value)
+    return f"{mod}.{name}" if mod and mod != "builtins" else name
+
+
+_TORCH_PREFIXES = ("torch.", "torch")
+
+
+def is_torch_callable(value: Any) -> bool:
+    """Library code of torch itself (called directly on fakes, never inlined)."""
+    if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return True
+    if isinstance(value, type):
+        return False
+    objclass = getattr(value, "__objclass__", None)
+    if objclass is not None and issubclass(objclass, torch._C.TensorBase):
+        return True
+    mod = getattr(value, "__module__", None) or ""
+    if mod == "torch" or (mod.startswith("torch.") and not mod.startswith("torch.testing")):
+        return True
+    self_ = getattr(value, "__self__", None)
+    return isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch")
+
+
+_UNSUPPORTED_TORCH = {"manual_seed", "set_grad_enabled", "save", "load", "compile"}
+
+
+def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    name = getattr(value, "__name__", "")
+    if name in _UNSUPPORTED_TORCH:
+        raise Unsupported(f"torch.{name} inside a compiled function", ctx.loc)
+    if name == "is_grad_enabled":
+        state = torch.is_grad_enabled()
+        ctx.guards.grad_mode(state)
+        return V.ConstVar(state)
+    for a in [*args, *kwargs.values()]:
+        if isinstance(a, V.FunctionVar | V.BoundMethodVar | V.UserObjVar | V.ModuleVar):
+            # torch would run Python on (or mutate) the real object behind capture's back
+            raise Unsupported(f"{_qualname(value)} with a {a.describe()} argument", ctx.loc)
+    pargs = [to_py(a) for a in args]
+    pkwargs = {k: to_py(v) for k, v in kwargs.items()}
+    return from_py(ctx.call_torch(value, pargs, pkwargs, _qualname(value)))
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+def _is_torch_leaf(mod: torch.nn.Module) -> bool:
+    for m in mod.modules():
+        if not type(m).__module__.startswith("torch.nn.modules"):
+            return False
+        if isinstance(m, torch.nn.Sequential | torch.nn.ModuleList | torch.nn.ModuleDict):
+            return False
+    return True
+
+
+def call_module(fn: V.ModuleVar, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    mod = fn.value
+    from torchfuse.capture.compiler import CompiledModule
+
+    if isinstance(mod, CompiledModule):  # a compiled module inside a compiled function
+        from torchfuse.capture.source import AttrSource
+
+        inner = mod.__dict__["_orig_mod"]
+        fn = ctx.wrap(inner, AttrSource(fn.source, "_orig_mod") if fn.source is not None else None)
+        mod = inner
+    if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or \
+            getattr(mod, "_forward_hooks_with_kwargs", None) or \
+            torch.nn.modules.module._global_forward_hooks or \
+            torch.nn.modules.module._global_forward_pre_hooks:
+        raise Unsupported(f"module {type(mod).__name__} has hooks", ctx.loc)
+    prev_path = ctx.module_path
+    from torchfuse.capture.source import qualified_name
+
+    if fn.source is not None:
+        ctx.module_path = qualified_name(fn.source) or prev_path
+    try:
+        if _is_torch_leaf(mod) and not contains_python_objects(args, kwargs):
+            # bind parameters/buffers as graph inputs first, then let torch's forward run
+            from torchfuse.capture.attrs import getattr_var
+
+            for name, _ in mod.named_parameters(recurse=False):
+                getattr_var(fn, name)
+            for name, b in mod.named_buffers(recurse=False):
+                if b is not None:
+                    getattr_var(fn, name)
+            for name, sub in mod.named_children():
+                sub_var = getattr_var(fn, name)
+                for pname, _ in sub.named_parameters(recurse=False):
+                    getattr_var(sub_var, pname)
+                for bname, _ in sub.named_buffers(recurse=False):
+                    getattr_var(sub_var, bname)
+            _guard_leaf_attributes(fn)
+            return call_torch_function(mod.forward, args, kwargs)
+        forward = inspect.getattr_static(type(mod), "forward")
+        return call(V.BoundMethodVar(V.ObjVar(forward), fn), args, kwargs)
+    finally:
+        ctx.module_path = prev_path
+
+
+def _guard_leaf_attributes(fn: V.ModuleVar) -> None:
+    """A torch module run directly reads its plain attributes (``training``, ``p``, ``eps``)."""
+    from torchfuse.capture.source import ModuleAttrSource
+
+    if fn.source is None:
+        return
+    ctx = current()
+    for name, value in fn.value.__dict__.items():
+        if not name.startswith("_") and V.is_constant(value):
+            ctx.guards.constant(ModuleAttrSource(fn.source, name), value)
+
+
+def contains_python_objects(args: list[V.Var], kwargs: dict[str, V.Var]) -> bool:
+    return any(isinstance(a, V.FunctionVar | V.UserObjVar) for a in [*args, *kwargs.values()])
+
+
+# ----------------------------------------------------------------------------- classes
+
+
+def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        bound = inspect.signature(cls).bind(*args, **kwargs)
+        bound.apply_defaults()
+        items = [v if isinstance(v, V.Var) else V.ConstVar(v) for v in bound.arguments.values()]
+        return V.ListVar(items, cls)
+    if issubclass(cls, torch.nn.Module):
+        raise Unsupported(f"creating module {cls.__name__} inside a compiled function", ctx.loc,
+                          "create modules in __init__")
+    if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
+        if all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
+            return from_py(cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()}))
+        raise Unsupported(f"constructing {cls.__qualname__} from non-constant arguments", ctx.loc)
+    if cls.__new__ is not object.__new__ or type(cls) is not type:
+        raise Unsupported(f"class {cls.__qualname__} with a custom __new__ or metaclass", ctx.loc)
+    obj = object.__new__(cls)
+    var = V.UserObjVar(obj, None, is_new=True)
+    init = inspect.getattr_static(cls, "__init__")
+    if init is not object.__init__:
+        call(V.BoundMethodVar(V.ObjVar(init), var), args, kwargs)
+    elif args or kwargs:
+        raise Unsupported(f"{cls.__qualname__}() takes no arguments", ctx.loc)
+    return var
+
+
+# ----------------------------------------------------------------------------- inlining
+
+
+def inline(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """Run a Python function's bytecode in a child frame and return what it returns."""
+    from torchfuse.capture.frame import Frame
+
+    ctx = current()
+    parent = Frame.current_frame()
+    depth = parent.depth + 1 if parent is not None else 0
+    from torchfuse.capture.config import config
+
+    if depth > config.inline_depth_limit:
+        raise Unsupported("recursion too deep to inline", ctx.loc)
+    if isinstance(fn, V.FunctionVar):
+        code, f_globals = fn.code, fn.f_globals
+        defaults, kwdefaults, cells = list(fn.defaults), dict(fn.kwdefaults), list(fn.closure)
+    else:
+        func = fn.python()
+        code, f_globals = func.__code__, func.__globals__
+        src = fn.source  # a helper read from a global: its defaults and cells are guarded too
+
+        def sub(attr: str, key: object) -> Source | None:
+            return ItemSource(AttrSource(src, attr), key) if src is not None else None
+
+        defaults = [ctx.wrap(d, sub("__defaults__", i)) for i, d in enumerate(func.__defaults__ or ())]
+        kwdefaults = {k: ctx.wrap(v, sub("__kwdefaults__", k))
+                      for k, v in (func.__kwdefaults__ or {}).items()}
+        cells = [V.CellVar(_cell_value(ctx, c, AttrSource(sub("__closure__", i), "cell_contents")
+                                       if src is not None else None))
+                 for i, c in enumerate(func.__closure__ or ())]
+    if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        raise Unsupported(f"async function {code.co_name}", ctx.loc)
+    local_vars = bind_arguments(code, defaults, kwdefaults, args, kwargs)
+    frame = Frame(ctx, code, f_globals, local_vars,
+                  dict(zip(code.co_freevars, cells, strict=True)), parent=parent, depth=depth)
+    return frame.run()
+
+
+def _cell_value(ctx: Any, cell: Any, source: Source | None) -> V.Var:
+    try:
+        value = cell.cell_contents
+    except ValueError:
+        return V.UNBOUND
+    return ctx.wrap(value, source)
+
+
+def bind_arguments(code: types.CodeType, defaults: list[V.Var], kwdefaults: dict[str, V.Var],
+                   args: list[V.Var], kwargs: dict[str, V.Var]) -> dict[str, V.Var]:
+    """Arguments to locals by the rules of a Python call (what ``inspect.Signature.bind`` does)."""
+    ctx = current()
+    nargs, nkw = code.co_argcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    pos_names = names[:nargs]
+    kw_names = names[nargs:nargs + nkw]
+    out: dict[str, V.Var] = {}
+    kwargs = dict(kwargs)
+    extra = args[nargs:]
+    for name, a in zip(pos_names, args[:nargs], strict=False):
+        out[name] = a
+    posonly = set(pos_names[:code.co_posonlyargcount])
+    varkw = bool(code.co_flags & CO_VARKEYWORDS)
+    varkw_items: dict[str, V.Var] = {}
+    for k in list(kwargs):
+        if k in out or (k in pos_names and k not in posonly) or k in kw_names:
+            if k in out:
+                raise Unsupported(f"{code.co_name}() got multiple values for argument {k!r}", ctx.loc)
+            out[k] = kwargs.pop(k)
+    for k in list(kwargs):
+        if varkw:
+            varkw_items[k] = kwargs.pop(k)
+        else:
+            raise Unsupported(f"{code.co_name}() got an unexpected keyword argument {k!r}", ctx.loc)
+    first_default = nargs - len(defaults)
+    for i, name in enumerate(pos_names):
+        if name not in out:
+            if i >= first_default:
+                out[name] = defaults[i - first_default]
+            else:
+                raise Unsupported(f"{code.co_name}() missing argument {name!r}", ctx.loc)
+    for name in kw_names:
+        if name not in out:
+            if name not in kwdefaults:
+                raise Unsupported(f"{code.co_name}() missing keyword argument {name!r}", ctx.loc)
+            out[name] = kwdefaults[name]
+    idx = nargs + nkw
+    if code.co_flags & CO_VARARGS:
+        out[names[idx]] = V.ListVar(list(extra), tuple)
+        idx += 1
+    elif extra:
+        raise Unsupported(f"{code.co_name}() takes {nargs} positional arguments but "
+                          f"{len(args)} were given", ctx.loc)
+    if varkw:
+        out[names[idx]] = V.DictVar(varkw_items)
+    return out
+
+
+__all__ = ["bind_arguments", "call", "construct", "inline"]

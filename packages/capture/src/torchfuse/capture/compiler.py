@@ -1,0 +1,347 @@
+"""``compile()``: the cache of compiled entries, guard checks, recompiles, eager fallback.
+
+Per code object a list of :class:`Entry` is kept on the :class:`CompiledFunction`. A call
+binds its arguments (generated binder), then tries the entries in order: the first whose
+guards hold runs — flat inputs gathered by generated code, the backend's callable, side
+effects replayed, the return value rebuilt. A miss captures again (logged under
+``recompiles`` with the guard that failed); past ``config.recompile_limit`` entries the
+function runs eagerly, with one warning.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import types
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torchfuse.capture import config as C
+from torchfuse.capture.backends import Backend, lookup_backend
+from torchfuse.capture.context import InputSlot
+from torchfuse.capture.convert import CaptureResult, capture, make_binder
+from torchfuse.capture.errors import GraphBreakInFullgraph, RecompileLimitExceeded, Unsupported
+from torchfuse.capture.guards import describe, module_version, watch_module_attributes
+from torchfuse.capture.output import compile_side_effects, compile_spec
+
+_ALL: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
+
+
+class Entry:
+    """One compiled specialization of a function."""
+
+    def __init__(self, result: CaptureResult, compiled: Callable[..., list[Any]] | None) -> None:
+        self.result = result
+        self.compiled = compiled
+        self.fast = result.checks.fast
+        self.module_check = result.checks.module
+        self.version = module_version[0]
+        self.eager = result.error is not None
+        self.params: list[Any] = []
+        if not self.eager:
+            ns = dict(result.checks.namespace)
+            self.gather, self.fetch_params = _gather_functions(result.inputs, ns)
+            self.rebuild = compile_spec(result.out_spec, ns)
+            self.replay = compile_side_effects(result.side_effects, ns)
+            self.single = result.out_spec[0] == "t" and self.replay is None
+
+    def revalidate(self, L: Any, G: Any, C_: Any) -> bool:
+        """Module attributes changed somewhere: check this entry's module guards again."""
+        if not self.module_check(L, G, C_):
+            return False
+        if not self.eager:
+            self.params = self.fetch_params(L, G, C_)
+        self.version = module_version[0]
+        return True
+
+    def run(self, L: Any, G: Any, C_: Any) -> Any:
+        outs = self.compiled(*self.gather(L, G, C_, self.params))
+        if self.single:
+            return outs[self.result.out_spec[1]]
+        if self.replay is not None:
+            self.replay(outs, L, G, C_)
+        return self.rebuild(outs, L, G, C_)
+
+
+def _gather_functions(slots: list[InputSlot], ns: dict[str, Any]) -> tuple[Callable, Callable]:
+    """``gather(L, G, C, P)`` -> flat graph inputs; ``fetch(L, G, C)`` -> module tensors P."""
+    items: list[str] = []
+    module_exprs: list[str] = []
+    for n, slot in enumerate(slots):
+        if slot.source is None:
+            ns[f"_c{n}"] = slot.constant
+            items.append(f"_c{n}")
+        elif slot.source.is_module_state:
+            items.append(f"P[{len(module_exprs)}]")
+            module_exprs.append(slot.source.expr())
+        else:
+            items.append(slot.source.expr())
+    src = (f"def gather(L, G, C, P):\n    return ({''.join(i + ', ' for i in items)})\n"
+           f"def fetch(L, G, C):\n    return [{', '.join(module_exprs)}]\n")
+    exec(builtins.compile(src, "<torchfuse inputs>", "exec"), ns)
+    return ns["gather"], ns["fetch"]
+
+
+class CompiledFunction:
+    """A function (or a module's ``forward``) compiled by torchfuse capture."""
+
+    def __init__(self, fn: types.FunctionType, *, backend: str | Backend, fullgraph: bool,
+                 dynamic: bool | None, mode: str | None, options: dict[str, Any] | None,
+                 bound_self: Any = None) -> None:
+        self.fn = fn
+        self.backend = backend
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.mode = mode
+        self.options = dict(options or {})
+        self.bound_self = bound_self
+        self.binder = make_binder(fn)
+        self.globals = fn.__globals__
+        self.closure = fn.__closure__
+        self.cache: dict[types.CodeType, list[Entry]] = {fn.__code__: []}
+        self.entries = self.cache[fn.__code__]
+        self.name = fn.__qualname__
+        self.recompiles = 0
+        self.results: list[CaptureResult] = []
+        self._warned = False
+        self._last_failure: str | None = None
+        self._backend_fn: Backend | None = None
+        functools.update_wrapper(self, fn)
+        _ALL.add(self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.bound_self is not None:
+            args = (self.bound_self, *args)
+        L = self.binder(*args, **kwargs)
+        G, C_ = self.globals, self.closure
+        ver = module_version[0]
+        for e in self.entries:
+            if e.fast(L, G, C_) and (e.version == ver or e.revalidate(L, G, C_)):
+                if e.eager:
+                    return self.fn(*args, **kwargs)
+                return e.run(L, G, C_)
+        return self._miss(args, kwargs, L)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else types.MethodType(self, obj)
+
+    # ----------------------------------------------------------------- misses
+    def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], L: tuple[Any, ...]) -> Any:
+        G, C_ = self.globals, self.closure
+        if self.entries:
+            failure = self._failure_reason(L)
+            if len(self.entries) >= C.config.recompile_limit:
+                return self._over_limit(args, kwargs, failure)
+            self.recompiles += 1
+            C.logger("recompiles").info("recompiling %s (entry %d): guard failed: %s",
+                                        self.name, len(self.entries) + 1, failure)
+        result = capture(self.fn, L, self.name)
+        self.results.append(result)
+        _write_debug(result)
+        if result.error is not None:
+            if self.fullgraph:
+                raise GraphBreakInFullgraph(result.error) from result.error
+            C.logger("breaks").info("graph break in %s: %s", self.name, result.error)
+            entry = Entry(result, None)
+        else:
+            _log_graph(result)
+            compiled = self._compile_graph(result, L)
+            entry = Entry(result, compiled)
+            entry.params = entry.fetch_params(L, G, C_)
+        if result.uses_modules:
+            watch_module_attributes()
+        entry.version = module_version[0]
+        self.entries.append(entry)
+        if entry.eager:
+            return self.fn(*args, **kwargs)
+        return entry.run(L, G, C_)
+
+    def _compile_graph(self, result: CaptureResult, L: tuple[Any, ...]) -> Callable[..., list[Any]]:
+        if self._backend_fn is None:
+            self._backend_fn = lookup_backend(self.backend)
+        ns = dict(result.checks.namespace)
+        gather, fetch = _gather_functions(result.inputs, ns)
+        examples = list(gather(L, self.globals, self.closure, fetch(L, self.globals, self.closure)))
+        return self._backend_fn(result.graph, examples)
+
+    def _failure_reason(self, L: tuple[Any, ...]) -> str:
+        e = self.entries[-1]
+        failed = e.result.checks.first_failure(L, self.globals, self.closure)
+        if failed is None:
+            return "no entry matched"
+        loc = failed.record.loc
+        text = describe(failed.record)
+        self._last_failure = text
+        if loc is None:
+            return text
+        return f"{text}  (guard from {loc.file}:{loc.line}: {loc.text or loc.function})"
+
+    def _over_limit(self, args: tuple[Any, ...], kwargs: dict[str, Any], failure: str) -> Any:
+        msg = (f"torchfuse: {self.name} hit the recompile limit ({C.config.recompile_limit}); "
+               f"the guard that kept failing: {failure}. Running it eagerly from now on. "
+               "Raise torchfuse.capture.config.recompile_limit, or make the changing value a "
+               "tensor or constant.")
+        if C.config.raise_on_recompile_limit:
+            raise RecompileLimitExceeded(msg)
+        if not self._warned:
+            self._warned = True
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)  # the user's call site
+        return self.fn(*args, **kwargs)
+
+    def reset(self) -> None:
+        for entries in self.cache.values():
+            entries.clear()
+        self.results.clear()
+        self.recompiles = 0
+        self._warned = False
+
+
+def _log_graph(result: CaptureResult) -> None:
+    if C.log_enabled("graph"):
+        g = result.graph
+        lines = [f"captured {g.name}: {len(g.inputs)} inputs, {len(g.nodes)} nodes"]
+        lines += [f"  {n.name} = {n.op}({', '.join(map(str, n.args))})" for n in g.nodes]
+        C.logger("graph").info("\n".join(lines))
+    if C.log_enabled("guards"):
+        C.logger("guards").info("guards of %s:\n%s", result.name,
+                                "\n".join("  " + describe(r) for r in result.graph.guards))
+
+
+def _write_debug(result: CaptureResult) -> None:
+    """``TORCHFUSE_DEBUG=1``: the captured graph as Python, its guards, the break if any."""
+    from torchfuse.graph import observe
+
+    if observe.debug_dir() is None:
+        return
+    name = f"capture_{result.name}".replace("<", "").replace(">", "")
+    if result.graph is not None:
+        from torchfuse.graph.printer import to_python
+
+        observe.write_artifact(name, "captured_graph.py", to_python(result.graph))
+    observe.write_artifact(name, "guards.py", result.checks.source)
+    if result.error is not None:
+        observe.write_artifact(name, "graph_break.txt", str(result.error))
+
+
+class CompiledModule(torch.nn.Module):
+    """Wraps an ``nn.Module``; ``forward`` is compiled, parameters and state are shared."""
+
+    def __init__(self, module: torch.nn.Module, compiled: CompiledFunction) -> None:
+        super().__init__()
+        object.__setattr__(self, "_orig_mod", module)
+        object.__setattr__(self, "_compiled", compiled)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_orig_mod"], name)
+
+    # state is the original module's: same keys, same tensors
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def parameters(self, recurse: bool = True) -> Any:
+        return self._orig_mod.parameters(recurse)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_buffers(*args, **kwargs)
+
+    def buffers(self, recurse: bool = True) -> Any:
+        return self._orig_mod.buffers(recurse)
+
+    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.named_modules(*args, **kwargs)
+
+    def modules(self) -> Any:
+        return self._orig_mod.modules()
+
+    def children(self) -> Any:
+        return self._orig_mod.children()
+
+    def train(self, mode: bool = True) -> CompiledModule:
+        self._orig_mod.train(mode)
+        return self
+
+    @property
+    def training(self) -> bool:  # type: ignore[override]
+        return self.__dict__["_orig_mod"].training
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        if "_orig_mod" in self.__dict__:
+            self._orig_mod.training = value
+
+    def __repr__(self) -> str:
+        return f"CompiledModule({self._orig_mod!r})"
+
+
+def compile(fn_or_module: Any = None, *, backend: str | Backend = "inductor", fullgraph: bool = False,
+            dynamic: bool | None = None, mode: str | None = None,
+            options: dict[str, Any] | None = None) -> Any:
+    """Compile a function or ``nn.Module`` with torchfuse.
+
+    Usable as ``compile(fn)``, ``@compile`` and ``@compile(backend="eager")``. On a module it
+    returns a :class:`CompiledModule` sharing the original's parameters, buffers and
+    ``state_dict``. The first call captures the bytecode into a Graph with guards; later
+    calls whose guards hold reuse it. ``fullgraph=True`` turns graph breaks into
+    :class:`~torchfuse.capture.errors.GraphBreakInFullgraph`.
+
+    >>> f = compile(lambda x: x.sin() + 1, backend="eager")   # doctest: +SKIP
+    """
+    kw = {"backend": backend, "fullgraph": fullgraph, "dynamic": dynamic, "mode": mode,
+          "options": options}
+    if fn_or_module is None:
+        return lambda f: compile(f, **kw)
+    if not callable(backend) and backend != "inductor":
+        lookup_backend(backend)  # fail early on a misspelled name
+    if isinstance(fn_or_module, torch.nn.Module):
+        forward = type(fn_or_module).forward
+        if not isinstance(forward, types.FunctionType):
+            raise TypeError(f"cannot compile {type(fn_or_module).__name__}.forward "
+                            f"of type {type(forward).__name__}")
+        cf = CompiledFunction(forward, bound_self=fn_or_module, **kw)
+        return CompiledModule(fn_or_module, cf)
+    if isinstance(fn_or_module, types.MethodType):
+        return CompiledFunction(fn_or_module.__func__, bound_self=fn_or_module.__self__, **kw)
+    if isinstance(fn_or_module, types.FunctionType):
+        return CompiledFunction(fn_or_module, **kw)
+    raise TypeError(f"compile() takes a function or an nn.Module, not {type(fn_or_module).__name__}")
+
+
+def reset() -> None:
+    """Forget every compiled entry of every compiled function (they recompile on next call)."""
+    for cf in list(_ALL):
+        cf.reset()
+
+
+def mark_dynamic(tensor: torch.Tensor, dim: int, min: int | None = None, max: int | None = None) -> None:
+    """Ask for dimension ``dim`` of ``tensor`` to be symbolic. Recorded; v1 still specializes.
+
+    The request lives on the tensor (``tensor._torchfuse_dynamic``), like a tensor
+    attribute: it travels with the object and dies with it.
+    """
+    if not -tensor.dim() <= dim < tensor.dim():
+        raise IndexError(f"mark_dynamic: dim {dim} out of range for a {tensor.dim()}-d tensor")
+    requests = getattr(tensor, "_torchfuse_dynamic", None)
+    if requests is None:
+        requests = {}
+        tensor._torchfuse_dynamic = requests
+    requests[dim % tensor.dim()] = (min, max)
+
+
+def dynamic_requests(tensor: torch.Tensor) -> dict[int, tuple[int | None, int | None]]:
+    """The ``mark_dynamic`` requests recorded for ``tensor``."""
+    return dict(getattr(tensor, "_torchfuse_dynamic", None) or {})
+
+
+__all__ = ["CompiledFunction", "CompiledModule", "Unsupported", "compile", "mark_dynamic", "reset"]

@@ -1,0 +1,96 @@
+"""Configuration of torchfuse-capture: the only module of this package that reads the environment.
+
+=================================  ==========================================================
+variable                           meaning
+=================================  ==========================================================
+``TORCHFUSE_RECOMPILE_LIMIT``      compiled entries kept per function before it runs eagerly
+                                   (default 8)
+``TORCHFUSE_RAISE_ON_RECOMPILE``   ``1``: raise :class:`RecompileLimitExceeded` instead of
+                                   falling back to eager with a warning
+``TORCHFUSE_LOGS``                 the shared logging switch (parsed by
+                                   :mod:`torchfuse.graph.observe`); this package writes the
+                                   channels ``graph``, ``guards``, ``recompiles``, ``breaks``
+=================================  ==========================================================
+
+Tests change settings with :func:`patch`, or by assigning attributes of :data:`config`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
+
+from torchfuse.graph import observe
+
+CHANNELS = ("graph", "guards", "recompiles", "breaks")
+"""Log channels this package writes (loggers ``torchfuse.<channel>``)."""
+
+
+@dataclass(slots=True)
+class CaptureConfig:
+    """Settings of the capture package."""
+
+    recompile_limit: int = 8
+    """Compiled entries per function; past it the function runs eagerly (warned once)."""
+    raise_on_recompile_limit: bool = False
+    """Raise :class:`~torchfuse.capture.errors.RecompileLimitExceeded` instead of running eagerly."""
+    inline_depth_limit: int = 48
+    """How deep user function calls are inlined before capture gives up."""
+    max_loop_iterations: int = 100_000
+    """Instructions one frame may run (unrolled loops) before capture gives up."""
+    check_parameter_metadata: bool = True
+    """Check dtype/shape of parameters and buffers when a module attribute changed."""
+
+    def patch(self, **changes: object) -> contextlib.AbstractContextManager[CaptureConfig]:
+        """Temporarily change settings: ``with config.patch(recompile_limit=2): ...``."""
+        return patch(**changes)
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name)
+    if not value:
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> CaptureConfig:
+    """Settings from ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    return CaptureConfig(
+        recompile_limit=int(env.get("TORCHFUSE_RECOMPILE_LIMIT", "8") or 8),
+        raise_on_recompile_limit=_flag(env, "TORCHFUSE_RAISE_ON_RECOMPILE", False),
+    )
+
+
+config = from_environment()
+"""The live settings; read at call time, so assignments take effect immediately."""
+
+
+@contextlib.contextmanager
+def patch(**changes: object) -> Iterator[CaptureConfig]:
+    """Temporarily change settings: ``with config.patch(recompile_limit=2): ...``."""
+    known = {f.name for f in fields(CaptureConfig)}
+    unknown = set(changes) - known
+    if unknown:
+        raise AttributeError(f"unknown capture settings {sorted(unknown)}; known: {sorted(known)}")
+    old = {k: getattr(config, k) for k in changes}
+    for k, v in changes.items():
+        setattr(config, k, v)
+    try:
+        yield config
+    finally:
+        for k, v in old.items():
+            setattr(config, k, v)
+
+
+def log_enabled(channel: str) -> bool:
+    """Whether ``TORCHFUSE_LOGS`` turned ``channel`` on."""
+    return observe.log_enabled(channel)
+
+
+def logger(channel: str) -> logging.LoggerAdapter:
+    """The logger of one of :data:`CHANNELS`."""
+    return observe.get_logger(channel)

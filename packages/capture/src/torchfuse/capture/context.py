@@ -1,0 +1,234 @@
+"""The state of one capture: recorder, guards, graph inputs, side effects.
+
+One :class:`Capture` exists per frame being compiled (inlined calls share it). It turns
+outside values into Vars (:meth:`Capture.wrap`, with the guards that reading them needs) and
+runs torch calls on fake tensors under the recorder (:meth:`Capture.call_torch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torchfuse.capture import variables as V
+from torchfuse.capture.errors import Unsupported
+from torchfuse.capture.guards import GuardSet
+from torchfuse.capture.source import (
+    GlobalSource,
+    ItemSource,
+    LocalSource,
+    ModuleStateSource,
+    Source,
+    module_root,
+    qualified_name,
+)
+from torchfuse.graph import schema as S
+from torchfuse.graph.tracing import DataDependentError, FakeTensor, GraphBuilder, Recorder
+
+_STACK: list[Capture] = []
+
+
+def current() -> Capture:
+    """The capture in progress (inside the interpreter)."""
+    if not _STACK:
+        raise RuntimeError("no capture in progress")
+    return _STACK[-1]
+
+
+@dataclasses.dataclass(slots=True)
+class InputSlot:
+    """Where the value of one graph input comes from on each call."""
+
+    name: str
+    kind: str
+    source: Source | None
+    constant: torch.Tensor | None = None
+
+
+class Capture:
+    """Everything one compiled frame accumulates."""
+
+    def __init__(self, name: str, f_globals: dict[str, Any], closure: tuple[Any, ...] | None) -> None:
+        self.rec = Recorder(GraphBuilder(name))
+        self.f_globals = f_globals
+        self.closure = closure or ()
+        self.loc: S.SourceLoc | None = None
+        self.guards = GuardSet(lambda: self.loc)
+        self.inputs: list[InputSlot] = []
+        self.tensor_vars: dict[int, V.TensorVar] = {}
+        self.object_vars: dict[int, V.Var] = {}
+        self._keep: list[Any] = []
+        self.side_effects: list[Any] = []
+        self.mutated: dict[int, V.Var] = {}
+        self.module_path: str | None = None
+        self.uses_modules = False
+        self.global_overrides: dict[tuple[int, str], V.Var] = {}
+        """Globals assigned during capture: later reads in the same frame see the new value."""
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Capture]:
+        _STACK.append(self)
+        try:
+            yield self
+        finally:
+            _STACK.pop()
+
+    # ----------------------------------------------------------------- torch calls
+    def call_torch(self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any],
+                   what: str = "") -> Any:
+        """Call ``fn`` on fakes under the recorder, at the current source location."""
+        try:
+            with self.rec, self.rec.location(self.loc, self.module_path):
+                return fn(*args, **kwargs)
+        except DataDependentError as e:
+            raise Unsupported(f"data-dependent operation {what or _name(fn)}: {e}", self.loc,
+                              "keep values on tensors (use torch.where instead of if/else on "
+                              "a tensor, avoid .item()/.tolist())") from e
+        except Unsupported:
+            raise
+        except (RuntimeError, TypeError, ValueError, IndexError) as e:
+            raise Unsupported(f"{what or _name(fn)} failed on fake tensors: "
+                              f"{type(e).__name__}: {e}", self.loc) from e
+
+    def add_node(self, op: str, args: list[S.Argument]) -> None:
+        """Record a node with no outputs (grad-mode switches)."""
+        self.rec.builder.add_node(op, args, {}, [], loc=self.loc, module_path=self.module_path)
+
+    # ----------------------------------------------------------------- wrapping outside values
+    def wrap(self, value: Any, source: Source | None) -> V.Var:
+        """A Var for a value read from outside the frame, guarding what it must."""
+        if isinstance(value, torch.Tensor):
+            return self.wrap_tensor(value, source)
+        if V.is_constant(value):
+            return V.ConstVar(value, source)
+        known = self.object_vars.get(id(value))
+        if known is not None:
+            if source is not None and known.source is not None and source != known.source:
+                self.guards.alias(source, known.source)
+            return known
+        var = self._wrap_object(value, source)
+        self.object_vars[id(value)] = var
+        self._keep.append(value)
+        return var
+
+    def _wrap_object(self, value: Any, source: Source | None) -> V.Var:
+        guards = self.guards
+        if isinstance(value, torch.nn.Module):
+            self.uses_modules = True
+            if source is not None and not source.is_module_state:
+                guards.identity(source, value)
+            return V.ModuleVar(value, source)
+        if type(value) in (list, tuple) or _is_namedtuple(value):
+            if source is not None:
+                guards.type_(source, type(value))
+                guards.length(source, len(value))
+            items = [self.wrap(v, ItemSource(source, i) if source else None)
+                     for i, v in enumerate(value)]
+            return V.ListVar(items, type(value), source)
+        if type(value) is dict:
+            if not all(V.is_constant(k) for k in value):
+                raise Unsupported("dict with non-constant keys", self.loc)
+            if source is not None:
+                guards.type_(source, dict)
+                guards.keys(source, tuple(value))
+            return V.DictVar({k: self.wrap(v, ItemSource(source, k) if source else None)
+                              for k, v in value.items()}, source)
+        if type(value) in (set, frozenset) and all(V.is_constant(v) for v in value):
+            if source is not None:
+                guards.constant(source, value) if type(value) is frozenset else guards.type_(source, set)
+            return V.SetVar([V.ConstVar(v) for v in value], source)
+        if _is_user_object(value):
+            if source is not None:
+                guards.type_(source, type(value))
+            return V.UserObjVar(value, source)
+        if source is not None and not isinstance(value, types.ModuleType) and \
+                not source.is_module_state:
+            guards.identity(source, value)
+        return V.ObjVar(value, source)
+
+    def wrap_tensor(self, t: torch.Tensor, source: Source | None) -> V.TensorVar:
+        known = self.tensor_vars.get(id(t))
+        if known is not None:
+            if source is not None and known.source is not None and source != known.source:
+                self.guards.alias(source, known.source)  # the same tensor under two names
+            return known
+        if isinstance(t, FakeTensor):
+            raise Unsupported("a fake tensor escaped into a Python object", self.loc)
+        if source is None:  # found inside an object we could not trace to a source
+            name = self.rec.name_of(t)
+            self.inputs.append(InputSlot(name, "constant", None, t))
+            var = V.TensorVar(self._fake_for_constant(t), None, type(t))
+            self.tensor_vars[id(t)] = var
+            return var
+        if source.is_module_state:
+            self.uses_modules = True
+            kind = "buffer" if isinstance(source, ModuleStateSource) and source.table == "_buffers" \
+                else "parameter" if isinstance(t, torch.nn.Parameter) else "buffer"
+            target = qualified_name(source)
+            hint = target.replace(".", "_") or "param"
+        elif isinstance(module_root(source), LocalSource):
+            kind, target, hint = "user_input", None, _arg_hint(source)
+        else:
+            kind, target, hint = "constant", source.expr(), _arg_hint(source)
+        self.guards.tensor(source, t)
+        fake = self.rec.input(t, name=hint, kind=kind, target=target)  # type: ignore[arg-type]
+        name = self.rec.names[id(fake)]
+        self.rec.bind(t, name)  # torch code that sees the real tensor (nn.Linear) finds it too
+        self.inputs.append(InputSlot(name, kind, source))
+        var = V.TensorVar(fake, source, type(t))
+        self.tensor_vars[id(t)] = var
+        self.tensor_vars[id(fake)] = var
+        self._keep.append(t)
+        return var
+
+    def _fake_for_constant(self, t: torch.Tensor) -> FakeTensor:
+        fake = FakeTensor.like(t)
+        self.rec.bind(fake, self.rec.name_of(t))
+        return fake
+
+    def sync_constants(self) -> None:
+        """Constant tensors the recorder met by itself (``torch.tensor([...])``) become slots."""
+        have = {s.name for s in self.inputs}
+        for name, t in self.rec.constants.items():
+            if name not in have:
+                self.inputs.append(InputSlot(name, "constant", None, t))
+
+
+def _arg_hint(source: Source) -> str:
+    if isinstance(source, LocalSource):
+        return source.name
+    if isinstance(source, GlobalSource):
+        return source.name
+    if isinstance(source, ItemSource):
+        return f"{_arg_hint(source.base)}_{source.key}"
+    text = source.expr()
+    for old, new in (("L[", "arg"), ("G[", ""), ("]", ""), ("'", ""), (".", "_"), ("[", "_")):
+        text = text.replace(old, new)
+    return text or "arg"
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def _is_user_object(value: Any) -> bool:
+    cls = type(value)
+    if isinstance(value, type | types.FunctionType | types.BuiltinFunctionType | types.MethodType
+                  | types.ModuleType):
+        return False
+    mod = getattr(cls, "__module__", "") or ""
+    if isinstance(value, functools.partial):
+        return False
+    if mod == "builtins" or mod.startswith("torch") or inspect.isroutine(value):
+        return False
+    return hasattr(value, "__dict__")

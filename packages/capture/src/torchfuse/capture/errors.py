@@ -1,0 +1,100 @@
+"""Errors users of capture see: typed, located, with a suggested fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torchfuse.graph.schema import SourceLoc
+
+
+def where(loc: SourceLoc | None) -> str:
+    """``file:line in fn: text`` for a message."""
+    if loc is None:
+        return "<unknown location>"
+    text = f"{loc.file}:{loc.line}"
+    if loc.function:
+        text += f" in {loc.function}"
+    if loc.text:
+        text += f"\n    {loc.text}"
+    return text
+
+
+class CaptureError(RuntimeError):
+    """Base class of every error torchfuse-capture raises on purpose."""
+
+
+class Unsupported(CaptureError):
+    """Capture met something it cannot put in a graph (a graph break).
+
+    ``reason`` says what, ``loc`` where in the user's code. Inside the interpreter this is
+    caught at the frame boundary; the frame then runs eagerly (v1) and the reason is kept for
+    :func:`~torchfuse.capture.explain`.
+    """
+
+    def __init__(self, reason: str, loc: SourceLoc | None = None, hint: str | None = None) -> None:
+        self.reason = reason
+        self.loc = loc
+        self.hint = hint
+        self.internal = False
+        self.break_chain: list = []
+        """``frame.BreakState`` of each frame the break passed through, innermost first:
+        the instruction and the stack/locals before it (for resume functions)."""
+        super().__init__(reason)
+
+    @property
+    def break_state(self) -> Any:
+        """Where the innermost frame stopped (a ``frame.BreakState``), or ``None``."""
+        return self.break_chain[0] if self.break_chain else None
+
+    def __str__(self) -> str:
+        msg = f"{self.reason}\n  at {where(self.loc)}"
+        if self.hint:
+            msg += f"\n  hint: {self.hint}"
+        return msg
+
+
+class UserException(Unsupported):
+    """The captured code raised an ordinary Python exception (``KeyError``, ``raise X``…).
+
+    A ``try`` block around it (found through the code's exception table) handles it during
+    capture, as Python would; uncaught, it is a graph break and eager execution raises it.
+    """
+
+    def __init__(self, exc: BaseException, loc: SourceLoc | None = None) -> None:
+        self.exc = exc
+        super().__init__(f"{type(exc).__name__}: {exc}", loc)
+
+
+class GraphBreakInFullgraph(CaptureError):
+    """``fullgraph=True`` was asked for, and capture met a graph break."""
+
+    def __init__(self, cause: Unsupported) -> None:
+        self.cause = cause
+        super().__init__(
+            f"graph break with fullgraph=True: {cause.reason}\n  at {where(cause.loc)}\n"
+            f"  fix: {cause.hint or 'move this statement out of the compiled function'}, "
+            "or compile with fullgraph=False to let it run eagerly"
+        )
+
+
+class RecompileLimitExceeded(CaptureError):
+    """A function recompiled more than ``config.recompile_limit`` times."""
+
+
+class ExportError(CaptureError):
+    """``export`` needs one graph; these breaks prevent it."""
+
+    def __init__(self, name: str, breaks: Sequence[Unsupported]) -> None:
+        self.breaks = list(breaks)
+        lines = [f"cannot export {name}: it does not capture as one graph "
+                 f"({len(self.breaks)} graph break(s)):"]
+        for b in self.breaks:
+            lines.append(f"  - {b.reason}\n    at {where(b.loc)}")
+        lines.append("  fix: rewrite these lines with torch operations, or move them out of the "
+                     "exported function")
+        super().__init__("\n".join(lines))
+
+
+class BackendNotFound(CaptureError, LookupError):
+    """A backend name that no installed package registers."""

@@ -1,0 +1,144 @@
+"""``export(fn, *args)``: one Graph with its weights, saved as an archive, runnable anywhere.
+
+The exported Graph's inputs are the user tensors (flattened from the arguments, in order)
+followed by parameters, buffers and constants, which travel with it as tensors by input
+name. The input and output structures are kept in ``graph.meta`` as JSON
+(``in_spec``/``out_spec``). Needs only torchfuse-graph and torchfuse-capture.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+from torchfuse.capture.context import InputSlot
+from torchfuse.capture.convert import capture, make_binder
+from torchfuse.capture.errors import ExportError, Unsupported
+from torchfuse.capture.output import spec_to_json
+from torchfuse.graph import archive
+from torchfuse.graph import schema as S
+from torchfuse.graph.interpreter import run as run_graph
+
+
+class Exported:
+    """An exported program: one Graph plus the tensors of its non-user inputs."""
+
+    def __init__(self, graph: S.Graph, tensors: dict[str, torch.Tensor]) -> None:
+        self.graph = graph
+        self.tensors = tensors
+
+    @property
+    def in_spec(self) -> Any:
+        return json.loads(self.graph.meta["in_spec"])
+
+    @property
+    def out_spec(self) -> Any:
+        return json.loads(self.graph.meta["out_spec"])
+
+    def save(self, path: str | Path) -> None:
+        """Write the graph and its tensors as a torchfuse archive (directory or ``.zip``)."""
+        archive.save(self.graph, path, tensors=self.tensors)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Exported:
+        arc = archive.load_archive(path)
+        assert isinstance(arc.document, S.Graph)
+        return cls(arc.document, dict(arc.tensors))
+
+    def run(self, *args: Any) -> Any:
+        """Run on new user tensors (same structure as at export) with the reference interpreter."""
+        user = _flatten_tensors(list(args))
+        n_user = sum(1 for i in self.graph.inputs if i.kind == "user_input")
+        if len(user) != n_user:
+            raise ValueError(f"{self.graph.name} takes {n_user} tensor inputs, got {len(user)}")
+        it = iter(user)
+        flat = [next(it) if i.kind == "user_input" else self.tensors[i.name] for i in self.graph.inputs]
+        outs = run_graph(self.graph, *flat)
+        return _rebuild(self.out_spec, outs)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(*args)
+
+
+def _flatten_tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _flatten_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _flatten_tensors(v)]
+    return []
+
+
+def _rebuild(spec: Any, outs: list[Any]) -> Any:
+    if "tensor" in spec:
+        return outs[spec["tensor"]]
+    if "const" in spec:
+        return spec["const"]
+    if "seq" in spec:
+        items = [_rebuild(s, outs) for s in spec["items"]]
+        return list(items) if spec["seq"] == "list" else tuple(items)
+    if "dict" in spec:
+        return {k: _rebuild(v, outs) for k, v in spec["dict"]}
+    raise ValueError(f"bad output spec {spec!r}")
+
+
+def _in_spec(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def conv(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return {"tensor": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+        if isinstance(v, list | tuple):
+            return {"seq": type(v).__name__, "items": [conv(x) for x in v]}
+        if isinstance(v, dict):
+            return {"dict": [[str(k), conv(x)] for k, x in v.items()]}
+        if v is None or isinstance(v, bool | int | float | str):
+            return {"const": v}
+        return {"object": type(v).__qualname__}
+    return json.dumps({"args": [conv(a) for a in args], "kwargs": {k: conv(v) for k, v in kwargs.items()}})
+
+
+def export(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Exported:
+    """Capture ``fn(*args, **kwargs)`` as one Graph with its weights, or raise ExportError."""
+    bound_self = None
+    target = fn
+    if isinstance(target, torch.nn.Module):
+        bound_self, target = target, type(target).forward
+    elif isinstance(target, types.MethodType):
+        bound_self, target = target.__self__, target.__func__
+    if not isinstance(target, types.FunctionType):
+        raise TypeError(f"export() takes a function or module, not {type(fn).__name__}")
+    call_args = (bound_self, *args) if bound_self is not None else args
+    L = make_binder(target)(*call_args, **kwargs)
+    result = capture(target, L, target.__qualname__)
+    if result.error is not None:
+        raise ExportError(target.__qualname__, [result.error])
+    if result.side_effects:
+        raise ExportError(target.__qualname__, [Unsupported(
+            f"side effects on Python objects ({', '.join(str(e[1]) for e in result.side_effects)})"
+            " cannot be exported")])
+    try:
+        out_spec = spec_to_json(result.out_spec)
+    except Unsupported as e:
+        raise ExportError(target.__qualname__, [e]) from e
+    graph = result.graph
+    assert graph is not None
+    tensors = _weights(result.inputs, L, target)
+    graph = msgspec.structs.replace(graph, meta={**graph.meta, "in_spec": _in_spec(args, kwargs),
+                                                 "out_spec": out_spec,
+                                                 "producer": "torchfuse-capture export"})
+    return Exported(graph, tensors)
+
+
+def _weights(slots: list[InputSlot], L: tuple[Any, ...], fn: types.FunctionType) -> dict[str, torch.Tensor]:
+    from torchfuse.capture.compiler import _gather_functions
+
+    ns: dict[str, Any] = {"sys": __import__("sys")}
+    gather, fetch = _gather_functions(slots, ns)
+    flat = gather(L, fn.__globals__, fn.__closure__, fetch(L, fn.__globals__, fn.__closure__))
+    return {slot.name: t.detach().contiguous().clone() if not t.is_contiguous() else t.detach()
+            for slot, t in zip(slots, flat, strict=True) if slot.kind != "user_input"}

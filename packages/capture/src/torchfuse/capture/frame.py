@@ -1,0 +1,156 @@
+"""A frame of the symbolic interpreter: stack, locals, cells, instruction pointer.
+
+:meth:`Frame.run` steps through the code's instructions, dispatching each to its handler in
+:data:`torchfuse.capture.ops.DISPATCH`. A handler that meets something it cannot capture
+raises :class:`~torchfuse.capture.errors.Unsupported`; the loop stamps the error with the
+user's source location and a :class:`BreakState` — the instruction and a copy of the stack
+and locals as they were *before* it ran — so that graph-break resumption can compile the
+graph so far and continue from that point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import linecache
+import types
+from typing import Any
+
+from torchfuse.capture import variables as V
+from torchfuse.capture.config import config
+from torchfuse.capture.context import Capture
+from torchfuse.capture.errors import Unsupported, UserException
+from torchfuse.capture.versions import exception_table, instructions
+from torchfuse.graph.schema import SourceLoc
+
+_FRAMES: list[Frame] = []
+
+
+
+@dataclasses.dataclass
+class BreakState:
+    """Where a frame stopped: enough to compile the graph so far and resume after it."""
+
+    frame: Frame
+    index: int
+    instruction: dis.Instruction
+    stack: list[V.Var]
+    locals: dict[str, V.Var]
+
+
+class Frame:
+    """One code object being interpreted (the captured function or an inlined call)."""
+
+    def __init__(self, ctx: Capture, code: types.CodeType, f_globals: dict[str, Any],
+                 local_vars: dict[str, V.Var], freevars: dict[str, V.CellVar], *,
+                 parent: Frame | None = None, depth: int = 0) -> None:
+        self.ctx = ctx
+        self.code = code
+        self.f_globals = f_globals
+        self.locals = dict(local_vars)
+        self.cells: dict[str, V.CellVar] = dict(freevars)
+        self.parent = parent
+        self.depth = depth
+        self.insts, self.index_of = instructions(code)
+        self.ip = 0
+        self.stack: list[V.Var] = []
+        self.kw_names: tuple[str, ...] = ()
+        self.result: V.Var | None = None
+        self.yields: list[V.Var] | None = None
+        self.exc_info: list[V.Var] = []
+        """Exceptions being handled (``PUSH_EXC_INFO`` / ``POP_EXCEPT``)."""
+        self.is_root = parent is None and depth == 0
+        self._line: int | None = None
+
+    @staticmethod
+    def current_frame() -> Frame | None:
+        return _FRAMES[-1] if _FRAMES else None
+
+    # -- stack helpers used by handlers
+    def push(self, v: V.Var) -> None:
+        self.stack.append(v)
+
+    def pop(self) -> V.Var:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[V.Var]:
+        if n == 0:
+            return []
+        out = self.stack[-n:]
+        del self.stack[-n:]
+        return out
+
+    def jump(self, offset: int) -> None:
+        self.ip = self.index_of[offset]
+
+    def location(self, inst: dis.Instruction) -> SourceLoc | None:
+        pos = inst.positions
+        line = pos.lineno if pos is not None else None
+        if line is None:
+            return self.ctx.loc
+        text = linecache.getline(self.code.co_filename, line).strip() or None
+        return SourceLoc(file=self.code.co_filename, line=line,
+                         col=pos.col_offset if pos is not None else None,
+                         function=self.code.co_qualname, text=text)
+
+    def _handle(self, e: UserException, inst: dis.Instruction, before: list[V.Var]) -> bool:
+        """Jump to the ``except``/``finally`` handler covering ``inst``, as CPython would."""
+        for start, end, target, depth, lasti in exception_table(self.code):
+            if start <= inst.offset < end:
+                self.stack = before[:depth]
+                if lasti:
+                    self.push(V.ConstVar(inst.offset))
+                self.push(V.ObjVar(e.exc))
+                self.jump(target)
+                return True
+        return False
+
+    # -- the loop
+    def run(self) -> V.Var:
+        from torchfuse.capture.ops import DISPATCH
+
+        _FRAMES.append(self)
+        ctx = self.ctx
+        saved_loc = ctx.loc
+        steps = 0
+        try:
+            while self.result is None:
+                inst = self.insts[self.ip]
+                index = self.ip
+                self.ip += 1
+                pos = inst.positions
+                if pos is not None and pos.lineno is not None and pos.lineno != self._line:
+                    self._line = pos.lineno
+                    ctx.loc = self.location(inst)
+                handler = DISPATCH.get(inst.opname)
+                steps += 1
+                if steps > config.max_loop_iterations:
+                    raise Unsupported("loop ran too long to unroll", ctx.loc)
+                before = list(self.stack)
+                try:
+                    if handler is None:
+                        raise Unsupported(f"bytecode {inst.opname} is not supported", ctx.loc)
+                    handler(self, inst)
+                except UserException as e:
+                    if self._handle(e, inst, before):
+                        continue
+                    if e.loc is None:
+                        e.loc = ctx.loc
+                    e.break_chain.append(BreakState(self, index, inst, before, dict(self.locals)))
+                    raise
+                except Unsupported as e:
+                    if e.loc is None:
+                        e.loc = ctx.loc
+                    e.break_chain.append(BreakState(self, index, inst, before, dict(self.locals)))
+                    raise
+                except Exception as e:
+                    # a bug in capture must not break the user's program: run eagerly, say why
+                    err = Unsupported(f"internal capture error on {inst.opname}: "
+                                      f"{type(e).__name__}: {e}", ctx.loc)
+                    err.break_chain.append(BreakState(self, index, inst, before, dict(self.locals)))
+                    err.internal = True
+                    raise err from e
+            return self.result
+        finally:
+            _FRAMES.pop()
+            ctx.loc = saved_loc

@@ -1,0 +1,248 @@
+"""Guards: the conditions under which a captured graph may be reused, and their check code.
+
+Each guard is a format record (:mod:`torchfuse.graph.schema`: ``TensorGuard``,
+``ConstantGuard`` …) tied to the source line that caused it, plus one Python condition over
+``L`` (the call's arguments), ``G`` (globals) and ``C`` (closure cells). The conditions are
+joined into one generated function per compiled entry, ``exec``-ed once.
+
+Guards fall in two groups so that checking costs what the *inputs* cost, not what the model
+has: ``fast`` guards (argument tensors, constants, globals, grad mode) run on every call;
+``module`` guards (attributes, parameters and buffers of ``nn.Module`` s) run only when
+:data:`module_version` moved, i.e. when some module attribute was assigned since the last
+check (``m.eval()``, ``m.weight = …``). In-place updates of parameters do not move it, and
+need not: parameters are graph inputs, read fresh on every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torchfuse.capture.source import Source
+from torchfuse.graph import schema as S
+from torchfuse.graph.ops import device_name, dtype_name
+
+# ----------------------------------------------------------------------------- module version
+
+module_version = [0]
+"""Bumped whenever any ``nn.Module`` attribute is set, deleted, or registered."""
+
+_patched = False
+
+
+def watch_module_attributes() -> None:
+    """Make ``nn.Module`` attribute writes bump :data:`module_version` (installed once).
+
+    Wraps ``__setattr__``, ``__delattr__``, ``register_parameter``, ``register_buffer`` and
+    ``register_module`` on ``torch.nn.Module``; each wrapper adds one integer increment.
+    """
+    global _patched
+    if _patched:
+        return
+    _patched = True
+    cls = torch.nn.Module
+    for name in ("__setattr__", "__delattr__", "register_parameter", "register_buffer",
+                 "register_module", "add_module"):
+        orig = getattr(cls, name)
+
+        def wrapper(*args: Any, __orig: Callable[..., Any] = orig, **kwargs: Any) -> Any:
+            module_version[0] += 1
+            return __orig(*args, **kwargs)
+
+        functools.update_wrapper(wrapper, orig)
+        setattr(cls, name, wrapper)
+
+
+def _config() -> Any:
+    from torchfuse.capture.config import config
+
+    return config
+
+
+# ----------------------------------------------------------------------------- guard set
+
+
+@dataclasses.dataclass(slots=True)
+class GuardEntry:
+    record: S.Guard
+    condition: str
+    module_group: bool
+
+
+def global_state() -> tuple[bool, tuple[bool, ...]]:
+    """What the ``GlobalStateGuard`` s check: grad mode and autocast per device type."""
+    return torch.is_grad_enabled(), autocast_state()
+
+
+def autocast_state() -> tuple[bool, ...]:
+    return tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+
+
+class GuardSet:
+    """Guards collected while capturing one frame."""
+
+    def __init__(self, loc_of: Callable[[], S.SourceLoc | None]) -> None:
+        self.entries: list[GuardEntry] = []
+        self.namespace: dict[str, Any] = {"torch": torch, "sys": sys, "_autocast_state": autocast_state,
+                                          "_grad": torch.is_grad_enabled}
+        self._seen: set[tuple[str, str]] = set()
+        self._loc_of = loc_of
+        self._names: dict[int, str] = {}
+
+    def _obj(self, obj: Any, prefix: str = "K") -> str:
+        name = self._names.get(id(obj))
+        if name is None:
+            name = f"{prefix}{len(self.namespace)}"
+            self.namespace[name] = obj
+            self._names[id(obj)] = name
+        return name
+
+    def _add(self, key: tuple[str, str], record: S.Guard, condition: str, module_group: bool) -> None:
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.entries.append(GuardEntry(record, condition, module_group))
+
+    # -- kinds
+    def tensor(self, source: Source, t: torch.Tensor) -> None:
+        src = source.expr()
+        dev = t.fake_device if hasattr(t, "fake_device") else t.device
+        rec = S.TensorGuard(source=src, dtype=dtype_name(t.dtype), device=device_name(dev),
+                            sizes=tuple(int(s) for s in t.shape),
+                            strides=tuple(int(s) for s in t.stride()),
+                            requires_grad=bool(t.requires_grad), loc=self._loc_of())
+        cls = torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else type(t)
+        v = f"_t{len(self.entries)}"
+        if source.is_module_state and not _config().check_parameter_metadata:
+            self._add(("tensor", src), rec, "True", True)
+            return
+        cond = (f"type({v} := {src}) is {self._obj(cls, 'T')} and {v}.dtype is {self._obj(t.dtype, 'D')}"
+                f" and {v}.device == {self._obj(dev, 'V')}"
+                f" and {v}.shape == {tuple(int(s) for s in t.shape)!r}"
+                f" and {v}.stride() == {tuple(int(s) for s in t.stride())!r}"
+                f" and {v}.requires_grad is {bool(t.requires_grad)}")
+        self._add(("tensor", src), rec, cond, source.is_module_state)
+
+    def constant(self, source: Source, value: Any) -> None:
+        src = source.expr()
+        rec = S.ConstantGuard(source=src, value=repr(value), loc=self._loc_of())
+        cond = f"type({src}) is {self._obj(type(value), 'T')} and {src} == {self._obj(value)}"
+        self._add(("constant", src), rec, cond, source.is_module_state)
+
+    def keys(self, source: Source, keys: tuple[Any, ...]) -> None:
+        src = source.expr()
+        rec = S.ConstantGuard(source=f"tuple({src}.keys())", value=repr(keys), loc=self._loc_of())
+        self._add(("keys", src), rec, f"tuple({src}.keys()) == {self._obj(keys)}",
+                  source.is_module_state)
+
+    def type_(self, source: Source, cls: type) -> None:
+        src = source.expr()
+        rec = S.TypeGuard(source=src, type_name=f"{cls.__module__}.{cls.__qualname__}",
+                          loc=self._loc_of())
+        self._add(("type", src), rec, f"type({src}) is {self._obj(cls, 'T')}", source.is_module_state)
+
+    def identity(self, source: Source, obj: Any) -> None:
+        src = source.expr()
+        desc = getattr(obj, "__qualname__", None) or f"{type(obj).__name__} at {id(obj):#x}"
+        rec = S.IdentityGuard(source=src, description=str(desc), loc=self._loc_of())
+        self._add(("id", src), rec, f"{src} is {self._obj(obj, 'O')}", source.is_module_state)
+
+    def alias(self, source: Source, same_as: Source) -> None:
+        """``source`` is the very object already read through ``same_as``."""
+        src, other = source.expr(), same_as.expr()
+        rec = S.IdentityGuard(source=src, description=f"the same object as {other}",
+                              loc=self._loc_of())
+        self._add(("alias", src), rec, f"{src} is {other}",
+                  source.is_module_state or same_as.is_module_state)
+
+    def distinct(self, sources: list[Source]) -> None:
+        """Tensors read through different sources are different objects (no aliasing)."""
+        exprs = [s.expr() for s in sources]
+        rec = S.ConstantGuard(source=f"len({{id(t) for t in ({', '.join(exprs)})}})",
+                              value=str(len(exprs)), loc=self._loc_of())
+        cond = f"len({{{', '.join(f'id({e})' for e in exprs)}}}) == {len(exprs)}"
+        self._add(("distinct", ",".join(exprs)), rec, cond, False)
+
+    def length(self, source: Source, n: int) -> None:
+        src = source.expr()
+        rec = S.LengthGuard(source=src, length=n, loc=self._loc_of())
+        self._add(("len", src), rec, f"len({src}) == {n}", source.is_module_state)
+
+    def grad_mode(self, enabled: bool) -> None:
+        rec = S.GlobalStateGuard(name="grad_enabled", value=repr(enabled), loc=self._loc_of())
+        self._add(("global", "grad"), rec, f"_grad() is {enabled}", False)
+
+    def autocast(self, state: tuple[bool, ...]) -> None:
+        rec = S.GlobalStateGuard(name="autocast_enabled(cpu, cuda)", value=repr(state),
+                                 loc=self._loc_of())
+        self._add(("global", "autocast"), rec, f"_autocast_state() == {state!r}", False)
+
+    # -- output
+    def records(self) -> tuple[S.Guard, ...]:
+        return tuple(e.record for e in self.entries)
+
+    def build(self) -> CheckFunctions:
+        return CheckFunctions.build([e for e in self.entries if not e.module_group],
+                                    [e for e in self.entries if e.module_group], self.namespace)
+
+
+def _compile_check(name: str, conditions: list[str], namespace: dict[str, Any]) -> tuple[str, Any]:
+    body = " and \\\n            ".join(f"({c})" for c in conditions) or "True"
+    src = (f"def {name}(L, G, C):\n"
+           f"    try:\n"
+           f"        return {body}\n"
+           f"    except Exception:\n"
+           f"        return False\n")
+    ns = dict(namespace)
+    exec(compile(src, f"<torchfuse guards {name}>", "exec"), ns)
+    return src, ns[name]
+
+
+@dataclasses.dataclass
+class CheckFunctions:
+    """The generated checks of one compiled entry."""
+
+    fast: Callable[[Any, Any, Any], bool]
+    module: Callable[[Any, Any, Any], bool]
+    source: str
+    entries: list[GuardEntry]
+    namespace: dict[str, Any]
+
+    @staticmethod
+    def build(fast: list[GuardEntry], module: list[GuardEntry], ns: dict[str, Any]) -> CheckFunctions:
+        fsrc, ffn = _compile_check("check_inputs", [e.condition for e in fast], ns)
+        msrc, mfn = _compile_check("check_modules", [e.condition for e in module], ns)
+        return CheckFunctions(ffn, mfn, fsrc + "\n" + msrc, fast + module, ns)
+
+    def first_failure(self, L: Any, G: Any, C: Any) -> GuardEntry | None:
+        """The first guard that does not hold (slow; for the recompile log)."""
+        for e in self.entries:
+            _, fn = _compile_check("one", [e.condition], self.namespace)
+            if not fn(L, G, C):
+                return e
+        return None
+
+
+def describe(record: S.Guard) -> str:
+    """A guard as a line of Python-like text."""
+    if isinstance(record, S.TensorGuard):
+        return (f"{record.source}: Tensor(dtype={record.dtype}, device={record.device}, "
+                f"size={list(record.sizes)}, stride={list(record.strides or ())}, "
+                f"requires_grad={record.requires_grad})")
+    if isinstance(record, S.ConstantGuard):
+        return f"{record.source} == {record.value}"
+    if isinstance(record, S.TypeGuard):
+        return f"type({record.source}) is {record.type_name}"
+    if isinstance(record, S.IdentityGuard):
+        return f"{record.source} is {record.description}"
+    if isinstance(record, S.LengthGuard):
+        return f"len({record.source}) == {record.length}"
+    if isinstance(record, S.GlobalStateGuard):
+        return f"{record.name} == {record.value}"
+    if isinstance(record, S.SymbolGuard):
+        return record.expr
+    return repr(record)

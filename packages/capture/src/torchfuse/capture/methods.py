@@ -1,0 +1,206 @@
+"""Methods of tensors, containers and constants (``x.view(...)``, ``lst.append(v)``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchfuse.capture import operators as O
+from torchfuse.capture import variables as V
+from torchfuse.capture.context import current
+from torchfuse.capture.errors import Unsupported, UserException
+from torchfuse.capture.values import from_py, size_of, to_py
+
+# Tensor methods that turn values into Python data: graph breaks, by name.
+_DATA_METHODS = {"item": "Tensor.item() reads a value", "tolist": "Tensor.tolist() reads values",
+                 "numpy": "Tensor.numpy() leaves torch", "__bool__": "truth value of a tensor",
+                 "__int__": "int(tensor)", "__float__": "float(tensor)", "__index__": "index(tensor)",
+                 "backward": "backward() inside a compiled function"}
+
+
+def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    if isinstance(obj, V.TensorVar):
+        return tensor_method(obj, name, args, kwargs)
+    if isinstance(obj, V.ListVar):
+        return list_method(obj, name, args, kwargs)
+    if isinstance(obj, V.DictVar):
+        return dict_method(obj, name, args, kwargs)
+    if isinstance(obj, V.SetVar):
+        return set_method(obj, name, args, kwargs)
+    if isinstance(obj, V.ConstVar):  # str.format, int.bit_length, torch.Size.numel …
+        names = list(kwargs)
+        return O.fold(lambda v, *a: getattr(v, name)(*a[:len(args)], **dict(
+            zip(names, a[len(args):], strict=True))), obj, *args, *kwargs.values())
+    raise Unsupported(f"method {name} of {obj.describe()}", ctx.loc)
+
+
+def tensor_method(obj: V.TensorVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    if _DATA_METHODS.get(name):
+        raise Unsupported(f"data-dependent: {_DATA_METHODS[name]}", ctx.loc,
+                          "keep the value as a tensor, or do this outside the compiled function")
+    if name == "size":
+        sizes = size_of(obj)
+        if args or kwargs:
+            dim = (args[0] if args else kwargs["dim"]).python()
+            return V.ConstVar(sizes[dim])
+        return V.ConstVar(sizes)
+    if name == "dim" or name == "ndimension":
+        return V.ConstVar(len(size_of(obj)))
+    if name in ("numel", "nelement"):
+        n = 1
+        for s in size_of(obj):
+            n *= s
+        return V.ConstVar(n)
+    if name in ("stride", "is_contiguous", "element_size", "get_device", "is_floating_point",
+                "is_complex", "storage_offset", "data_ptr"):
+        if name == "data_ptr":
+            raise Unsupported("Tensor.data_ptr() inside a compiled function", ctx.loc)
+        return from_py(getattr(obj.fake, name)(*[a.python() for a in args],
+                                                **{k: v.python() for k, v in kwargs.items()}))
+    if name == "type" and not args and not kwargs:
+        return V.ConstVar(obj.fake.type())
+    method = getattr(obj.fake, name, None)
+    if method is None:
+        raise Unsupported(f"tensor has no method {name!r}", ctx.loc)
+    pargs = [to_py(a) for a in args]
+    pkwargs = {k: to_py(v) for k, v in kwargs.items()}
+    return from_py(ctx.call_torch(method, pargs, pkwargs, f"Tensor.{name}"))
+
+
+def list_method(obj: V.ListVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    items = obj.items
+    if obj.is_tuple and name not in ("index", "count", "_asdict", "_replace"):
+        raise Unsupported(f"tuple method {name}", ctx.loc)
+    if name == "append":
+        O.mutate(obj)
+        items.append(args[0])
+    elif name == "extend":
+        O.mutate(obj)
+        items.extend(O.iterate(args[0]))
+    elif name == "insert":
+        O.mutate(obj)
+        items.insert(args[0].python(), args[1])
+    elif name == "pop":
+        O.mutate(obj)
+        return items.pop(args[0].python() if args else -1)
+    elif name == "clear":
+        O.mutate(obj)
+        items.clear()
+    elif name == "reverse":
+        O.mutate(obj)
+        items.reverse()
+    elif name == "copy":
+        return V.ListVar(list(items), list)
+    elif name == "remove":
+        O.mutate(obj)
+        for i, x in enumerate(items):
+            if O.is_same(x, args[0]) or (not isinstance(x, V.TensorVar)
+                                          and O.truth(O.compare("==", x, args[0]))):
+                del items[i]
+                break
+    elif name in ("index", "count"):
+        target = args[0]
+        matches = [i for i, x in enumerate(items) if O.is_same(x, target) or (
+            not isinstance(x, V.TensorVar) and not isinstance(target, V.TensorVar)
+            and O.truth(O.compare("==", x, target)))]
+        if name == "count":
+            return V.ConstVar(len(matches))
+        if not matches:
+            raise UserException(ValueError("list.index(x): x not in list"), ctx.loc)
+        return V.ConstVar(matches[0])
+    elif name == "sort":
+        O.mutate(obj)
+        from torchfuse.capture.builtins import sorted_vars
+
+        reverse = bool(kwargs.get("reverse", V.ConstVar(False)).python())
+        items[:] = sorted_vars(items, kwargs.get("key"), reverse)
+    elif name == "_asdict":
+        return V.DictVar(dict(zip(obj.fields or (), items, strict=True)))
+    elif name == "_replace":
+        new = list(items)
+        for k, v in kwargs.items():
+            new[(obj.fields or ()).index(k)] = v
+        return V.ListVar(new, obj.kind)
+    else:
+        raise Unsupported(f"list method {name}", ctx.loc)
+    return V.ConstVar(None)
+
+
+def dict_method(obj: V.DictVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    items = obj.items
+    if name == "keys":
+        return V.ListVar([V.ConstVar(k) for k in items], list)
+    if name == "values":
+        return V.ListVar(list(items.values()), list)
+    if name == "items":
+        return V.ListVar([V.ListVar([V.ConstVar(k), v], tuple) for k, v in items.items()], list)
+    if name == "get":
+        k = args[0].python()
+        default = args[1] if len(args) > 1 else V.ConstVar(None)
+        return items.get(k, default)
+    if name == "__getitem__":
+        return O.getitem(obj, args[0])
+    if name == "copy":
+        return V.DictVar(dict(items))
+    if name == "pop":
+        O.mutate(obj)
+        k = args[0].python()
+        if k in items:
+            return items.pop(k)
+        if len(args) > 1:
+            return args[1]
+        raise UserException(KeyError(k), ctx.loc)
+    if name == "setdefault":
+        k = args[0].python()
+        if k not in items:
+            O.mutate(obj)
+            items[k] = args[1] if len(args) > 1 else V.ConstVar(None)
+        return items[k]
+    if name == "update":
+        O.mutate(obj)
+        if args:
+            src = args[0]
+            if isinstance(src, V.DictVar):
+                items.update(src.items)
+            else:
+                for pair in O.iterate(src):
+                    k, v = O.iterate(pair)
+                    items[k.python()] = v
+        for k, v in kwargs.items():
+            items[k] = v
+        return V.ConstVar(None)
+    if name == "clear":
+        O.mutate(obj)
+        items.clear()
+        return V.ConstVar(None)
+    raise Unsupported(f"dict method {name}", ctx.loc)
+
+
+def set_method(obj: V.SetVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    if name == "add":
+        O.mutate(obj)
+        obj.add(args[0])
+        return V.ConstVar(None)
+    if name == "update":
+        O.mutate(obj)
+        for a in args:
+            for v in O.iterate(a):
+                obj.add(v)
+        return V.ConstVar(None)
+    if name in ("discard", "remove"):
+        O.mutate(obj)
+        obj.items.pop(obj.key(args[0]), None)
+        return V.ConstVar(None)
+    if name in ("union", "intersection", "difference", "issubset", "issuperset"):
+        other = [set(x.python() for x in O.iterate(a)) for a in args]
+        return from_py(_setify(getattr(obj.python(), name)(*other)))
+    raise Unsupported(f"set method {name}", ctx.loc)
+
+
+def _setify(value: Any) -> Any:
+    return frozenset(value) if isinstance(value, set) else value
+

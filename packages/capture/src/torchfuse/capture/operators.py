@@ -1,0 +1,275 @@
+"""Python operators on Vars: arithmetic, comparison, truth, subscripts, membership.
+
+Tensor operands go to torch (recorded); constant operands are folded; containers of Vars are
+handled structurally (``[a] + [b]``, ``t[1:]``).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torchfuse.capture import variables as V
+from torchfuse.capture.context import current
+from torchfuse.capture.errors import Unsupported, UserException
+from torchfuse.capture.source import ItemSource, ModuleStateSource
+from torchfuse.capture.values import contains_tensor, from_py, to_py
+
+BINARY: dict[str, Any] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+COMPARE: dict[str, Any] = {
+    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+    ">": operator.gt, ">=": operator.ge,
+}
+UNARY: dict[str, Any] = {"-": operator.neg, "+": operator.pos, "~": operator.invert,
+                         "not": operator.not_, "abs": abs}
+
+
+def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
+    fn = BINARY[op]
+    if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
+        return from_py(current().call_torch(fn, [to_py(a), to_py(b)], {}, f"operator {op}"))
+    base = op.rstrip("=") if op not in ("==",) else op
+    if isinstance(a, V.ListVar) and isinstance(b, V.ListVar) and base == "+":
+        if op == "+=" and not a.is_tuple:
+            mutate(a)
+            a.items.extend(b.items)
+            return a
+        return V.ListVar(a.items + b.items, tuple if a.is_tuple else list)
+    if isinstance(a, V.ListVar) and base == "+" and isinstance(b, V.ConstVar) and \
+            isinstance(b.value, tuple | list):
+        return binary(op, a, V.ListVar([V.ConstVar(v) for v in b.python()], tuple))
+    if isinstance(a, V.ConstVar) and isinstance(a.value, tuple) and isinstance(b, V.ListVar) and base == "+":
+        return V.ListVar([V.ConstVar(v) for v in a.python()] + b.items, tuple)
+    if isinstance(a, V.ListVar) and base == "*" and isinstance(b, V.ConstVar):
+        n = b.python()
+        if op == "*=" and not a.is_tuple:
+            mutate(a)
+            a.items[:] = a.items * n
+            return a
+        return V.ListVar(a.items * n, tuple if a.is_tuple else list)
+    if isinstance(a, V.DictVar) and isinstance(b, V.DictVar) and base == "|":
+        if op == "|=":
+            mutate(a)
+            a.items.update(b.items)
+            return a
+        return V.DictVar({**a.items, **b.items})
+    if (isinstance(a, V.ListVar | V.DictVar) and contains_tensor(a)) or \
+            (isinstance(b, V.ListVar | V.DictVar) and contains_tensor(b)):
+        raise Unsupported(f"operator {op} on {a.describe()} and {b.describe()}", current().loc)
+    return fold(fn, a, b)
+
+
+def fold(fn: Any, *vars_: V.Var) -> V.Var:
+    """Apply a Python function to constant operands."""
+    vals = [v.python() for v in vars_]
+    try:
+        out = fn(*vals)
+    except Exception as e:  # what eager would raise here, with these constants
+        raise UserException(e, current().loc) from e
+    return from_py(out)
+
+
+def unary(op: str, a: V.Var) -> V.Var:
+    if op == "not":
+        return V.ConstVar(not truth(a))
+    if isinstance(a, V.TensorVar):
+        return from_py(current().call_torch(UNARY[op], [a.fake], {}, f"operator {op}"))
+    return fold(UNARY[op], a)
+
+
+def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
+    if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
+        if op in ("==", "!=") and not (isinstance(a, V.TensorVar) and isinstance(b, V.TensorVar)):
+            other = b if isinstance(a, V.TensorVar) else a
+            if not isinstance(other, V.ConstVar) or other.value is None:
+                return V.ConstVar(op == "!=")  # tensor == object: Python falls back to identity
+        return from_py(current().call_torch(COMPARE[op], [to_py(a), to_py(b)], {}, f"operator {op}"))
+    structural = V.ConstVar | V.ListVar | V.DictVar | V.SetVar
+    if op in ("==", "!=") and not (isinstance(a, structural) and isinstance(b, structural)):
+        same = is_same(a, b)
+        return V.ConstVar(same if op == "==" else not same)
+    if isinstance(a, V.ListVar) and isinstance(b, V.ListVar) and op in ("==", "!="):
+        if len(a.items) != len(b.items) or a.is_tuple != b.is_tuple:
+            return V.ConstVar(op == "!=")
+        eq = all(truth(compare("==", x, y)) for x, y in zip(a.items, b.items, strict=True))
+        return V.ConstVar(eq if op == "==" else not eq)
+    return fold(COMPARE[op], a, b)
+
+
+def is_same(a: V.Var, b: V.Var) -> bool:
+    """``a is b`` on Vars."""
+    if a is b:
+        return True
+    if isinstance(a, V.ConstVar) and isinstance(b, V.ConstVar):
+        return a.python() is b.python()
+    if isinstance(a, V.ConstVar) or isinstance(b, V.ConstVar):
+        c, other = (a, b) if isinstance(a, V.ConstVar) else (b, a)
+        if isinstance(other, V.ObjVar | V.ModuleVar | V.UserObjVar):
+            return c.python() is other.value
+        return False
+    if isinstance(a, V.TensorVar) and isinstance(b, V.TensorVar):
+        return a.fake is b.fake
+    if isinstance(a, V.ObjVar | V.ModuleVar | V.UserObjVar) and \
+            isinstance(b, V.ObjVar | V.ModuleVar | V.UserObjVar):
+        return a.value is b.value
+    return False
+
+
+def truth(a: V.Var) -> bool:
+    """``bool(a)`` at capture time; a tensor's truth is data-dependent."""
+    if isinstance(a, V.TensorVar):
+        raise Unsupported("data-dependent branch: the truth value of a tensor (`if tensor:`) "
+                          "is unknown while capturing", current().loc,
+                          "use torch.where, or compute the condition outside the compiled function")
+    if isinstance(a, V.ConstVar):
+        return bool(a.python())
+    if isinstance(a, V.ListVar):
+        return bool(a.items)
+    if isinstance(a, V.DictVar | V.SetVar):
+        return bool(a.items)
+    if isinstance(a, V.ModuleVar):
+        return bool(a.value)
+    if isinstance(a, V.ObjVar):
+        return bool(a.value)
+    if isinstance(a, V.UserObjVar):
+        cls = type(a.value)
+        if hasattr(cls, "__bool__") or hasattr(cls, "__len__"):
+            raise Unsupported(f"truth value of {a.describe()}", current().loc)
+        return True
+    return True
+
+
+def contains(container: V.Var, item: V.Var) -> bool:
+    if isinstance(container, V.DictVar):
+        return item.python() in container.items
+    if isinstance(container, V.SetVar):
+        return container.key(item) in container.items
+    if isinstance(container, V.ListVar):
+        for x in container.items:
+            if isinstance(x, V.TensorVar) or isinstance(item, V.TensorVar):
+                if is_same(x, item):
+                    return True
+            elif truth(compare("==", x, item)):
+                return True
+        return False
+    if isinstance(container, V.ModuleVar):
+        return item.python() in container.value
+    if isinstance(container, V.TensorVar):
+        raise Unsupported("`in` on a tensor is data-dependent", current().loc)
+    return item.python() in container.python()
+
+
+def mutate(var: V.Var) -> None:
+    """Note that a container from outside the frame changed (replayed after the graph)."""
+    ctx = current()
+    if var.source is not None and id(var) not in ctx.mutated:
+        ctx.mutated[id(var)] = var
+        ctx.side_effects.append(("contents", var))
+
+
+def getitem(obj: V.Var, key: V.Var) -> V.Var:
+    ctx = current()
+    if isinstance(obj, V.TensorVar):
+        return from_py(ctx.call_torch(operator.getitem, [obj.fake, to_py(key)], {}, "indexing"))
+    if isinstance(obj, V.ListVar):
+        k = key.python()
+        if isinstance(k, slice):
+            return V.ListVar(obj.items[k], tuple if obj.is_tuple else list)
+        try:
+            return obj.items[k]
+        except (IndexError, TypeError) as e:
+            raise UserException(e, ctx.loc) from e
+    if isinstance(obj, V.DictVar):
+        k = key.python()
+        if k not in obj.items:
+            raise UserException(KeyError(k), ctx.loc)
+        return obj.items[k]
+    if isinstance(obj, V.ModuleVar):
+        return module_getitem(obj, key.python())
+    if isinstance(obj, V.ConstVar | V.ObjVar):
+        return fold(operator.getitem, obj, key)
+    raise Unsupported(f"subscript of {obj.describe()}", ctx.loc)
+
+
+def module_getitem(obj: V.ModuleVar, k: Any) -> V.Var:
+    ctx = current()
+    mod = obj.value
+    sub = mod[k]
+    if isinstance(k, int) and obj.source is not None:
+        keys = list(mod._modules)
+        return ctx.wrap(sub, ModuleStateSource(obj.source, "_modules", keys[k]))
+    if isinstance(k, str) and obj.source is not None:
+        return ctx.wrap(sub, ModuleStateSource(obj.source, "_modules", k))
+    if isinstance(k, slice) and obj.source is not None:
+        # a new container of the same children: name the children first, so their
+        # parameters stay parameters (wrap() finds each child by identity)
+        for i in range(*k.indices(len(mod))):
+            module_getitem(obj, i)
+    return ctx.wrap(sub, None)
+
+
+def setitem(obj: V.Var, key: V.Var, value: V.Var) -> None:
+    ctx = current()
+    if isinstance(obj, V.TensorVar):
+        ctx.call_torch(operator.setitem, [obj.fake, to_py(key), to_py(value)], {}, "index assignment")
+        return
+    if isinstance(obj, V.ListVar) and not obj.is_tuple:
+        k = key.python()
+        mutate(obj)
+        if isinstance(k, slice):
+            obj.items[k] = iterate(value)
+        else:
+            obj.items[k] = value
+        return
+    if isinstance(obj, V.DictVar):
+        mutate(obj)
+        obj.items[key.python()] = value
+        return
+    raise Unsupported(f"item assignment on {obj.describe()}", ctx.loc)
+
+
+def delitem(obj: V.Var, key: V.Var) -> None:
+    if isinstance(obj, V.ListVar | V.DictVar) and not (isinstance(obj, V.ListVar) and obj.is_tuple):
+        mutate(obj)
+        del obj.items[key.python()]
+        return
+    raise Unsupported(f"del on {obj.describe()}", current().loc)
+
+
+def iterate(var: V.Var) -> list[V.Var]:
+    """The items a ``for`` loop over ``var`` sees, fixed now (loops are unrolled)."""
+    ctx = current()
+    if isinstance(var, V.ListVar):
+        return list(var.items)
+    if isinstance(var, V.IteratorVar):
+        return var.rest()
+    if isinstance(var, V.DictVar):
+        return [V.ConstVar(k) for k in var.items]
+    if isinstance(var, V.SetVar):
+        return list(var.items.values())
+    if isinstance(var, V.TensorVar):
+        if var.fake.dim() == 0:
+            raise Unsupported("iteration over a 0-d tensor", ctx.loc)
+        return [getitem(var, V.ConstVar(i)) for i in range(var.fake.shape[0])]
+    if isinstance(var, V.ModuleVar):
+        mod = var.value
+        if isinstance(mod, torch.nn.ModuleDict):
+            return [V.ConstVar(k) for k in mod]
+        if hasattr(type(mod), "__iter__"):
+            return [module_getitem(var, i) for i in range(len(mod))]
+        raise Unsupported(f"iteration over {var.describe()}", ctx.loc)
+    if isinstance(var, V.ConstVar):
+        return [V.ConstVar(v) for v in var.python()]
+    if isinstance(var, V.ObjVar) and var.source is not None:
+        return [ctx.wrap(v, ItemSource(var.source, i)) for i, v in enumerate(var.value)]
+    raise Unsupported(f"iteration over {var.describe()}", ctx.loc)

@@ -1,0 +1,202 @@
+"""Finishing a capture: graph outputs, the output structure, and side effects to replay.
+
+The return value is flattened into a *spec* (nested tuples, below) whose tensor leaves are
+graph outputs. Side effects (mutations of lists/dicts that outlive the frame, attribute
+writes, global writes) become replay operations over the same outputs, run after the graph
+in program order.
+
+Spec grammar::
+
+    ("t", i)                       the graph's i-th output
+    ("c", value)                   a Python constant
+    ("s", expr)                    an object from the caller's world, by source expression
+    ("seq", cls, [spec, ...])      list / tuple / namedtuple / structseq
+    ("dict", cls, keys, [spec])    dict
+    ("obj", cls, {name: spec})     an instance of a user class created inside the frame
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torchfuse.capture import variables as V
+from torchfuse.capture.context import Capture
+from torchfuse.capture.errors import Unsupported
+
+Spec = tuple
+
+
+class OutputBuilder:
+    """Turns Vars into specs, adding graph outputs for their tensors."""
+
+    def __init__(self, ctx: Capture) -> None:
+        self.ctx = ctx
+        self.index: dict[int, int] = {}
+        self.count = 0
+
+    def spec(self, var: V.Var) -> Spec:
+        if isinstance(var, V.TensorVar):
+            key = id(var.fake)
+            if key not in self.index:
+                self.ctx.rec.output(var.fake)
+                self.index[key] = self.count
+                self.count += 1
+            return ("t", self.index[key])
+        if isinstance(var, V.ConstVar):
+            return ("c", var.value)
+        if var.source is not None and (isinstance(var, V.DictVar | V.SetVar) or
+                                       (isinstance(var, V.ListVar) and not var.is_tuple)):
+            return ("s", var.source.expr())  # the caller's own (possibly mutated) container
+        if isinstance(var, V.ListVar):
+            return ("seq", var.kind, [self.spec(i) for i in var.items])
+        if isinstance(var, V.DictVar):
+            return ("dict", var.kind, list(var.items), [self.spec(v) for v in var.items.values()])
+        if isinstance(var, V.SetVar):
+            return ("c", var.python())
+        if isinstance(var, V.UserObjVar) and var.is_new:
+            return ("obj", type(var.value), {k: self.spec(v) for k, v in var.overrides.items()})
+        if var.source is not None:
+            return ("s", var.source.expr())
+        if isinstance(var, V.ObjVar):
+            return ("c", var.value)
+        if isinstance(var, V.ModuleVar):
+            return ("c", var.value)
+        raise Unsupported(f"returning {var.describe()} from a compiled function", self.ctx.loc)
+
+    def side_effects(self) -> list[tuple]:
+        ops: list[tuple] = []
+        for effect in self.ctx.side_effects:
+            kind = effect[0]
+            if kind == "contents":
+                var = effect[1]
+                ops.append(("contents", var.source.expr(), self.spec(_fresh_copy(var))))
+            elif kind == "setattr":
+                _, obj, name, value = effect
+                ops.append(("setattr", obj.source.expr(), name, self.spec(value)))
+            elif kind == "setglobal":
+                _, name, value = effect
+                ops.append(("setglobal", name, self.spec(value)))
+        return ops
+
+
+def _fresh_copy(var: V.Var) -> V.Var:
+    """The final contents of a mutated container, as a new (source-less) container."""
+    if isinstance(var, V.ListVar):
+        return V.ListVar(var.items, var.kind)
+    if isinstance(var, V.DictVar):
+        return V.DictVar(var.items, kind=var.kind)
+    if isinstance(var, V.SetVar):
+        return V.SetVar(list(var.items.values()))
+    return var
+
+
+def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], Any, Any, Any], Any]:
+    """A function ``(outputs, L, G, C) -> value`` that rebuilds ``spec`` (generated once)."""
+    consts: list[Any] = []
+
+    def expr(s: Spec) -> str:
+        tag = s[0]
+        if tag == "t":
+            return f"O[{s[1]}]"
+        if tag == "c":
+            if s[1] is None or isinstance(s[1], bool | int | str):
+                return repr(s[1])
+            consts.append(s[1])
+            return f"_K[{len(consts) - 1}]"
+        if tag == "s":
+            return s[1]
+        if tag == "seq":
+            items = ", ".join(expr(i) for i in s[2])
+            if s[1] is tuple:
+                return f"({items}{',' if len(s[2]) == 1 else ''})"
+            if s[1] is list:
+                return f"[{items}]"
+            consts.append(s[1])
+            if hasattr(s[1], "_make"):
+                return f"_K[{len(consts) - 1}]._make(({items}{',' if len(s[2]) == 1 else ''}))"
+            return f"_K[{len(consts) - 1}](({items}{',' if len(s[2]) == 1 else ''}))"
+        if tag == "dict":
+            consts.append(s[2])
+            kidx = len(consts) - 1
+            pairs = ", ".join(f"_K[{kidx}][{n}]: {expr(v)}" for n, v in enumerate(s[3]))
+            return "{" + pairs + "}"
+        if tag == "obj":
+            consts.append(s[1])
+            cidx = len(consts) - 1
+            attrs = ", ".join(f"{k!r}: {expr(v)}" for k, v in s[2].items())
+            return f"_new(_K[{cidx}], {{{attrs}}})"
+        raise AssertionError(s)
+
+    body = expr(spec)
+    src = f"def rebuild(O, L, G, C):\n    return {body}\n"
+    ns = dict(namespace)
+    ns["_K"] = consts
+    ns["_new"] = _new_object
+    exec(compile(src, "<torchfuse rebuild>", "exec"), ns)
+    return ns["rebuild"]
+
+
+def _new_object(cls: type, attrs: dict[str, Any]) -> Any:
+    obj = object.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+def compile_side_effects(ops: list[tuple], namespace: dict[str, Any]) -> Callable[..., None] | None:
+    """A function ``(outputs, L, G, C) -> None`` that replays side effects in order."""
+    if not ops:
+        return None
+    lines = ["def replay(O, L, G, C):"]
+    ns = dict(namespace)
+    for n, op in enumerate(ops):
+        if op[0] == "contents":
+            fn = compile_spec(op[2], namespace)
+            ns[f"_v{n}"] = fn
+            lines.append(f"    _replace_contents({op[1]}, _v{n}(O, L, G, C))")
+        elif op[0] == "setattr":
+            ns[f"_v{n}"] = compile_spec(op[3], namespace)
+            lines.append(f"    setattr({op[1]}, {op[2]!r}, _v{n}(O, L, G, C))")
+        elif op[0] == "setglobal":
+            ns[f"_v{n}"] = compile_spec(op[2], namespace)
+            lines.append(f"    G[{op[1]!r}] = _v{n}(O, L, G, C)")
+    ns["_replace_contents"] = _replace_contents
+    exec(compile("\n".join(lines) + "\n", "<torchfuse side effects>", "exec"), ns)
+    return ns["replay"]
+
+
+def _replace_contents(target: Any, new: Any) -> None:
+    if isinstance(target, list):
+        target[:] = new
+    elif isinstance(target, dict):
+        target.clear()
+        target.update(new)
+    elif isinstance(target, set):
+        target.clear()
+        target.update(new)
+    else:  # pragma: no cover - only containers are tracked
+        raise TypeError(type(target))
+
+
+def spec_to_json(spec: Spec) -> str:
+    """The output structure as JSON (for export); only plain data is allowed."""
+    def conv(s: Spec) -> Any:
+        tag = s[0]
+        if tag == "t":
+            return {"tensor": s[1]}
+        if tag == "c":
+            v = s[1]
+            if v is None or isinstance(v, bool | int | float | str):
+                return {"const": v}
+            if isinstance(v, torch.dtype | torch.device):
+                return {"const": str(v)}
+            raise Unsupported(f"cannot export a constant output of type {type(v).__name__}")
+        if tag == "seq":
+            name = "tuple" if s[1] is tuple else "list" if s[1] is list else s[1].__qualname__
+            return {"seq": name, "items": [conv(i) for i in s[2]]}
+        if tag == "dict":
+            return {"dict": [[k, conv(v)] for k, v in zip(s[2], s[3], strict=True)]}
+        raise Unsupported(f"cannot export an output of kind {tag!r}")
+    return json.dumps(conv(spec))

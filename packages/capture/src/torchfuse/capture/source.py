@@ -1,0 +1,161 @@
+"""Sources: where a value the interpreter reads lives in the caller's world.
+
+A source is a small frozen record that prints as a Python expression over three names that
+the generated guard and input-gathering functions receive:
+
+* ``L`` — the tuple of the compiled function's arguments, in ``co_varnames`` order;
+* ``G`` — the function's globals dict;
+* ``C`` — the function's ``__closure__`` tuple.
+
+Guards, graph inputs (parameters, buffers), side effects and rebuilt outputs are all
+written in terms of sources, so the same expression both explains a guard to a reader and
+runs as the check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Source:
+    """Base of all sources."""
+
+    __slots__ = ()
+
+    def expr(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.expr()
+
+    @property
+    def is_module_state(self) -> bool:
+        """True when the value hangs off an ``nn.Module`` (checked through the module version)."""
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSource(Source):
+    """An argument of the compiled function."""
+
+    index: int
+    name: str
+
+    def expr(self) -> str:
+        return f"L[{self.index}]"
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalSource(Source):
+    name: str
+
+    def expr(self) -> str:
+        return f"G[{self.name!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class ClosureSource(Source):
+    """The contents of the compiled function's ``index``-th closure cell."""
+
+    index: int
+    name: str
+
+    def expr(self) -> str:
+        return f"C[{self.index}].cell_contents"
+
+
+@dataclass(frozen=True, slots=True)
+class AttrSource(Source):
+    base: Source
+    name: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.name}"
+
+    @property
+    def is_module_state(self) -> bool:
+        return self.base.is_module_state
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleStateSource(Source):
+    """A parameter, buffer or submodule read straight from a module's dicts (fast, no
+    ``__getattr__``); ``table`` is ``_parameters``, ``_buffers`` or ``_modules``."""
+
+    base: Source
+    table: str
+    key: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.table}[{self.key!r}]"
+
+    @property
+    def is_module_state(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleAttrSource(Source):
+    """A plain attribute of a module (``self.training``, ``self.eps``)."""
+
+    base: Source
+    name: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.name}"
+
+    @property
+    def is_module_state(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class ItemSource(Source):
+    base: Source
+    key: object
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}[{self.key!r}]"
+
+    @property
+    def is_module_state(self) -> bool:
+        return self.base.is_module_state
+
+
+def module_root(source: Source) -> Source:
+    """The first non-module-state source a module-state source hangs from."""
+    while source.is_module_state:
+        source = source.base  # type: ignore[attr-defined]
+    return source
+
+
+def qualified_name(source: Source) -> str:
+    """``layers.0.weight`` for a chain of module-state sources."""
+    parts: list[str] = []
+    while isinstance(source, ModuleStateSource | ModuleAttrSource):
+        parts.append(source.key if isinstance(source, ModuleStateSource) else source.name)
+        source = source.base
+    return ".".join(reversed(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class ClassAttrSource(Source):
+    """An attribute of an object's class (``type(obj).name``). Checked on every call even
+    when ``obj`` is a module: assigning to a class does not move the module version."""
+
+    base: Source
+    name: str
+
+    def expr(self) -> str:
+        return f"type({self.base.expr()}).{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleGlobalSource(Source):
+    """A global of another Python module (a helper function's globals)."""
+
+    module: str
+    name: str
+
+    def expr(self) -> str:
+        return f"sys.modules[{self.module!r}].__dict__[{self.name!r}]"

@@ -1,0 +1,346 @@
+"""Variables: how the symbolic interpreter represents Python values.
+
+Every value on the interpreter's stack or in its locals is a :class:`Var`. A Var knows its
+:class:`~torchfuse.capture.source.Source` when it came from outside the frame (then reading
+its value installs a guard), and carries enough to be computed on symbolically:
+
+==================  ===================================================================
+``ConstVar``        an immutable Python value (int, float, str, None, tuple of those,
+                    ``torch.Size``, dtype, device, slice…): folded at capture time
+``TensorVar``       a :class:`~torchfuse.graph.tracing.FakeTensor` bound to a graph value
+``ListVar``         list / tuple / namedtuple / structseq of Vars
+``DictVar``         dict with constant keys; ``SetVar`` a set (tensors by identity)
+``ObjVar``          an opaque object the interpreter only looks into (functions, classes,
+                    Python modules, torch functions)
+``ModuleVar``       an ``nn.Module``; ``UserObjVar`` an instance of a user class
+``FunctionVar``     a function made by ``MAKE_FUNCTION`` inside the captured code
+``BoundMethodVar``, ``PartialVar``, ``CellVar``, ``IteratorVar``, ``SuperVar``,
+``ContextVar`` (grad mode / autocast), ``NullVar`` (the NULL the call protocol pushes)
+==================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torchfuse.capture.errors import Unsupported
+from torchfuse.capture.source import Source
+
+CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
+                  type(NotImplemented), torch.dtype, torch.device, torch.layout,
+                  torch.memory_format, slice, range, frozenset, types.CodeType)
+
+
+def is_constant(value: Any) -> bool:
+    """Immutable values that capture folds (tuples count when all items do)."""
+    if isinstance(value, CONSTANT_TYPES):
+        return not isinstance(value, slice) or all(
+            is_constant(v) for v in (value.start, value.stop, value.step))
+    if type(value) in (tuple, torch.Size):
+        return all(is_constant(v) for v in value)
+    return False
+
+
+class Var:
+    """Base of all interpreter values."""
+
+    source: Source | None = None
+
+    def python(self) -> Any:
+        """The concrete Python value; guards the source. Unsupported when not a constant."""
+        raise Unsupported(f"{self.describe()} has no value known at capture time")
+
+    def python_type(self) -> type:
+        raise Unsupported(f"type of {self.describe()} is unknown")
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
+
+class NullVar(Var):
+    """The NULL the 3.11/3.12 call protocol pushes below a callable."""
+
+    def describe(self) -> str:
+        return "NULL"
+
+
+NULL = NullVar()
+
+
+class UnboundVar(Var):
+    """What ``LOAD_FAST_AND_CLEAR`` pushes for a local that had no value."""
+
+
+UNBOUND = UnboundVar()
+
+
+class ConstVar(Var):
+    def __init__(self, value: Any, source: Source | None = None) -> None:
+        self.value = value
+        self.source = source
+
+    def python(self) -> Any:
+        if self.source is not None:
+            from torchfuse.capture.context import current
+
+            current().guards.constant(self.source, self.value)
+        return self.value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def describe(self) -> str:
+        return f"constant {self.value!r}"
+
+
+class TensorVar(Var):
+    """A fake tensor recorded in the graph. ``py_type`` is the class the user sees."""
+
+    def __init__(self, fake: torch.Tensor, source: Source | None = None,
+                 py_type: type = torch.Tensor) -> None:
+        self.fake = fake
+        self.source = source
+        self.py_type = py_type
+
+    def python_type(self) -> type:
+        return self.py_type
+
+    def describe(self) -> str:
+        return f"tensor {tuple(self.fake.shape)} {str(self.fake.dtype).removeprefix('torch.')}"
+
+
+class ListVar(Var):
+    """A list, tuple, namedtuple or structseq. ``kind`` is the Python class."""
+
+    def __init__(self, items: list[Var], kind: type = list, source: Source | None = None) -> None:
+        self.items = list(items)
+        self.kind = kind
+        self.source = source
+
+    @property
+    def is_tuple(self) -> bool:
+        return issubclass(self.kind, tuple)
+
+    @property
+    def fields(self) -> tuple[str, ...] | None:
+        return getattr(self.kind, "_fields", None) or getattr(self.kind, "__match_args__", None)
+
+    def python_type(self) -> type:
+        return self.kind
+
+    def python(self) -> Any:
+        vals = [i.python() for i in self.items]
+        return make_sequence(self.kind, vals)
+
+    def describe(self) -> str:
+        return f"{self.kind.__name__} of {len(self.items)}"
+
+
+def make_sequence(kind: type, vals: list[Any]) -> Any:
+    if kind is list or kind is tuple:
+        return kind(vals)
+    if hasattr(kind, "_make"):
+        return kind._make(vals)
+    return kind(vals)
+
+
+class DictVar(Var):
+    """A dict whose keys are constants (or objects hashed by identity)."""
+
+    def __init__(self, items: dict[Any, Var], source: Source | None = None, kind: type = dict) -> None:
+        self.items = dict(items)
+        self.source = source
+        self.kind = kind
+
+    def python_type(self) -> type:
+        return self.kind
+
+    def python(self) -> Any:
+        return {k: v.python() for k, v in self.items.items()}
+
+
+class SetVar(Var):
+    """A set of Vars, keyed by value (constants, modules) or identity (tensors)."""
+
+    def __init__(self, items: list[Var], source: Source | None = None) -> None:
+        self.items: dict[Any, Var] = {}
+        self.source = source
+        for v in items:
+            self.add(v)
+
+    @staticmethod
+    def key(v: Var) -> Any:
+        if isinstance(v, TensorVar):
+            return ("<tensor>", id(v.fake))
+        return v.python()
+
+    def add(self, v: Var) -> None:
+        self.items.setdefault(self.key(v), v)
+
+    def python_type(self) -> type:
+        return set
+
+    def python(self) -> Any:
+        return {v.python() for v in self.items.values()}
+
+
+class ObjVar(Var):
+    """An object capture only looks into: functions, classes, Python modules, torch APIs."""
+
+    def __init__(self, value: Any, source: Source | None = None) -> None:
+        self.value = value
+        self.source = source
+
+    def python(self) -> Any:
+        return self.value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def describe(self) -> str:
+        name = getattr(self.value, "__qualname__", None) or type(self.value).__name__
+        return f"{type(self.value).__name__} {name}"
+
+
+class ModuleVar(Var):
+    """An ``nn.Module``. ``overrides`` hold attributes written during capture."""
+
+    def __init__(self, module: torch.nn.Module, source: Source | None) -> None:
+        self.value = module
+        self.source = source
+        self.overrides: dict[str, Var] = {}
+
+    def python(self) -> Any:
+        return self.value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def describe(self) -> str:
+        return f"module {type(self.value).__name__}"
+
+
+class UserObjVar(Var):
+    """An instance of a user class. ``is_new``: created during capture (no source)."""
+
+    def __init__(self, value: Any, source: Source | None, is_new: bool = False) -> None:
+        self.value = value
+        self.source = source
+        self.is_new = is_new
+        self.overrides: dict[str, Var] = {}
+
+    def python(self) -> Any:
+        if self.is_new:
+            raise Unsupported(f"object of {type(self.value).__name__} created during capture "
+                              "used as a Python value")
+        return self.value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def describe(self) -> str:
+        return f"{type(self.value).__name__} object"
+
+
+class CellVar(Var):
+    """A closure cell; ``contents`` is a Var or :data:`UNBOUND`."""
+
+    def __init__(self, contents: Var = UNBOUND, source: Source | None = None) -> None:
+        self.contents = contents
+        self.source = source
+
+
+class FunctionVar(Var):
+    """A function made by ``MAKE_FUNCTION`` while capturing (a lambda, a nested def)."""
+
+    def __init__(self, code: types.CodeType, f_globals: dict[str, Any], defaults: tuple[Var, ...],
+                 kwdefaults: dict[str, Var], closure: tuple[CellVar, ...],
+                 globals_source_root: bool) -> None:
+        self.code = code
+        self.f_globals = f_globals
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults
+        self.closure = closure
+        self.globals_source_root = globals_source_root
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def describe(self) -> str:
+        return f"function {self.code.co_name}"
+
+
+class BoundMethodVar(Var):
+    def __init__(self, func: Var, self_var: Var) -> None:
+        self.func = func
+        self.self_var = self_var
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+
+class MethodVar(Var):
+    """``obj.name`` where ``obj`` is a tensor or container and ``name`` a method of its type."""
+
+    def __init__(self, obj: Var, name: str) -> None:
+        self.obj = obj
+        self.name = name
+
+    def describe(self) -> str:
+        return f"method {self.name} of {self.obj.describe()}"
+
+
+class PartialVar(Var):
+    def __init__(self, func: Var, args: list[Var], kwargs: dict[str, Var]) -> None:
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+
+
+class IteratorVar(Var):
+    """An iterator over a list of Vars fixed when it was made (loops are unrolled)."""
+
+    def __init__(self, items: list[Var]) -> None:
+        self.items = items
+        self.pos = 0
+
+    def next(self) -> Var | None:
+        if self.pos >= len(self.items):
+            return None
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def rest(self) -> list[Var]:
+        out = self.items[self.pos:]
+        self.pos = len(self.items)
+        return out
+
+
+class SuperVar(Var):
+    def __init__(self, cls: type, self_var: Var) -> None:
+        self.cls = cls
+        self.self_var = self_var
+
+
+class ContextVar(Var):
+    """A grad-mode or autocast context manager (``torch.no_grad()`` …)."""
+
+    def __init__(self, kind: str, args: tuple[Any, ...] = ()) -> None:
+        self.kind = kind
+        self.args = args
+        self.saved: Any = None
+
+    def describe(self) -> str:
+        return f"context {self.kind}{self.args}"
+
+
+class ExitVar(Var):
+    """The ``__exit__`` that ``BEFORE_WITH`` pushes."""
+
+    def __init__(self, ctx: ContextVar) -> None:
+        self.ctx = ctx

@@ -1,0 +1,48 @@
+"""Helpers for the capture tests: comparing values with eager PyTorch."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+
+
+def assert_same(a: Any, b: Any, path: str = "out") -> None:
+    """Structural equality with eager: types, tensor values/dtypes/shapes/requires_grad."""
+    if isinstance(b, torch.Tensor):
+        assert isinstance(a, torch.Tensor), f"{path}: {type(a)} vs tensor"
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} vs {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {a.shape} vs {b.shape}"
+        assert a.requires_grad == b.requires_grad, f"{path}: requires_grad"
+        torch.testing.assert_close(a.detach(), b.detach(), equal_nan=True, msg=lambda m: f"{path}: {m}")
+        return
+    if isinstance(b, list | tuple):
+        assert type(a) is type(b), f"{path}: {type(a)} vs {type(b)}"
+        assert len(a) == len(b), f"{path}: len {len(a)} vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}[{i}]")
+        return
+    if isinstance(b, dict):
+        assert type(a) is type(b) and list(a) == list(b), f"{path}: keys {list(a)} vs {list(b)}"
+        for k in b:
+            assert_same(a[k], b[k], f"{path}[{k!r}]")
+        return
+    if dataclasses.is_dataclass(b):
+        assert type(a) is type(b)
+        for f in dataclasses.fields(b):
+            assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+        return
+    if hasattr(b, "__dict__") and not isinstance(b, type) and type(b).__module__ == "capture_cases":
+        assert type(a) is type(b)
+        assert_same(vars(a), vars(b), f"{path}.__dict__")
+        return
+    if isinstance(b, float) and b != b:
+        assert a != a
+        return
+    assert type(a) is type(b) and a == b, f"{path}: {a!r} vs {b!r}"
+
+
+def clone_args(args: Any) -> Any:
+    return copy.deepcopy(args)

@@ -1,0 +1,299 @@
+"""Compiling nn.Modules: the wrapper shares state, train/eval, gradients, attribute writes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from capture_gpt2 import GPT2
+from capture_helpers import assert_same
+from torch import nn
+from torchfuse.capture import compile, explain
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+        self.norm = nn.LayerNorm(4)
+        self.drop = nn.Dropout(0.5)
+        self.register_buffer("offset", torch.arange(4.0))
+        self.calls = 0
+
+    def forward(self, x, scale: float = 1.0):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        x = self.drop(self.norm(x)) * scale
+        if self.training:
+            x = x + 1
+        return x + self.offset
+
+
+def test_state_dict_is_shared():
+    m = Net()
+    cm = compile(m, backend="eager")
+    assert isinstance(cm, nn.Module)
+    assert list(cm.state_dict()) == list(m.state_dict())
+    for (k1, v1), (k2, v2) in zip(cm.state_dict().items(), m.state_dict().items(), strict=True):
+        assert k1 == k2 and v1 is not None and v1.data_ptr() == v2.data_ptr()
+    assert [p is q for p, q in zip(cm.parameters(), m.parameters(), strict=True)]
+
+
+def test_eval_matches_eager_and_train_recompiles():
+    m = Net().eval()
+    cm = compile(m, backend="eager")
+    x = torch.randn(3, 4)
+    assert_same(cm(x), m(x))
+    assert_same(cm(x, scale=2.0), m(x, scale=2.0))
+    cm.train()
+    assert m.training
+    torch.manual_seed(1)
+    a = cm(x)
+    torch.manual_seed(1)
+    b = m(x)
+    assert_same(a, b)
+    assert len(cm._compiled.entries) == 3  # eval, eval scale=2, train
+
+
+def test_gradients_match_eager():
+    torch.manual_seed(0)
+    m = Net().eval()
+    cm = compile(m, backend="eager")
+    x = torch.randn(3, 4, requires_grad=True)
+    cm(x).pow(2).sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    gx = x.grad.clone()
+    m.zero_grad()
+    x.grad = None
+    m(x).pow(2).sum().backward()
+    for g, p in zip(grads, m.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    torch.testing.assert_close(gx, x.grad)
+
+
+def test_load_state_dict_through_wrapper():
+    m1, m2 = Net().eval(), Net().eval()
+    cm = compile(m1, backend="eager")
+    x = torch.randn(2, 4)
+    cm(x)
+    cm.load_state_dict(m2.state_dict())
+    assert_same(cm(x), m2(x))
+    assert len(cm._compiled.entries) == 1
+
+
+class Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        self.steps = 0
+        self.last = None
+
+    def forward(self, x):
+        self.steps = self.steps + 1
+        y = self.fc(x)
+        self.last = y
+        return y
+
+
+def test_module_attribute_writes_are_replayed():
+    m = Counter()
+    cm = compile(m, backend="eager")
+    x = torch.randn(1, 2)
+    out = cm(x)
+    assert m.steps == 1 and m.last is out
+    cm(x)
+    assert m.steps == 2
+
+
+class WithHelpers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.heads = 2
+
+    @property
+    def head_dim(self):
+        return 4 // self.heads
+
+    def split(self, x):
+        return x.view(x.shape[0], self.heads, self.head_dim)
+
+    def forward(self, x):
+        return self.split(self.proj(x)).sum(-1)
+
+
+def test_module_methods_and_properties():
+    m = WithHelpers()
+    cm = compile(m, backend="eager")
+    x = torch.randn(3, 4)
+    assert_same(cm(x), m(x))
+    assert explain(m)(x).graph_break_count == 0
+
+
+def test_compile_bound_method_and_decorator():
+    m = WithHelpers()
+    f = compile(m.split, backend="eager")
+    x = torch.randn(3, 4)
+    assert_same(f(x), m.split(x))
+
+    @compile(backend="eager")
+    def g(x):
+        return x.cos() * 2
+
+    assert_same(g(x), x.cos() * 2)
+
+    @compile
+    def h(x):
+        return x
+
+    assert callable(h)
+
+
+def test_module_with_hooks_runs_eagerly():
+    m = nn.Linear(2, 2)
+    calls = []
+    m.register_forward_hook(lambda *a: calls.append(1))
+    seq = nn.Sequential(m)
+    cm = compile(seq, backend="eager")
+    x = torch.randn(1, 2)
+    assert_same(cm(x), seq(x))
+    assert calls  # the hook ran (eagerly)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_gpt2_one_graph_matches_eager(layers):
+    torch.manual_seed(0)
+    m = GPT2(layers=layers).eval()
+    idx = torch.randint(0, 64, (2, 8))
+    e = explain(m)(idx)
+    assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
+    cm = compile(m, backend="eager", fullgraph=True)
+    assert_same(cm(idx), m(idx))
+    assert_same(cm(idx), m(idx))
+    assert len(cm._compiled.entries) == 1
+    kinds = {i.kind for i in e.graphs[0].inputs}
+    assert kinds == {"user_input", "parameter", "buffer"}
+
+
+def test_gpt2_training_step_without_recompile():
+    torch.manual_seed(0)
+    m = GPT2()
+    ref = GPT2()
+    ref.load_state_dict(m.state_dict())
+    cm = compile(m, backend="eager")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    idx = torch.randint(0, 64, (2, 8))
+    for _ in range(3):
+        loss = cm(idx).logsumexp(-1).mean()
+        rloss = ref(idx).logsumexp(-1).mean()
+        torch.testing.assert_close(loss, rloss)
+        loss.backward()
+        rloss.backward()
+        opt.step()
+        ropt.step()
+        opt.zero_grad()
+        ropt.zero_grad()
+    assert len(cm._compiled.entries) == 1
+
+
+def test_transformers_gpt2_if_available():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=32)
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    idx = torch.randint(0, 100, (1, 8))
+    cm = compile(m, backend="eager")
+    torch.testing.assert_close(cm(idx).logits, m(idx).logits)
+
+
+def test_compiled_inside_compiled():
+    torch.manual_seed(0)
+    m = Net().eval()
+    cm = compile(m, backend="eager")
+
+    @compile(backend="eager")
+    def g(x):
+        return cm(x).sum() * 2
+
+    helper = compile(lambda t: t.cos(), backend="eager")
+
+    @compile(backend="eager", fullgraph=True)
+    def h(x):
+        return helper(x) + g(x)
+
+    x = torch.randn(3, 4)
+    assert_same(h(x), x.cos() + m(x).sum() * 2)
+    assert not h.entries[0].eager
+
+
+def test_debug_directory(tmp_path, monkeypatch):
+    from torchfuse.graph import observe
+
+    monkeypatch.setenv("TORCHFUSE_DEBUG", "1")
+    monkeypatch.setenv("TORCHFUSE_DEBUG_DIR", str(tmp_path))
+    observe.reload_config()
+    try:
+        def traced(x):
+            return x.sin() + 1
+
+        compile(traced, backend="eager")(torch.randn(2))
+    finally:
+        monkeypatch.delenv("TORCHFUSE_DEBUG")
+        observe.reload_config()
+    files = {p.name for p in tmp_path.rglob("*") if p.is_file()}
+    assert {"captured_graph.py", "guards.py"} <= files
+    text = next(tmp_path.rglob("captured_graph.py")).read_text()
+    assert "aten.sin.default" in text and "return x.sin() + 1" in text
+
+
+class UsesModuleApi(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+
+    def forward(self, x):
+        x = x.to(next(self.parameters()).dtype)
+        n = len(list(self.modules()))
+        total = sum(p.sum() for _, p in self.named_parameters())
+        return self.body(x) * n + total
+
+
+def test_module_api_inside_forward():
+    m = UsesModuleApi()
+    e = explain(m)(torch.randn(2, 3))
+    assert e.graph_count == 1, str(e)
+    targets = {i.target for i in e.graphs[0].inputs if i.kind == "parameter"}
+    assert targets == {"body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"}
+    cm = compile(m, backend="eager")
+    x = torch.randn(2, 3)
+    assert_same(cm(x), m(x))
+    assert_same(cm(x), m(x))
+    assert len(cm._compiled.entries) == 1
+
+
+def test_yield_from_generator():
+    def f(x):
+        def g():
+            yield x
+            yield from [x + 1, x + 2]
+            yield x * 3
+        return list(g())
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(2)
+    assert_same(cf(x), f(x))
+    assert not cf.entries[0].eager
+
+
+def test_batchnorm_training_updates_running_stats_like_eager():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).train()
+    ref = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).train()
+    ref.load_state_dict(m.state_dict())
+    cm = compile(m, backend="eager")
+    for _ in range(3):
+        x = torch.randn(8, 4)
+        assert_same(cm(x), ref(x))
+    for (k, a), (_, b) in zip(m.state_dict().items(), ref.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, msg=k)
+    assert m[1].num_batches_tracked.item() == 3
+    assert len(cm._compiled.entries) == 1

@@ -1,0 +1,120 @@
+"""Side effects on objects that outlive the frame are replayed after the graph, in order."""
+
+from __future__ import annotations
+
+import torch
+from capture_helpers import assert_same
+from torchfuse.capture import compile
+
+LOG: list = []
+STATE = {"count": 0}
+COUNTER = 0
+
+
+class Box:
+    def __init__(self):
+        self.value = None
+        self.n = 0
+
+
+def test_append_to_argument_list():
+    def f(x, acc):
+        acc.append(x * 2)
+        acc.append(3)
+        return x + 1
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3)
+    a, b = [], []
+    assert_same(cf(x, a), f(x, b))
+    assert_same(a, b)
+    assert len(cf.entries) == 1 and not cf.entries[0].eager
+
+
+def test_global_list_and_dict_mutation():
+    def f(x):
+        LOG.append(x.sum())
+        STATE["count"] = STATE["count"] + 1
+        return x
+
+    cf = compile(f, backend="eager")
+    LOG.clear()
+    STATE["count"] = 0
+    x = torch.ones(2)
+    cf(x)
+    cf(x)
+    assert len(LOG) == 2 and STATE["count"] == 2
+    torch.testing.assert_close(LOG[0], torch.tensor(2.0))
+
+
+def test_global_write():
+    global COUNTER
+
+    def f(x):
+        global COUNTER
+        COUNTER = COUNTER + 1
+        return x * COUNTER
+
+    cf = compile(f, backend="eager")
+    COUNTER = 0
+    x = torch.ones(2)
+    assert_same(cf(x), x * 1)
+    assert COUNTER == 1
+    assert_same(cf(x), x * 2)  # COUNTER changed: guard fails, recompiles
+    assert COUNTER == 2
+
+
+def test_object_attribute_write():
+    def f(x, box):
+        box.value = x * 3
+        box.n = box.n + 1
+        return box.value + 1
+
+    cf = compile(f, backend="eager")
+    box = Box()
+    x = torch.ones(2)
+    out = cf(x, box)
+    assert_same(out, x * 3 + 1)
+    assert_same(box.value, x * 3)
+    assert box.n == 1
+
+
+def test_dict_argument_setitem_and_returned_alias():
+    def f(d, x):
+        d["y"] = x + 1
+        d.pop("drop")
+        return d
+
+    cf = compile(f, backend="eager")
+    d = {"drop": 1, "keep": 2}
+    out = cf(d, torch.zeros(2))
+    assert out is d
+    assert list(d) == ["keep", "y"]
+
+
+def test_in_place_input_mutation_visible():
+    def f(x, y):
+        x.mul_(2)
+        y[0] = 7.0
+        return x + y
+
+    cf = compile(f, backend="eager")
+    x, y = torch.ones(3), torch.zeros(3)
+    xe, ye = x.clone(), y.clone()
+    assert_same(cf(x, y), f(xe, ye))
+    assert_same((x, y), (xe, ye))
+
+
+def test_order_of_side_effects():
+    events = []
+
+    def f(x, a, b):
+        a.append(1)
+        b.append(2)
+        a.append(3)
+        return x
+
+    cf = compile(f, backend="eager")
+    a, b = events, []
+    cf(torch.ones(1), a, b)
+    assert a == [1, 3] and b == [2]
