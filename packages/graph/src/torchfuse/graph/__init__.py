@@ -10,6 +10,7 @@ versions, the schema gate and upgraders in :mod:`torchfuse.graph.versioning`; go
 fixtures in :mod:`torchfuse.graph.fixtures`.
 """
 
+from torchfuse.graph import torchfuse_ops as _torchfuse_ops  # noqa: F401  (registers the torchfuse opset)
 from torchfuse.graph.__about__ import __version__
 from torchfuse.graph.archive import Archive, ArchiveError, load, load_archive, save
 from torchfuse.graph.compat import FORMAT_VERSION, FormatVersionError
