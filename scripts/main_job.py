@@ -1,33 +1,54 @@
-"""The main job: what torchfuse does today with one small function, stage by stage.
+"""The main job: compile a real function with torchfuse and show what every stage produced.
 
-Run it with ``hatch run main``. It prints the installed torchfuse packages, then walks the
-pipeline of ``torchfuse.capture.compile(fn)(x, y)`` for the function below. A stage whose code
-exists is run and checked against eager PyTorch; a stage that is not built yet says so and
-what it will show. The pipeline is under construction, so expect several "not built yet" lines.
+Run it with ``hatch run main`` (README quickstart, first command). It compiles
 
-Exit status: 0 when every stage that exists ran and matched eager, 1 otherwise.
+    def complex_function(x, y):
+        a = x + y; b = a * 2.0; c = torch.relu(b); e = silu(c); d = e.sum(dim=1); return d.mean()
+
+for two 1000x1000 float32 inputs (the first requiring grad) with the default ``inductor``
+backend, and prints, stage by stage: the captured graph and its guards, the joint graph and
+its forward/backward partition, the pre- and post-fusion loop IR, the generated Triton kernels
+and the runtime's call function. Then it runs compiled and eager, checks that values and
+gradients agree, and reports compile time and steady-state time. A small MLP training step
+(compiled module + SGD) follows, checked against eager step by step.
+
+On a machine without a GPU the kernels run through Triton's interpreter: correct, but slow
+(seconds per call at this size), and the script says so. With a GPU it uses the GPU.
+
+Exit status 0 when every comparison with eager passed, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata as md
 import os
+import statistics
 import sys
 import time
-import traceback
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
-PACKAGES = ("graph", "capture", "autograd", "inductor", "runtime")
-
 if not torch.cuda.is_available():
-    # Triton kernels can only run through its interpreter without a GPU; it must be set before
-    # triton is imported anywhere.
+    # Without a GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
+    # before triton is imported anywhere.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torchfuse.capture as tfc
+from torchfuse.graph import observe
+
+PACKAGES = ("graph", "capture", "autograd", "inductor", "runtime")
+STAGES = (
+    # (title, artifact file name, what it is)
+    ("1. capture: the graph", "graph.py", "the ATen-level graph capture recorded from the bytecode"),
+    ("1. capture: the guards", "guards.txt", "the checks that must hold to reuse the graph"),
+    ("2. autograd: the joint graph", "joint.py", "primals + tangents -> outputs + gradients"),
+    ("2. autograd: the forward graph", "forward.py", "what runs in the forward, incl. saved values"),
+    ("2. autograd: the backward graph", "backward.py", "saved values + tangents -> gradients"),
+    ("3. inductor: loop IR before fusion", "ir_pre_fusion.txt", "one loop nest per ATen op"),
+    ("3. inductor: loop IR after fusion", "ir_post_fusion.txt", "the kernels the scheduler formed"),
+    ("3. inductor: generated code", "output_code.py", "Triton kernels + a call function"),
+)
 
 
 def complex_function(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -40,192 +61,152 @@ def complex_function(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return f
 
 
-class NotBuilt(Exception):
-    """A stage's module or API does not exist yet."""
+class MLP(torch.nn.Module):
+    def __init__(self, d_in: int = 32, d_hidden: int = 64, n_classes: int = 10) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d_in, d_hidden)
+        self.fc2 = torch.nn.Linear(d_hidden, n_classes)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.fc1(x))
+        return torch.nn.functional.cross_entropy(self.fc2(h), target)
 
 
 def heading(title: str) -> None:
-    print(f"\n=== {title} " + "=" * max(0, 86 - len(title)))
+    print(f"\n{'=' * 100}\n{title}\n{'=' * 100}")
 
 
-def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = "  ".join(f"{{:<{w}}}" for w in widths)
-    print(line.format(*header).rstrip())
-    print(line.format(*("-" * w for w in widths)).rstrip())
-    for r in rows:
-        print(line.format(*r).rstrip())
+def show(text: str | None, max_lines: int) -> None:
+    if text is None:
+        print("   (this stage emitted no artifact)")
+        return
+    lines = text.rstrip().splitlines()
+    for line in lines[:max_lines]:
+        print("   " + line)
+    if len(lines) > max_lines:
+        print(f"   ... ({len(lines) - max_lines} more lines; run with --full or TORCHFUSE_DEBUG=1)")
 
 
-def make_inputs(device: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def timed_median(fn, repeats: int, sync) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_seed_function(device: str, size: int, repeats: int, max_lines: int) -> bool:
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(size, size, generator=gen).to(device).requires_grad_(True)
     y = torch.randn(size, size, generator=gen).to(device)
-    return x, y
 
-
-def compare(name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Raise when ``actual`` differs from eager; print the max abs difference either way."""
-    diff = (actual.detach().double() - expected.detach().double()).abs().max().item()
-    print(f"{name}: max abs diff vs eager = {diff:.3e}")
-    torch.testing.assert_close(actual, expected)
-
-
-def api(module: str, attr: str) -> Any:
-    """Look up ``module.attr``; a missing module or attribute means the stage is not built."""
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise NotBuilt(f"{module}.{attr} is not available yet ({type(e).__name__}: {e})") from e
-
-
-def backend_available(name: str) -> None:
-    """Check that a backend named in the ``torchfuse.backends`` entry-point group loads."""
-    eps = {ep.name: ep for ep in md.entry_points(group="torchfuse.backends")}
-    if name not in eps:
-        raise NotBuilt(f"no backend {name!r} registered under torchfuse.backends")
-    try:
-        eps[name].load()
-    except (ImportError, AttributeError) as e:
-        raise NotBuilt(f"backend {name!r} does not load yet ({type(e).__name__}: {e})") from e
-
-
-# ----------------------------------------------------------------------------- stages
-
-
-def fmt_arg(arg: Any) -> str:
-    from torchfuse.graph import schema as S
-
-    if isinstance(arg, S.TensorRef):
-        return arg.name
-    if isinstance(arg, S.SymRef):
-        return arg.expr
-    if isinstance(arg, S.ListArg):
-        return "[" + ", ".join(fmt_arg(a) for a in arg.items) + "]"
-    if isinstance(arg, S.NoneArg):
-        return "None"
-    if isinstance(arg, S.DtypeArg | S.DeviceArg | S.LayoutArg | S.MemoryFormatArg | S.SubgraphRef):
-        return arg.name
-    return repr(getattr(arg, "value", arg))
-
-
-def fmt_meta(meta: Any) -> str:
-    sizes = "x".join(str(s) for s in meta.sizes) or "scalar"
-    return f"{meta.dtype}[{sizes}]"
-
-
-def stage_graph(x: torch.Tensor, y: torch.Tensor, expected: torch.Tensor) -> None:
-    trace = api("torchfuse.graph", "trace")
-    run = api("torchfuse.graph", "run")
-    start = time.perf_counter()
-    graph, constants = trace(complex_function, x, y, name="complex_function")
-    took = time.perf_counter() - start
-    print(f"traced {len(graph.nodes)} nodes in {took * 1e3:.1f} ms; {len(constants)} constants")
-    inputs = [(i.name, i.kind, fmt_meta(graph.values[i.name])) for i in graph.inputs]
-    table(inputs, ("input", "kind", "value"))
-    print()
-    rows = []
-    for node in graph.nodes:
-        args = [fmt_arg(a) for a in node.args] + [f"{k}={fmt_arg(v)}" for k, v in node.kwargs.items()]
-        outs = ", ".join(f"{o}: {fmt_meta(graph.values[o])}" for o in node.outputs if o)
-        rows.append((node.name, node.op, ", ".join(args), outs))
-    table(rows, ("node", "op", "args", "outputs"))
-    print()
-    table([(fmt_arg(o.value), o.kind) for o in graph.outputs], ("output", "kind"))
-    print()
-    start = time.perf_counter()
-    (result,) = run(graph, x.detach(), y)
-    print(f"reference interpreter ran in {(time.perf_counter() - start) * 1e3:.1f} ms")
-    compare("torchfuse.graph.run", result, expected)
-
-
-def compiled_stage(backend: str) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
-    def stage(x: torch.Tensor, y: torch.Tensor, expected: torch.Tensor) -> None:
-        compile_fn = api("torchfuse.capture", "compile")
-        backend_available(backend)
-        compiled = compile_fn(complex_function, backend=backend)
-        start = time.perf_counter()
+    compiled = tfc.compile(complex_function)
+    with observe.collect() as art:
+        t0 = time.perf_counter()
         out = compiled(x, y)
-        print(f"first call (capture + compile + run): {(time.perf_counter() - start):.2f} s")
-        compare(f"compile(backend={backend!r}) forward", out, expected)
-        # Gradients: the same loss through eager and through the compiled function.
-        x_eager = x.detach().clone().requires_grad_(True)
-        complex_function(x_eager, y).backward()
-        x_ours = x.detach().clone().requires_grad_(True)
-        compiled(x_ours, y).backward()
-        compare(f"compile(backend={backend!r}) grad of x", x_ours.grad, x_eager.grad)
+        sync()
+        first_fwd = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        (gx,) = torch.autograd.grad(out, [x])
+        sync()
+        first_bwd = time.perf_counter() - t0
 
-    return stage
+    for title, filename, what in STAGES:
+        heading(f"{title}  [{filename}: {what}]")
+        texts = [a for a in art.artifacts if a.filename.endswith(filename)]
+        if not texts:
+            show(None, max_lines)
+        for a in texts:
+            if len(texts) > 1:
+                print(f"   --- {a.graph}/{a.filename}")
+            show(a.text, max_lines)
+
+    heading("4. run: compiled vs eager")
+    xe = x.detach().clone().requires_grad_(True)
+    ref = complex_function(xe, y)
+    (gref,) = torch.autograd.grad(ref, [xe])
+    ok = True
+    for name, got, want in (("output", out, ref), ("grad x", gx, gref)):
+        diff = (got.detach() - want.detach()).abs().max().item()
+        try:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            verdict = "match"
+        except AssertionError:
+            verdict, ok = "MISMATCH", False
+        print(f"   {name:<7} max |compiled - eager| = {diff:.3e}  -> {verdict}")
+
+    steady = timed_median(lambda: compiled(x, y), repeats, sync)
+    with torch.no_grad():
+        eager = timed_median(lambda: complex_function(x, y), repeats, sync)
+    print(f"   first call (capture + aot + inductor + runtime + run): forward {first_fwd:.2f} s, "
+          f"first backward {first_bwd:.2f} s")
+    print(f"   steady-state forward: compiled {steady * 1e3:.3f} ms, eager {eager * 1e3:.3f} ms "
+          f"(median of {repeats})")
+    return ok
 
 
-def stage_explain(x: torch.Tensor, y: torch.Tensor, expected: torch.Tensor) -> None:
-    explain = api("torchfuse.capture", "explain")
-    print(explain(complex_function)(x, y))
-
-
-STAGES: list[tuple[str, str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]]] = [
-    ("graph: trace + reference interpreter",
-     "the ATen-level Graph of the function as a table, run by the reference interpreter",
-     stage_graph),
-    ("capture: explain",
-     "graph count, graph breaks with their source lines, ops per graph, guards, compile time",
-     stage_explain),
-    ("capture: compile, backend 'eager'",
-     "bytecode capture with guards; the captured graph run by the reference interpreter",
-     compiled_stage("eager")),
-    ("autograd: compile, backend 'aot_eager'",
-     "the joint forward/backward graph, its min-cut partition, and matching gradients",
-     compiled_stage("aot_eager")),
-    ("inductor + runtime: compile, backend 'inductor'",
-     "fused Triton kernels in a Program, launched by the runtime (interpreted on a CPU)",
-     compiled_stage("inductor")),
-]
+def run_mlp(device: str, steps: int) -> bool:
+    heading(f"5. a small MLP training step, compiled module + SGD, {steps} steps vs eager")
+    torch.manual_seed(0)
+    model = MLP().to(device)
+    ref_model = MLP().to(device)
+    ref_model.load_state_dict(model.state_dict())
+    compiled = tfc.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 32, generator=gen).to(device)
+    target = torch.randint(0, 10, (16,), generator=gen).to(device)
+    worst = 0.0
+    t0 = time.perf_counter()
+    for step in range(steps):
+        loss = compiled(x, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref_loss = ref_model(x, target)
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        worst = max(worst, abs(loss.item() - ref_loss.item()))
+        if step in (0, steps - 1):
+            print(f"   step {step:2d}: loss compiled {loss.item():.6f}  eager {ref_loss.item():.6f}")
+    print(f"   {steps} steps in {time.perf_counter() - t0:.2f} s; largest loss difference {worst:.2e}")
+    ok = worst < 1e-4
+    print(f"   -> {'match' if ok else 'MISMATCH'}")
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=1000, help="inputs are size x size (default 1000)")
-    args = parser.parse_args(argv)
-
-    heading("installed packages")
-    rows = []
-    for name in PACKAGES:
-        dist = f"torchfuse-{name}"
-        try:
-            rows.append((dist, md.version(dist), f"torchfuse.{name}"))
-        except md.PackageNotFoundError:
-            rows.append((dist, "not installed", ""))
-    for dist in ("torch", "triton"):
-        try:
-            rows.append((dist, md.version(dist), ""))
-        except md.PackageNotFoundError:
-            rows.append((dist, "not installed", ""))
-    table(rows, ("distribution", "version", "import"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=1000, help="rows and columns of x and y")
+    ap.add_argument("--repeats", type=int, default=None, help="timed calls (default 3 CPU, 50 GPU)")
+    ap.add_argument("--steps", type=int, default=20, help="MLP training steps")
+    ap.add_argument("--full", action="store_true", help="print every artifact in full")
+    args = ap.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    x, y = make_inputs(device, args.size)
-    expected = complex_function(x, y)
-    print(f"\ninputs: x, y = {args.size}x{args.size} float32 on {device}, x.requires_grad=True")
-    print(f"eager result: {expected.item():.6f}")
+    heading("torchfuse: from a Python function to a Triton kernel")
+    for name in PACKAGES:
+        print(f"   torchfuse-{name:<9} {md.version(f'torchfuse-{name}')}")
+    import triton
 
-    status = []
-    for title, shows, stage in STAGES:
-        heading(title)
-        print(f"shows: {shows}")
-        try:
-            stage(x, y, expected)
-        except NotBuilt as e:
-            print(f"not built yet: {e}")
-            status.append((title, "not built yet"))
-        except Exception:
-            traceback.print_exc(file=sys.stdout)
-            status.append((title, "FAILED"))
-        else:
-            status.append((title, "ok"))
+    print(f"   torch {torch.__version__}, triton {triton.__version__}, Python {sys.version.split()[0]}")
+    if device == "cpu":
+        print("   No GPU: Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1). Results are")
+        print("   exact, but it is slow: expect seconds per call where a GPU takes microseconds.")
+    else:
+        print(f"   GPU: {torch.cuda.get_device_name()}")
 
-    heading("summary")
-    table(status, ("stage", "status"))
-    return 1 if any(s == "FAILED" for _, s in status) else 0
+    repeats = args.repeats or (3 if device == "cpu" else 50)
+    ok = run_seed_function(device, args.size, repeats, 10_000 if args.full else 40)
+    ok = run_mlp(device, args.steps) and ok
+    heading("result: " + ("compiled matches eager everywhere" if ok else "MISMATCH, see above"))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ The environment is read once, here, through :class:`ObserveConfig`; packages ask
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -117,13 +118,81 @@ def debug_dir(graph_name: str | None = None) -> Path | None:
 
 
 def write_artifact(graph_name: str, filename: str, text: str) -> Path | None:
-    """Write one debug artifact if the debug switch is on; returns its path."""
+    """Record one artifact of a compiled graph: hand it to every active :func:`collect` block
+    and, when the debug switch is on, write it to ``debug_dir(graph_name)/filename``."""
+    for sink in _collectors:
+        sink.artifacts.append(Artifact(graph_name, filename, text))
     d = debug_dir(graph_name)
     if d is None:
         return None
     path = d / filename
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def emit(filename: str, text: str, *, fallback_name: str = "graph") -> Path | None:
+    """:func:`write_artifact` into the graph being compiled (see :func:`compiling`)."""
+    return write_artifact(current_graph() or fallback_name, filename, text)
+
+
+def wants_artifacts() -> bool:
+    """True when someone will read artifacts: the debug switch, or a :func:`collect` block.
+    Stages use it to skip rendering text nobody reads."""
+    return config.debug or bool(_collectors)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    graph: str
+    filename: str
+    text: str
+
+
+@dataclass
+class Collector:
+    """Artifacts emitted while a :func:`collect` block was active, in emission order."""
+
+    artifacts: list[Artifact] = field(default_factory=list)
+
+    def get(self, filename: str, graph: str | None = None) -> str | None:
+        """The last artifact of that file name (of that graph, if given)."""
+        for a in reversed(self.artifacts):
+            if a.filename == filename and (graph is None or a.graph == graph):
+                return a.text
+        return None
+
+
+_collectors: list[Collector] = []
+_current: contextvars.ContextVar[str | None] = contextvars.ContextVar("torchfuse_graph", default=None)
+
+
+@contextlib.contextmanager
+def collect() -> Iterator[Collector]:
+    """Keep every artifact emitted inside the block in memory (the main job and tests use it
+    to show what each stage produced without a debug directory)."""
+    sink = Collector()
+    _collectors.append(sink)
+    try:
+        yield sink
+    finally:
+        _collectors.remove(sink)
+
+
+@contextlib.contextmanager
+def compiling(graph_name: str) -> Iterator[None]:
+    """Name the graph whose artifacts the stages inside the block emit (capture sets it
+    around the backend call; autograd keeps it for the backward it compiles later)."""
+    token = _current.set(graph_name)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def current_graph() -> str | None:
+    """The graph named by the innermost :func:`compiling` block, if any."""
+    return _current.get()
 
 
 # ----------------------------------------------------------------------------- stage timings
