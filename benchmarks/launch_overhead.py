@@ -112,7 +112,11 @@ def main() -> int:
     def measure(label: str, fn, check: bool = True) -> None:
         per_call = _time(fn, (x,), opts.iters, sync)
         if check:
-            torch.testing.assert_close(fn(x)[0], want)
+            # A chain of n fp32 adds rounds differently from one multiply: scale the
+            # tolerances with the chain length and the magnitude of the result.
+            scale = float(want.abs().max())
+            torch.testing.assert_close(fn(x)[0], want, rtol=1e-5 * max(1, n // 16),
+                                       atol=1e-5 * max(1, n // 16) * scale)
         rows.append({"variant": label, "kernels": n, "us_per_call": per_call * 1e6,
                      "us_per_launch": per_call * 1e6 / n})
 

@@ -450,7 +450,8 @@ def run_cache_hits(rows: list[dict[str, Any]], args: argparse.Namespace) -> str 
             cmd.append(flag)
     for flag, value in (("--mode", args.mode), ("--dynamic", args.dynamic),
                         ("--compile-mode", args.compile_mode),
-                        ("--variant-timeout-s", str(args.variant_timeout_s))):
+                        ("--variant-timeout-s", str(args.variant_timeout_s)),
+                        ("--cache-dir", args.cache_dir)):
         if value:
             cmd += [flag, value]
     note = None
@@ -517,6 +518,7 @@ def environment(dev: Device, copy_gbps: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cache_root = _set_cache_dirs(args.cache_dir)
+    args.cache_dir = cache_root  # the cache-hit child must reuse these caches, not make fresh ones
     sys.path.insert(0, str(HERE))
     import torch
 

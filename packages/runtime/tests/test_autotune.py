@@ -15,6 +15,16 @@ from torchfuse.runtime import load
 pytestmark = pytest.mark.filterwarnings("ignore:torchfuse.runtime. running Triton kernels")
 
 
+@pytest.fixture(autouse=True)
+def tune_small_launches(monkeypatch):
+    """These programs are tiny; tune them anyway (the default skips launches under 16 MiB)."""
+    import dataclasses
+
+    import torchfuse.runtime.config as rconfig
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=0))
+
+
 @pytest.fixture
 def bench(monkeypatch):
     """A benchmark that prefers XBLOCK=128 and really launches each candidate once."""

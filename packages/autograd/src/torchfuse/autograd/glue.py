@@ -15,6 +15,16 @@ one plan per distinct set of symbol values (retracing makes sizes concrete).
 
 A *compiler* is ``compiler(graph, example_inputs) -> callable(*inputs) -> list``; the
 reference one is ``lambda g, ex: functools.partial(torchfuse.graph.run, g)``.
+
+With a *plan cache* (``aot(..., cache=)``, any object with the methods of :class:`PlanCache`;
+the inductor backend passes an on-disk one), a training plan built once -- by this process or
+another -- is read back instead of rebuilt: joint graph, decompositions and partition are
+skipped, and the forward and backward graphs are exactly those built the first time.
+
+``compile_backward_early=True`` (for compilers that need no example inputs, such as
+inductor's) compiles the backward graph together with the forward, on the first call, and
+calls the compiled backward's ``precompile_async()`` when it has one, so that its kernels are
+built while the forward runs instead of after it.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import torch
@@ -41,6 +51,30 @@ from torchfuse.graph.ops import to_dtype
 
 Compiled = Callable[..., Sequence[Any]]
 Compiler = Callable[[S.Graph, Sequence[Any]], Compiled]
+
+
+class PlanCache(Protocol):
+    """Where training plans are kept between processes (bytes in, bytes out).
+
+    ``material`` identifies a plan (graph, requires-grad pattern, partition settings); the
+    cache derives its key from it. ``invalid`` reports an entry that did not decode.
+    """
+
+    def get(self, material: bytes) -> bytes | None: ...
+
+    def put(self, material: bytes, data: bytes) -> None: ...
+
+    def invalid(self, material: bytes, reason: str) -> None: ...
+
+
+class _PlanRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a plan cache keeps of a training plan: the partition."""
+
+    forward: S.Graph
+    backward: S.Graph
+    saved: tuple[tuple[str, int], ...]
+    recomputed: tuple[str, ...]
+    strategy: str
 
 
 class DoubleBackwardError(AutogradError):
@@ -109,7 +143,8 @@ class AotFunction:
 
     def __init__(self, graph: S.Graph, fw_compiler: Compiler, bw_compiler: Compiler, *,
                  requires_grad: Sequence[bool] | None, decompositions: Table,
-                 strategy: Strategy, memory_budget: float) -> None:
+                 strategy: Strategy, memory_budget: float, cache: PlanCache | None = None,
+                 compile_backward_early: bool = False) -> None:
         self.graph = graph
         self.fw_compiler = fw_compiler
         self.bw_compiler = bw_compiler
@@ -120,6 +155,9 @@ class AotFunction:
         self.decompositions = decompositions
         self.strategy: Strategy = strategy
         self.memory_budget = memory_budget
+        # Only the default table has a stable identity across processes; others are not cached.
+        self.cache = cache if decompositions is DEFAULT_TABLE else None
+        self.compile_backward_early = compile_backward_early
         flat, self._spec = _flatten_outputs(graph)
         self._flat = flat
         t0 = time.perf_counter()
@@ -178,6 +216,52 @@ class AotFunction:
             _log("aot inference graph", plan.forward_graph)
             return plan
         plan = _Plan(training=True, functional=functional, forward_graph=functional)
+        material = self._cache_material(functional, requires_grad) if self.cache is not None else b""
+        part = self._cached_partition(plan, material) if self.cache is not None else None
+        if part is None:
+            part = self._partition(plan, functional, requires_grad)
+            if self.cache is not None:
+                record = _PlanRecord(forward=part.forward, backward=part.backward, saved=part.saved,
+                                     recomputed=part.recomputed, strategy=part.strategy)
+                self.cache.put(material, msgspec.json.encode(record))
+        _log("aot forward graph", part.forward)
+        _log("aot backward graph", part.backward)
+        plan.partition = part
+        plan.forward_graph = part.forward
+        n_saved = num_saved(part.backward)
+        tangents = part.backward.inputs[n_saved:]
+        plan.tangent_of = {tangent_index(t.target): k for k, t in enumerate(tangents)}
+        position = {i.name: k for k, i in enumerate(functional.inputs)}
+        plan.grad_of = [position[o.target or ""] for o in part.backward.outputs]
+        return plan
+
+    def _cache_material(self, functional: S.Graph, requires_grad: tuple[bool, ...]) -> bytes:
+        from torchfuse.graph.archive import to_json
+
+        settings = msgspec.json.encode([list(requires_grad), self.strategy, self.memory_budget])
+        return settings + b"\0" + to_json(functional)
+
+    def _cached_partition(self, plan: _Plan, material: bytes) -> Partition | None:
+        assert self.cache is not None
+        t0 = time.perf_counter()
+        data = self.cache.get(material)
+        if data is None:
+            return None
+        try:
+            rec = msgspec.json.decode(data, type=_PlanRecord)
+        except (msgspec.MsgspecError, ValueError) as e:
+            self.cache.invalid(material, f"{type(e).__name__}: {e}")
+            return None
+        part = Partition(forward=rec.forward, backward=rec.backward, saved=rec.saved,
+                         recomputed=rec.recomputed, strategy=rec.strategy)
+        seconds = time.perf_counter() - t0
+        plan.stages += [Stage("cache.forward", part.forward, seconds),
+                        Stage("cache.backward", part.backward, 0.0)]
+        self.stages += plan.stages[-2:]
+        return part
+
+    def _partition(self, plan: _Plan, functional: S.Graph, requires_grad: tuple[bool, ...]) -> Partition:
+        """joint graph -> decompose -> cse -> partition (the passes a cached plan skips)."""
         joint = self._stage(plan, "joint_graph", lambda: joint_graph(functional, requires_grad))
         joint = self._stage(plan, "decompose", lambda: decompose(joint, self.decompositions))
         # decompositions of forward and backward ops recompute the same things (sigmoid)
@@ -191,16 +275,7 @@ class AotFunction:
         _verify("partition.forward", part.forward)
         _verify("partition.backward", part.backward)
         self.stages += plan.stages[-2:]
-        _log("aot forward graph", part.forward)
-        _log("aot backward graph", part.backward)
-        plan.partition = part
-        plan.forward_graph = part.forward
-        n_saved = num_saved(part.backward)
-        tangents = part.backward.inputs[n_saved:]
-        plan.tangent_of = {tangent_index(t.target): k for k, t in enumerate(tangents)}
-        position = {i.name: k for k, i in enumerate(functional.inputs)}
-        plan.grad_of = [position[o.target or ""] for o in part.backward.outputs]
-        return plan
+        return part
 
     # -- calling
     def __call__(self, *inputs: Any) -> list[Any]:
@@ -213,6 +288,12 @@ class AotFunction:
         training = torch.is_grad_enabled() and any(rg)
         plan = self.plan(rg, training, self.sizes_key(inputs))
         if plan.forward is None:
+            if training and self.compile_backward_early and plan.backward is None:
+                assert plan.partition is not None
+                plan.backward = self.bw_compiler(plan.partition.backward, [])
+                start = getattr(plan.backward, "precompile_async", None)
+                if start is not None:
+                    start()
             plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
         if training:
             outs = list(_CompiledFunction.apply(self, plan, *inputs))
@@ -361,13 +442,18 @@ def aot(
     decompositions: Table = DEFAULT_TABLE,
     strategy: Strategy = "min_cut",
     memory_budget: float = 1.0,
+    cache: PlanCache | None = None,
+    compile_backward_early: bool = False,
 ) -> AotFunction:
     """Make ``graph`` a differentiable function whose halves are compiled by the compilers.
 
     ``requires_grad`` restricts which inputs may receive gradients (default: those whose
     tensors require grad at call time). The result is called with the flat inputs in
     ``graph.inputs`` order and returns the outputs in ``graph.outputs`` order (list outputs as
-    lists); mutated inputs are written back in place.
+    lists); mutated inputs are written back in place. ``cache`` keeps training plans between
+    processes (see :class:`PlanCache`; only with the default ``decompositions``).
+    ``compile_backward_early`` compiles the backward on the first call (see the module doc).
     """
     return AotFunction(graph, fw_compiler, bw_compiler or fw_compiler, requires_grad=requires_grad,
-                       decompositions=decompositions, strategy=strategy, memory_budget=memory_budget)
+                       decompositions=decompositions, strategy=strategy, memory_budget=memory_budget,
+                       cache=cache, compile_backward_early=compile_backward_early)

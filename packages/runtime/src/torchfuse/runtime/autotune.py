@@ -8,11 +8,17 @@ Tuning happens inside a real run of the Program (the call function generated wit
 ``_tune(...)`` at each launch of an untuned kernel), so every kernel is benchmarked on the
 buffers it really reads. Pointer arguments are cloned before benchmarking and restored before
 the winner's launch, because a kernel may write into a buffer it also reads.
+
+Kernels whose launches move little data (under ``autotune_min_bytes`` of the runtime config)
+are not tuned at all: their time is the launch latency whatever the config, while every
+candidate costs a Triton compile (0.1-2 s each, a first call's largest cost). They take the
+candidate cheapest to compile, :func:`cheapest_to_compile`, and only that one is compiled.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -23,6 +29,7 @@ from typing import Any
 import msgspec
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate, free_symbols
+from torchfuse.graph.ops import to_dtype
 from torchfuse.runtime.config import logger
 from torchfuse.runtime.kernels import CompileStats
 
@@ -41,6 +48,40 @@ def launch_symbols(program: S.Program, kernel: S.Kernel) -> tuple[str, ...]:
                     found |= free_symbols(a.expr)
     meta_names = {k for c in kernel.configs for k in c.meta}
     return tuple(sorted(found - meta_names))
+
+
+def launch_bytes(program: S.Program, kernel: S.Kernel, env: Mapping[str, int],
+                 buffers: Mapping[str, S.Buffer]) -> int | None:
+    """Bytes of the tensors a kernel's launches read or write (each pointer argument once per
+    launch), for these symbol values; None when a size cannot be evaluated."""
+    total = 0
+    for step in program.steps:
+        if not (isinstance(step, S.LaunchStep) and step.kernel == kernel.name):
+            continue
+        for a in step.args:
+            buf = buffers.get(a.name) if isinstance(a, S.TensorRef) else None
+            if buf is None:
+                continue
+            try:
+                numel = math.prod(int(evaluate(size, env)) for size in buf.sizes)
+            except (KeyError, ValueError, TypeError):
+                return None
+            total += numel * to_dtype(buf.dtype).itemsize
+    return total
+
+
+def cheapest_to_compile(configs: Sequence[S.LaunchConfig]) -> S.LaunchConfig:
+    """The candidate with the least work per thread (product of its block sizes per warp).
+
+    Triton unrolls a block over the threads of a program, so the code it compiles -- and the
+    compile time, sin/cos and other libdevice calls above all -- grows with the elements each
+    thread handles. Ties keep the producer's order.
+    """
+    def work(cfg: S.LaunchConfig) -> float:
+        blocks = [v for v in cfg.meta.values() if isinstance(v, int) and not isinstance(v, bool)]
+        return math.prod(blocks) / max(1, cfg.num_warps)
+
+    return min(configs, key=work)
 
 
 def tuning_key(kernel_hash: str, symbols: Sequence[str], env: Mapping[str, int]) -> str:

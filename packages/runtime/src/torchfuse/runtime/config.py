@@ -4,6 +4,7 @@
 |---|---|
 | `TORCHFUSE_CACHE_DIR` | root of the caches; default `$XDG_CACHE_HOME/torchfuse` or `~/.cache/torchfuse` |
 | `TORCHFUSE_AUTOTUNE` | `0`: no first-call autotuning (each kernel's first config); default on |
+| `TORCHFUSE_AUTOTUNE_MIN_BYTES` | launches moving fewer bytes are not tuned; default 16 MiB |
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
 | `TORCHFUSE_COMPILE_THREADS` | threads compiling kernels ahead of time; default `min(8, cpu count)` |
 | `TORCHFUSE_LOGS` | the torchfuse logging switch; this package owns `runtime` (`+runtime`: DEBUG) |
@@ -30,6 +31,12 @@ class Config:
     """Root of the runtime's on-disk caches."""
     autotune: bool = True
     """Benchmark a kernel's candidate configs on its first GPU launch and keep the fastest."""
+    autotune_min_bytes: int = 1 << 24
+    """Kernels whose launches read and write fewer bytes than this are not benchmarked: 16 MiB
+    move in under 5 us on an H100/H200, about a launch's latency, so whatever the config the
+    kernel costs a few microseconds, while every extra candidate costs a Triton compile
+    (0.1-2 s). They take the candidate cheapest to compile (the least work per thread), and
+    nothing else is compiled."""
     fast_launch: bool = True
     """Launch through the compiled kernel's launcher once it is known (GPU only)."""
     compile_threads: int = 4
@@ -56,9 +63,11 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
     cache = env.get("TORCHFUSE_CACHE_DIR")
     logs = {n.strip() for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()}
     threads = env.get("TORCHFUSE_COMPILE_THREADS")
+    min_bytes = env.get("TORCHFUSE_AUTOTUNE_MIN_BYTES")
     return Config(
         cache_dir=Path(cache).expanduser() if cache else _default_cache_dir(env),
         autotune=_flag(env, "TORCHFUSE_AUTOTUNE", True),
+        autotune_min_bytes=max(0, int(min_bytes)) if min_bytes else 1 << 24,
         fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, os.cpu_count() or 1)),
         log_runtime=bool(logs & {"runtime", "+runtime", "all"}),

@@ -157,6 +157,9 @@ class CompileStats:
     autotuned: int = 0
     """Kernels benchmarked over their candidate configs (not found in the autotune cache)."""
     autotune_cache_hits: int = 0
+    autotune_skipped: int = 0
+    """Kernels with several candidates whose launches were too small to tune (see
+    ``Config.autotune_min_bytes``): the cheapest to compile was taken."""
     generated: int = 0
     """Call functions generated and ``exec``-ed."""
     calls: int = 0
@@ -217,13 +220,48 @@ class WarmupJob:
     kwargs: tuple[tuple[str, Any], ...]
 
 
-def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | None = None) -> None:
-    """Compile ``jobs`` with ``fn.warmup`` in a thread pool, one thread per kernel function.
+def _clone(fn: Any) -> Any | None:
+    """A second ``JITFunction`` over the same Python function, or None.
 
-    Much of Triton's compilation (LLVM, and ``ptxas`` as a subprocess) runs without the GIL, so
-    a few threads overlap well. The jobs of one kernel run in one thread, in order, because a
-    ``JITFunction``'s own caches are not safe to fill from two threads at once. A failed
-    warm-up is logged and left to the first launch, which raises the real error there.
+    A clone has the same source, globals and options, hence the same Triton cache key: what it
+    compiles lands in Triton's on-disk cache, where the original then finds it. That is how two
+    configs of one kernel compile at the same time without two threads filling one
+    ``JITFunction``'s in-memory caches. Functions with options a plain ``@triton.jit`` would
+    not reproduce are not cloned.
+    """
+    try:
+        import triton.runtime.jit as tjit
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return None
+    if type(fn) is not getattr(tjit, "JITFunction", None):
+        return None
+    for attr in ("do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline", "version",
+                 "launch_metadata", "_repr"):
+        if getattr(fn, attr, None):
+            return None
+    registry = getattr(tjit, "_triton_jit_function_registry", None)
+    name = f"{getattr(fn, 'module', '')}:{getattr(fn.fn, '__qualname__', '')}"
+    previous = registry.get(name) if isinstance(registry, dict) else None
+    try:
+        clone = tjit.JITFunction(fn.fn)
+    except Exception:  # e.g. a Triton whose constructor changed: compile in one thread instead
+        return None
+    finally:
+        if previous is not None:  # the clone registered itself under the original's name
+            registry[name] = previous
+    return clone
+
+
+def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | None = None) -> None:
+    """Compile ``jobs`` with ``fn.warmup`` in a thread pool, every job at the same time.
+
+    Triton's compilation releases the GIL in LLVM and runs ``ptxas`` as a subprocess, so
+    threads overlap well (measured: a Python thread keeps running at full speed while another
+    compiles). A ``JITFunction``'s own caches are not safe to fill from two threads at once,
+    so the first job of each kernel runs on the kernel itself and the others on clones
+    (:func:`_clone`), whose binaries land in Triton's disk cache; the kernel then loads them
+    from there (milliseconds each) once all compiles are done. A failed warm-up is logged and
+    left to the first launch, which raises the real error there.
     """
     if not jobs:
         return
@@ -233,21 +271,32 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     for job in jobs:
         by_fn.setdefault(id(job.fn), []).append(job)
 
-    def run(group: list[WarmupJob]) -> None:
+    def run(group: Sequence[WarmupJob], fn: Any = None) -> None:
         for job in group:
             try:
-                job.fn.warmup(*job.args, grid=(1,), **dict(job.kwargs))
+                (fn or job.fn).warmup(*job.args, grid=(1,), **dict(job.kwargs))
             except Exception as e:  # the first real launch reports it with full context
                 logger.debug("warm-up of %s failed (%s: %s); compiling at first launch", job.name,
                              type(e).__name__, e)
 
-    groups = list(by_fn.values())
-    if threads == 1 or len(groups) == 1:
-        for group in groups:
-            run(group)
+    tasks: list[tuple[Sequence[WarmupJob], Any]] = []
+    reload: list[list[WarmupJob]] = []
+    for group in by_fn.values():
+        clones = [_clone(group[0].fn) for _ in group[1:]] if threads > 1 else []
+        if clones and all(c is not None for c in clones):
+            tasks.append(([group[0]], None))
+            tasks += [([job], clone) for job, clone in zip(group[1:], clones, strict=True)]
+            reload.append(group[1:])
+        else:
+            tasks.append((group, None))
+    if threads == 1 or len(tasks) == 1:
+        for group, fn in tasks:
+            run(group, fn)
     else:
-        with ThreadPoolExecutor(max_workers=min(threads, len(groups))) as pool:
-            list(pool.map(run, groups))
+        with ThreadPoolExecutor(max_workers=min(threads, len(tasks))) as pool:
+            list(pool.map(lambda task: run(*task), tasks))
+    for group in reload:  # Triton disk-cache hits now, so that launches find them in memory
+        run(group)
     stats.warmups += len(jobs)
     stats.compile_seconds += time.perf_counter() - start
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +21,14 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import to_dtype
 from torchfuse.runtime import codegen
-from torchfuse.runtime.autotune import AutotuneCache, Tuner, launch_symbols, tuning_key
+from torchfuse.runtime.autotune import (
+    AutotuneCache,
+    Tuner,
+    cheapest_to_compile,
+    launch_bytes,
+    launch_symbols,
+    tuning_key,
+)
 from torchfuse.runtime.checks import buffer_table, diagnose_inputs, symbol_source, validate_program
 from torchfuse.runtime.config import logger
 from torchfuse.runtime.errors import (
@@ -43,6 +51,17 @@ from torchfuse.runtime.kernels import (
 
 Mode = Literal["default", "reduce-overhead"]
 _warned_interpreter = False
+
+
+_background_pool: ThreadPoolExecutor | None = None
+
+
+def _background() -> ThreadPoolExecutor:
+    """One thread that runs background warm-ups in order (each fans out to its own pool)."""
+    global _background_pool
+    if _background_pool is None:
+        _background_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchfuse-warmup")
+    return _background_pool
 
 
 def _warn_interpreter_once() -> None:
@@ -210,26 +229,10 @@ class CompiledProgram:
         if fn is not None:
             self._entry = fn
             return fn(*args)
-        if self._tunable and self._autotune_cache is None:
-            self._autotune_cache = AutotuneCache(self.cache_dir, device_key(self.device_type))
         configs = self._default_configs()
-        winners: dict[str, S.LaunchConfig] = {}
-        missing = []
-        tkeys = {}
-        for k in self._tunable:
-            tkeys[k.name] = tuning_key(self._hashes[k.name], launch_symbols(self.program, k), env)
-            assert self._autotune_cache is not None
-            hit = self._autotune_cache.get(tkeys[k.name], k.configs)
-            if hit is None:
-                missing.append(k.name)
-            else:
-                winners[k.name] = hit
-                self.stats.autotune_cache_hits += 1
+        winners, missing, tkeys = self._choose(env, count=True)
         if self._gpu:
-            # Only what will run: every candidate of a kernel still to tune, else the chosen config.
-            warm = {k.name: list(k.configs) if k.name in missing else [winners.get(k.name) or configs[k.name]]
-                    for k in self.program.kernels}
-            self._precompile(env, warm)
+            self._precompile(env, self._to_warm(configs, winners, missing))
         result = None
         if missing:
             assert self._autotune_cache is not None
@@ -241,6 +244,66 @@ class CompiledProgram:
         fn = self._install(configs, tuned_key=key if self._tune_symbols else None)
         self._by_key[key] = fn
         return result if result is not None else fn(*args)
+
+    def _choose(self, env: dict[str, int], count: bool = False
+                ) -> tuple[dict[str, S.LaunchConfig], list[str], dict[str, str]]:
+        """(configs known for tunable kernels, kernels still to tune, their tuning keys)."""
+        if self._tunable and self._autotune_cache is None:
+            self._autotune_cache = AutotuneCache(self.cache_dir, device_key(self.device_type))
+        winners: dict[str, S.LaunchConfig] = {}
+        missing = []
+        tkeys = {}
+        buffers = buffer_table(self.program)
+        for k in self._tunable:
+            moved = launch_bytes(self.program, k, env, buffers)
+            if moved is not None and moved < rconfig.config.autotune_min_bytes:
+                # launch-latency bound: no candidate is worth a compile and a benchmark
+                winners[k.name] = cheapest_to_compile(k.configs)
+                self.stats.autotune_skipped += count
+                continue
+            tkeys[k.name] = tuning_key(self._hashes[k.name], launch_symbols(self.program, k), env)
+            assert self._autotune_cache is not None
+            hit = self._autotune_cache.get(tkeys[k.name], k.configs)
+            if hit is None:
+                missing.append(k.name)
+            else:
+                winners[k.name] = hit
+                self.stats.autotune_cache_hits += count
+        return winners, missing, tkeys
+
+    def _to_warm(self, configs: dict[str, S.LaunchConfig | None], winners: dict[str, S.LaunchConfig],
+                 missing: list[str]) -> dict[str, list[S.LaunchConfig | None]]:
+        """Only what will run: every candidate of a kernel still to tune, else the chosen config."""
+        return {k.name: list(k.configs) if k.name in missing else [winners.get(k.name) or configs[k.name]]
+                for k in self.program.kernels}
+
+    def precompile_async(self) -> Future[None] | None:
+        """Start compiling, in the background, what the first call will launch (GPU only).
+
+        Symbol values come from the Program's hints, the configs from the same choice the first
+        call makes (autotune cache, small-launch rule). The first call waits for it (they share
+        a lock) and then compiles only what is still missing, e.g. for sizes other than the
+        hints. The autograd glue uses this to compile a backward's kernels while the forward's
+        first call runs. Returns the future, or None when there is nothing to do.
+        """
+        if not self._gpu or not self.program.kernels or self._generated is not None:
+            return None
+        env = {s.name: s.hint for s in self.program.symbols}
+        if any(v is None for v in env.values()):
+            return None
+        return _background().submit(self._warm_in_background, {k: int(v) for k, v in env.items()})
+
+    def _warm_in_background(self, env: dict[str, int]) -> None:
+        with self._lock:
+            if self._generated is not None:  # the first call came first
+                return
+            winners, missing, _ = self._choose(env)
+            # Not under count_compiles: Triton's listener is one global, and a foreground call
+            # of another program may be swapping it right now.
+            try:
+                self._precompile(env, self._to_warm(self._default_configs(), winners, missing))
+            except Exception as e:  # the first call meets it again and reports it there
+                logger.debug("background warm-up of %r failed: %s", self.program.name, e)
 
     def _precompile(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]]) -> None:
         """Compile every (launch, config) in ``warm`` before the first launch, in parallel."""
