@@ -2,8 +2,10 @@
 
 Run without ``TRITON_INTERPRET``; needs no GPU (Triton ships its own LLVM and ptxas). Catches
 code that the CPU interpreter accepts but the compiler rejects. Usage:
-``python compile_for_gpu.py`` prints one ``OK <kernel>`` / ``FAIL <kernel> <error>`` line
-per kernel and exits 1 on any failure, 77 when the toolchain is unavailable.
+``python compile_for_gpu.py [--benchmarks]`` prints one ``OK <kernel>`` / ``FAIL <kernel>
+<error>`` line per kernel and exits 1 on any failure, 77 when the toolchain is unavailable.
+``--benchmarks`` compiles the kernels of the benchmark workloads at their full sizes (every
+launch config) instead of the op and snapshot tables.
 """
 
 from __future__ import annotations
@@ -50,15 +52,47 @@ def compile_kernel(kernel) -> None:
         triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg.num_warps})
 
 
+def benchmark_programs() -> list:
+    """The Programs of every benchmark workload at its full size (forward, and the forward
+    and backward halves of training rows), compiled from graphs traced on CPU tensors."""
+    from pathlib import Path
+
+    from torchfuse.autograd.backend import interpreter_compiler
+    from torchfuse.autograd.glue import aot
+    from torchfuse.graph import trace
+    from torchfuse.inductor import compile_graph
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    import workloads
+
+    programs = []
+    for wl in workloads.select(None):
+        if wl.fn is None:  # model rows: built from modules, covered by their layers' rows
+            continue
+        case = wl.make_case("cpu", scale="full")
+        graph, _ = trace(case.fn, *case.inputs)
+        graphs = [graph]
+        if wl.training:
+            plan = aot(graph, interpreter_compiler).plan(
+                tuple(getattr(t, "requires_grad", False) for t in case.inputs), True
+            )
+            graphs = [plan.forward_graph, plan.partition.backward]
+        programs += [compile_graph(g) for g in graphs]
+    return programs
+
+
 def main() -> int:
     import test_codegen_snapshots as snaps
     import test_op_lowerings as ops
 
     programs = []
-    for case in ops.CASES + ops.BF16_CASES:
-        programs.append(compile_fn(case.fn, *ops._inputs(case), options=case.options))
-    for fn, inputs, options in snaps.CASES.values():
-        programs.append(compile_fn(fn, *inputs, options=options))
+    if "--benchmarks" in sys.argv:
+        programs = benchmark_programs()
+    else:
+        for case in ops.CASES + ops.BF16_CASES:
+            programs.append(compile_fn(case.fn, *ops._inputs(case), options=case.options))
+        for fn, inputs, options in snaps.CASES.values():
+            programs.append(compile_fn(fn, *inputs, options=options))
     try:
         compile_kernel(programs[0].kernels[0])
     except Exception as e:  # no usable nvidia toolchain here

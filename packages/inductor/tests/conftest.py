@@ -12,12 +12,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True)
-def _runtime_cache(tmp_path, monkeypatch):
+def _runtime_cache(tmp_path_factory, monkeypatch):
     try:
         import torchfuse.runtime.config as rconfig
     except ImportError:  # the runtime is optional for most inductor tests
         return
-    path = tmp_path / "cache"
+    # Not under tmp_path: tests list what they write there (debug directories).
+    path = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(path))
     if hasattr(rconfig.config, "cache_dir"):
         monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, cache_dir=path))

@@ -190,3 +190,69 @@ def test_reduction_over_leading_dim_uses_wide_tiles():
     assert kernel_kinds(program) == ["red"]
     assert program.kernels[0].configs[0].meta["XBLOCK"] > 1
     assert_matches(run_output_code(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
+
+
+def test_leading_dim_reduction_is_split_into_row_chunks():
+    # a weight gradient: 512 rows of 8 columns would be one program walking all rows
+    g, x = torch.randn(512, 8), torch.randn(512, 8)
+    fn = lambda g, x: ((g * x).sum(0), g.sum(0))
+    opts = {"outer_split_programs": 16, "outer_split_min_chunk": 8}
+    program = compile_fn(fn, g, x, options=opts)
+    # stage 1: partials of both sums (one kernel, over 16 chunks x 8 columns); stage 2: both
+    # second stages in one kernel
+    assert kernel_kinds(program) == ["red", "red"]
+    partials = [b for b in program.buffers if tuple(b.sizes) == (16, 8)]
+    assert len(partials) == 2
+    assert_matches(run_output_code(program, [g, x]), fn(g, x), atol=1e-4, rtol=1e-5)
+
+
+def test_row_kernels_met_apart_are_merged():
+    # sum(g * w) starts a kernel before the statistics of x are met (nothing shared yet);
+    # the dx-like epilogue needs both: one kernel in the end, g read once
+    g, w, x = torch.randn(4, 32), torch.randn(32), torch.randn(4, 32)
+    fn = lambda g, w, x: (g * w).sum(1, keepdim=True) * x + x.sum(1, keepdim=True) * g
+    program = compile_fn(fn, g, w, x)
+    assert kernel_kinds(program) == ["per"]
+    assert_matches(run_output_code(program, [g, w, x]), fn(g, w, x), atol=1e-5, rtol=1e-5)
+
+
+def test_value_passed_to_two_matmuls_is_one_buffer():
+    x, y, w = torch.randn(8, 4), torch.randn(8, 4), torch.randn(4, 3)
+
+    def fn(x, y, w):
+        h = torch.sin(x) * y
+        return h @ w, x.t() @ h  # h is an argument of both matmuls
+
+    program = compile_fn(fn, x, y, w)
+    assert kernel_kinds(program) == ["poi"]
+    assert program.kernels[0].source.count("tl.store(") == 1
+    assert_matches(run_output_code(program, [x, y, w]), fn(x, y, w), atol=1e-5, rtol=1e-5)
+
+
+def test_transposed_matmul_argument_is_written_in_memory_order():
+    # h.t() handed to a matmul is stored with strides (1, 8): the kernel walks it in memory
+    # order, so the loads of x and the store are both contiguous in xindex
+    x, g = torch.randn(8, 6), torch.randn(8, 5)
+    fn = lambda x, g: torch.relu(x).t() @ g
+    program = compile_fn(fn, x, g)
+    src = program.kernels[0].source
+    assert "tl.load(in_ptr0 + (xindex)" in src and "tl.store(out_ptr0 + (xindex)" in src
+    assert_matches(run_output_code(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
+
+
+def test_cheap_value_from_narrow_inputs_is_recomputed_not_stored():
+    # xhat (~10 ops from x and per-row stats) read by a row reduction and a column reduction:
+    # a buffer of it costs as many bytes per element as x, written and read again, while
+    # recomputing it reads x only
+    x, g = torch.randn(16, 32), torch.randn(16, 32)
+
+    def fn(x, g):
+        mu = x.mean(1, keepdim=True)
+        xhat = (x - mu) * torch.rsqrt((x - mu).pow(2).mean(1, keepdim=True) + 1e-5)
+        xhat = torch.sigmoid(xhat * 1.5 + 0.25) * 2.0 - 1.0
+        return (g * xhat).sum(1), (g * xhat).sum(0)
+
+    program = compile_fn(fn, x, g)
+    big = [b.name for b in program.buffers if tuple(b.sizes) == (16, 32) and b.name in allocated(program)]
+    assert not big, big
+    assert_matches(run_output_code(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)

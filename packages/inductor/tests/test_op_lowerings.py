@@ -41,6 +41,7 @@ def ints(*shape, hi=7):
 
 LOOPED = {"persistent_rnumel_max": 8, "looped_rblock": 8}
 SPLIT = {"split_min_rnumel": 64, "split_target": 8}
+OUTER_SPLIT = {"outer_split_programs": 8, "outer_split_min_chunk": 4}
 
 CASES = [
     # unary
@@ -175,6 +176,33 @@ CASES = [
     ),
     OpCase("looped_softmax", lambda x: x.softmax(-1), f32(3, 20), options=LOOPED),
     OpCase("looped_layer_norm", lambda x: F.layer_norm(x, (20,)), f32(3, 20), options=LOOPED),
+    OpCase(
+        "looped_softmax_neg_inf",
+        lambda x: x.masked_fill(x > 0.8, float("-inf")).softmax(-1),
+        f32(3, 20),
+        options=LOOPED,
+    ),
+    OpCase(
+        "looped_logsumexp_neg_inf",
+        lambda x: x.masked_fill(x < -0.3, float("-inf")).logsumexp(1),
+        f32(4, 20),
+        options=LOOPED,
+    ),
+    OpCase("outer_split_sum", lambda x: x.sum(0), f32(64, 16), options=OUTER_SPLIT),
+    OpCase("outer_split_sum_3d", lambda x: (x * 2).sum((0, 1)), f32(4, 16, 8), options=OUTER_SPLIT),
+    OpCase(
+        "outer_split_weight_grads",
+        lambda g, x: ((g * (x - x.mean(1, keepdim=True))).sum(0), g.sum(0), g * x),
+        two(64, 8),
+        {"atol": 1e-4, "rtol": 1e-5},
+        options=OUTER_SPLIT,
+    ),
+    OpCase("cat_three_parts", lambda x: torch.cat([x[:, 2:] * 2, -x, x[:, :2]], 1) + 1, f32(3, 5)),
+    OpCase(
+        "rotate_half",
+        lambda x, c, s: x * c + torch.cat((-x[..., 4:], x[..., :4]), -1) * s,
+        lambda: (torch.randn(2, 3, 5, 8), torch.randn(5, 8), torch.randn(5, 8)),
+    ),
     OpCase("split_sum", lambda x: x.sum(), f32(16, 16), options=SPLIT),
     OpCase("split_amax_rows", lambda x: x.amax(1), f32(2, 128), options=SPLIT),
     OpCase(

@@ -7,16 +7,24 @@ Every Graph may contain them, so every reader needs them registered with torch: 
     Switches grad mode. Capture writes a pair of them around a ``with torch.no_grad():``
     region inside a compiled function, so that the reference interpreter and every backend
     run the region with the grad mode eager would.
+
+``torchfuse.triton_kernel.default(str kernel, Tensor[] tensors, int[] mutated) -> Tensor[]``
+    One launch of a user ``@triton.jit`` kernel (described by the JSON text ``kernel``, see
+    :mod:`torchfuse.graph.user_kernels`). Functional: returns a new tensor per index in
+    ``mutated`` holding what the kernel wrote there. Not differentiable: its outputs never
+    require grad, as a Triton kernel's writes carry no gradient in eager either.
 """
 
 from __future__ import annotations
 
 import torch
+from torchfuse.graph import user_kernels
 
 TORCHFUSE_OPSET = 1
 """Opset number written for the ``torchfuse`` namespace."""
 
 SET_GRAD_ENABLED = "torchfuse.set_grad_enabled.default"
+TRITON_KERNEL = "torchfuse.triton_kernel.default"
 
 _lib = torch.library.Library("torchfuse", "FRAGMENT")
 _lib.define("set_grad_enabled(bool enabled) -> ()")
@@ -28,3 +36,18 @@ def _set_grad_enabled(enabled: bool) -> None:
 
 for _key in ("CompositeExplicitAutograd", "Meta"):
     _lib.impl("set_grad_enabled", _set_grad_enabled, _key)
+
+
+_lib.define("triton_kernel(str kernel, Tensor[] tensors, int[] mutated) -> Tensor[]")
+
+
+def _triton_kernel_no_grad(kernel: str, tensors: list[torch.Tensor],
+                           mutated: list[int]) -> list[torch.Tensor]:
+    # below autograd: the outputs carry no grad_fn and do not require grad
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.torchfuse.triton_kernel.default(kernel, tensors, mutated)
+
+
+_lib.impl("triton_kernel", user_kernels.launch, "CompositeExplicitAutograd")
+_lib.impl("triton_kernel", user_kernels.meta, "Meta")
+_lib.impl("triton_kernel", _triton_kernel_no_grad, "Autograd")

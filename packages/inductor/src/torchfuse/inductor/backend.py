@@ -3,7 +3,8 @@
 With grad mode on and an input that requires grad, the graph goes through
 ``torchfuse.autograd.aot`` (joint graph, partition) and each half is compiled here;
 otherwise the graph is compiled directly. Either way each compiled graph is a Program run by
-``torchfuse.runtime``.
+``torchfuse.runtime``. Programs and autograd plans are cached on disk
+(:mod:`torchfuse.inductor.cache`), so a second process compiling the same graphs loads them.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torchfuse.autograd import aot  # at import, not at the first training call (networkx: ~0.3 s)
 from torchfuse.graph import schema as S
 from torchfuse.inductor.compile import compile_graph
+from torchfuse.inductor.config import config as default_config
 
 
 def compiler(
@@ -34,6 +37,8 @@ def compiler(
         return list(fn(*inputs))
 
     run.program = program  # type: ignore[attr-defined]
+    # the autograd glue starts a backward's kernel compiles while the forward runs
+    run.precompile_async = fn.precompile_async  # type: ignore[attr-defined]
     return run
 
 
@@ -51,10 +56,17 @@ def inductor(
     def comp(g: S.Graph, inputs: Sequence[Any]) -> Callable[..., list]:
         return compiler(g, inputs, mode=mode, options=options)
 
-    if _needs_grad(example_inputs):
-        from torchfuse.autograd import aot
+    from torchfuse.inductor.user_kernels import mutates_inputs
 
-        fn = aot(graph, comp, comp)
+    if _needs_grad(example_inputs) or mutates_inputs(graph):  # aot writes mutated inputs back
+        plan_cache = None
+        if default_config.with_options(options).cache:
+            from torchfuse.inductor.cache import PlanCache
+
+            plan_cache = PlanCache()  # joint graph + partition, kept on disk like the Programs
+        # our compiler reads sizes from the graph, not the examples: the backward can be
+        # compiled with the forward, and its kernels built while the forward runs
+        fn = aot(graph, comp, comp, cache=plan_cache, compile_backward_early=True)
 
         def run_aot(*inputs: Any) -> list:
             out = fn(*inputs)

@@ -108,6 +108,10 @@ _INFIX = {
 SCALAR, ROWS, FULL = 0, 1, 2
 
 
+def _is_static_int(e) -> bool:
+    return bool(sympy.sympify(e).is_Integer)
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -302,9 +306,14 @@ class KernelWriter:
             extra[s] = t.name
             shapes.append(t.shape)
         text, shape = self.index(ld.index, placement, extra)
+        guard = self.emit(ld.mask, node) if ld.mask is not None else None
+        if guard is not None:
+            shapes.append(guard.shape)
         shape = max([shape, *shapes])
         ptr = self.ptr(ld.buffer, out=False)
         mask = self.mask_for(shape)
+        if guard is not None:
+            mask = f"{mask} & {guard.name}" if mask else guard.name
         m = f", {mask}, other=0" if mask else ""
         return self.tmp(f"tl.load({ptr} + ({text}){m})", shape, ld.dtype)
 
@@ -480,12 +489,17 @@ class KernelWriter:
         rop = node.reduce
         partner = self.online_partner_of(node)
         if partner is not None:
+            # one exp per element: of the old max and the new value one is the new max, so
+            # exp(-|v - m|) is the factor for the other (the rescale when v > m, the new
+            # term otherwise); two exps per element made this loop compute-bound
             s_acc = self.accs[partner.name][0]
-            self.line(f"m_new = tl.where(mask, tl.maximum({acc}, {val}), {acc})")
-            self.line('m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)')
-            rescaled = f"{s_acc} * tl.exp({acc} - m_safe) + tl.exp({val} - m_safe)"
-            self.line(f"{s_acc} = tl.where(mask, {rescaled}, {s_acc})")
-            self.line(f"{acc} = m_new")
+            self.line(f"v_new = {val}")
+            self.line(f"grow = v_new > {acc}")
+            self.line(f"e_far = tl.exp(-tl.abs(v_new - {acc}))")
+            self.line(f'e_far = tl.where((v_new == float("-inf")) & ({acc} == float("-inf")), 0.0, e_far)')
+            upd = f"tl.where(grow, {s_acc} * e_far + 1.0, {s_acc} + e_far)"
+            self.line(f"{s_acc} = tl.where(mask, {upd}, {s_acc})")
+            self.line(f"{acc} = tl.where(mask & grow, v_new, {acc})")
             return
         if rop == ir.ReduceOp.SUM:
             new = f"{acc} + {val}"
@@ -621,6 +635,12 @@ class KernelWriter:
                 if xb not in seen:
                     seen.add(xb)
                     out.append(S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=4 if xb <= 1024 else 8))
+            if xh >= 1 << 22:
+                # big tensors: 16 elements per thread (two 16-byte loads of bf16), so more
+                # bytes are in flight per SM; the autotuner keeps whichever is faster
+                for xb, w in ((2048, 4), (4096, 8)):
+                    if (xb, w) not in {(c.meta["XBLOCK"], c.num_warps) for c in out}:
+                        out.append(S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=w))
             return {}, tuple(out)
         if kind == GroupKind.PERSISTENT:
             rb = next_pow2(int(self.g.rnumel))
@@ -646,10 +666,13 @@ class KernelWriter:
                 S.LaunchConfig(meta={"XBLOCK": min(64, next_pow2(xh)), "RBLOCK": 16}, num_warps=4),
             )
         rb = self.config.looped_rblock
-        return {}, (
-            S.LaunchConfig(meta={"XBLOCK": 1, "RBLOCK": rb}, num_warps=8),
-            S.LaunchConfig(meta={"XBLOCK": 1, "RBLOCK": 4096}, num_warps=16),
-            S.LaunchConfig(meta={"XBLOCK": 4, "RBLOCK": 1024}, num_warps=8),
+        cands = [(1, rb, 8), (1, 4096, 16), (4, 1024, 8)]
+        if _is_static_int(self.g.rnumel) and int(self.g.rnumel) >= 16384:
+            # long rows (a 32000-class cross_entropy): 16 elements per thread per chunk, so
+            # each thread has two 16-byte loads in flight (the loop is not software-pipelined)
+            cands += [(1, 4096, 8), (1, 8192, 16)]
+        return {}, tuple(
+            S.LaunchConfig(meta={"XBLOCK": xb, "RBLOCK": r}, num_warps=w) for xb, r, w in dict.fromkeys(cands)
         )
 
 

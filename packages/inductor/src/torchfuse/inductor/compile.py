@@ -28,6 +28,7 @@ from torchfuse.inductor.decompositions import DECOMPOSITIONS, decompose
 from torchfuse.inductor.lowering import lower
 from torchfuse.inductor.plan import build_program, output_code
 from torchfuse.inductor.scheduler import KERNEL_KINDS, dead_code_elimination, format_schedule, schedule
+from torchfuse.inductor.user_kernels import launch_user_kernels
 
 log_schedule = logging.getLogger("torchfuse.inductor.schedule")
 log_code = logging.getLogger("torchfuse.inductor.output_code")
@@ -85,6 +86,7 @@ PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("schedule", lambda st, cfg: schedule(st["dead_code"], cfg)),
     ("codegen", lambda st, cfg: _codegen(st["schedule"], st["dead_code"], cfg)),
     ("plan", lambda st, cfg: build_program(st["dead_code"], st["schedule"], st["codegen"])),
+    ("user_kernels", lambda st, cfg: launch_user_kernels(st["plan"])),  # needs the plan's frees
 )
 """The pipeline, in order. Each entry reads earlier artifacts by pass name."""
 
@@ -106,7 +108,7 @@ def compile_graph_stages(
         t0 = time.perf_counter()
         state[name] = fn(state, cfg)
         stages.append(Stage(name, time.perf_counter() - t0, state[name]))
-    program: S.Program = state["plan"]
+    program: S.Program = state["user_kernels"]
     pre = ir.format_program(state["dead_code"])
     post = format_schedule(state["schedule"])
     code = output_code(program)
@@ -146,8 +148,26 @@ def compile_graph(
     (e.g. ``{"persistent_rnumel_max": 1024}``). The debug artifacts are kept in
     ``Program.meta`` under the names in :data:`DEBUG_FILES`; :func:`write_debug` writes them.
     ``example_inputs`` are accepted for the backend protocol; sizes come from the graph.
+
+    Results are cached on disk by the graph, ``mode`` and options (see
+    :mod:`torchfuse.inductor.cache`): a graph compiled before, by any process, is loaded
+    instead of compiled. :func:`compile_graph_stages` always runs the passes.
     """
-    return compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
+    cfg = default_config.with_options(options)
+    if not cfg.cache:
+        return compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
+    from torchfuse.inductor import cache
+
+    key = cache.program_key(graph, mode=mode, cfg=cfg)
+    program = cache.lookup_program(key)
+    if program is not None:
+        if cfg.debug:
+            stamp = time.strftime("%Y%m%d_%H%M%S")
+            write_debug(program, os.path.join(cfg.debug_dir, f"{graph.name}_{stamp}"))
+        return program
+    program = compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
+    cache.store_program(key, program)
+    return program
 
 
 def write_debug(program: S.Program, directory: str | os.PathLike) -> list[str]:

@@ -7,6 +7,9 @@ Environment variables (all optional):
 * ``TORCHFUSE_DEBUG=1`` -- write the debug artifacts of every compiled graph under
   ``TORCHFUSE_DEBUG_DIR`` (default ``torchfuse_debug``).
 * ``TORCHFUSE_UPDATE_SNAPSHOTS=1`` -- snapshot tests rewrite their golden files.
+* ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
+  Programs and autograd plans (:mod:`torchfuse.inductor.cache`; default on). Where they live
+  is the runtime's ``TORCHFUSE_CACHE_DIR``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,14 @@ class InductorConfig:
     """… and at least this many elements per output are split in two kernels."""
     split_target: int = 256
     """Preferred number of partial results of a split reduction."""
+    outer_split_programs: int = 1024
+    """A reduction over leading dims is split into row chunks until it has about this many
+    programs (column tiles x chunks) …"""
+    outer_split_min_chunk: int = 256
+    """… keeping at least this many rows per chunk."""
+    merge_small_numel: int = 1 << 20
+    """Reduction kernels over the same small domain are merged even when they share no
+    reads (e.g. the two second stages of split weight/bias gradients): one launch, not two."""
     pointwise_xblocks: tuple[int, ...] = (1024, 512, 2048)
     memory_order: bool = True
     """Order ready kernels so that the one freeing the most memory runs first."""
@@ -43,6 +54,8 @@ class InductorConfig:
     debug: bool = False
     debug_dir: str = "torchfuse_debug"
     update_snapshots: bool = False
+    cache: bool = True
+    """Reuse Programs and autograd plans compiled earlier, by any process (on-disk caches)."""
 
     def with_options(self, options: dict | None) -> InductorConfig:
         return replace(self, **(options or {}))
@@ -56,6 +69,7 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         debug=env.get("TORCHFUSE_DEBUG", "") not in ("", "0"),
         debug_dir=env.get("TORCHFUSE_DEBUG_DIR", "torchfuse_debug"),
         update_snapshots=env.get("TORCHFUSE_UPDATE_SNAPSHOTS", "") not in ("", "0"),
+        cache=env.get("TORCHFUSE_COMPILE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off"),
     )
 
 

@@ -434,6 +434,10 @@ class Load:
     dtype: str
     indirect: tuple[tuple[sympy.Symbol, Value], ...] = ()
     """Symbols in ``index`` that stand for runtime values (gather, embedding, indexing)."""
+    mask: Value | None = None
+    """A boolean value: the load happens only where it is true (elsewhere it reads 0 and
+    ``index`` may be out of range). ``cat`` guards each part's loads with its range, so the
+    index stays affine (no clamping) and the loads stay vectorizable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,7 +476,7 @@ def value_size(v: Value) -> int:
     if isinstance(v, Cast):
         return 1 + value_size(v.arg)
     if isinstance(v, Load):
-        return 1 + sum(value_size(x) for _, x in v.indirect)
+        return 1 + sum(value_size(x) for _, x in v.indirect) + (value_size(v.mask) if v.mask else 0)
     return 1
 
 
@@ -485,6 +489,8 @@ def loads_of(v: Value) -> list[Load]:
         if isinstance(n, Load):
             out.append(n)
             stack.extend(x for _, x in n.indirect)
+            if n.mask is not None:
+                stack.append(n.mask)
         elif isinstance(n, Cast):
             stack.append(n.arg)
         elif isinstance(n, Call):
@@ -492,11 +498,23 @@ def loads_of(v: Value) -> list[Load]:
     return out
 
 
+def guard(v: Value, cond: Value) -> Value:
+    """``v`` with every load (indirect index loads included) done only where ``cond``."""
+
+    def add(ld: Load) -> Load:
+        mask = cond if ld.mask is None else Call(VOp.AND, (ld.mask, cond), "bool")
+        return Load(ld.buffer, ld.index, ld.dtype, ld.indirect, mask)
+
+    return map_loads(v, add)
+
+
 def map_loads(v: Value, fn) -> Value:
     """Rebuild ``v`` with every Load replaced by ``fn(load)``."""
     if isinstance(v, Load):
         ind = tuple((s, map_loads(x, fn)) for s, x in v.indirect)
-        return fn(Load(v.buffer, v.index, v.dtype, ind) if ind != v.indirect else v)
+        mask = map_loads(v.mask, fn) if v.mask is not None else None
+        same = ind == v.indirect and mask == v.mask
+        return fn(v if same else Load(v.buffer, v.index, v.dtype, ind, mask))
     if isinstance(v, Cast):
         return Cast(map_loads(v.arg, fn), v.dtype)
     if isinstance(v, Call):
@@ -611,6 +629,8 @@ def _idx(e: sympy.Expr) -> str:
 def format_value(v: Value) -> str:
     if isinstance(v, Load):
         ind = "".join(f", {s}={format_value(x)}" for s, x in v.indirect)
+        if v.mask is not None:
+            ind += f", mask={format_value(v.mask)}"
         return f"load({v.buffer}, {_idx(v.index)}{ind})"
     if isinstance(v, Const):
         return repr(v.value)

@@ -74,6 +74,21 @@ def strided_loader(layout: Layout, dtype: str) -> Loader:
     return load
 
 
+def memory_order(sizes: Sequence[sympy.Expr], strides: Sequence[sympy.Expr]) -> list[int]:
+    """The dims of a buffer from the largest stride to the smallest: a node that writes a
+    transposed result (``h.t()`` handed to a matmul) loops in the order of its memory, so
+    its store, and the loads of inputs laid out like it, stay coalesced. Logical order when
+    a stride is symbolic."""
+    nd = len(sizes)
+    if not all(sympy.sympify(s).is_Integer for s in strides):
+        return list(range(nd))
+    # size-1 dims keep their place relative to the rest (their stride means nothing)
+    keyed = [(int(strides[d]) if sizes[d] != 1 else None, d) for d in range(nd)]
+    real = sorted((k for k in keyed if k[0] is not None), key=lambda k: -k[0])
+    it = iter(real)
+    return [next(it)[1] if k[0] is not None else k[1] for k in keyed]
+
+
 def cast(v: ir.Value, dtype: str) -> ir.Value:
     if _dtype_of(v) == dtype:
         return v
@@ -105,10 +120,12 @@ class Lowering:
         self.nodes: list[ir.Node] = []
         self.fallbacks: list[str] = []
         self._views: dict[tuple, str] = {}
+        self._realized: dict[tuple, tuple[TensorValue, TensorValue]] = {}
         self._count = 0
         self._indirect = 0
         self.uses = Counter(n for node in graph.nodes for n in node_inputs(node))
         self.uses.update(tensor_refs([o.value for o in graph.outputs]))
+        self.output_names = set(tensor_refs([o.value for o in graph.outputs]))
         self.device = next((graph.values[i.name].device for i in graph.inputs), None) or next(
             (m.device for m in graph.values.values()), "cpu"
         )
@@ -135,14 +152,27 @@ class Lowering:
         if tv.layout is not None:
             return tv
         strides = [expr_of(s) for s in meta.strides] if meta is not None else ir.contiguous_strides(tv.sizes)
+        # a value passed to several externs (``x @ w`` and ``w.t()`` of the same product) is
+        # one buffer, not one copy per use
+        key = (id(tv), tuple(strides))
+        hit = self._realized.get(key)
+        if hit is not None and hit[0] is tv:
+            return hit[1]
         name = self.fresh()
-        xs = [ir.loop_var("x", i) for i in range(len(tv.sizes))]
+        order = memory_order(tv.sizes, strides)
+        ys = [ir.loop_var("x", i) for i in range(len(tv.sizes))]
+        xs: list[sympy.Expr] = [sympy.Integer(0)] * len(tv.sizes)
+        for y, d in zip(ys, order, strict=True):
+            xs[d] = y
         body = cast(tv.loader(xs), tv.dtype)
         store = sympy.expand(sum((x * s for x, s in zip(xs, strides, strict=True)), sympy.Integer(0)))
         self.add_buffer(ir.BufferSpec(name, tv.dtype, tv.sizes, tuple(strides)))
-        self.nodes.append(ir.Pointwise(name, tv.sizes, body, tv.dtype, store, tv.origins))
+        ranges = tuple(tv.sizes[d] for d in order)
+        self.nodes.append(ir.Pointwise(name, ranges, body, tv.dtype, store, tv.origins))
         layout = Layout(name, tuple(strides), sympy.Integer(0))
-        return TensorValue(tv.sizes, tv.dtype, strided_loader(layout, tv.dtype), layout)
+        out = TensorValue(tv.sizes, tv.dtype, strided_loader(layout, tv.dtype), layout)
+        self._realized[key] = (tv, out)
+        return out
 
     def as_buffer(self, tv: TensorValue, meta: S.TensorMeta | None = None) -> str:
         """A buffer name holding exactly ``tv`` (a named view when it is a strided view)."""
@@ -176,15 +206,37 @@ class Lowering:
         return name
 
     def maybe_realize(self, value_name: str, tv: TensorValue) -> TensorValue:
-        if tv.layout is not None or tv.ops == 0:
+        if tv.layout is not None:
+            return tv
+        if value_name in self.output_names:
+            # an output is a buffer anyway: made now, views of it (``reshape`` handed to a
+            # bmm) are views of that buffer instead of second copies of the same values
+            return self.realize(tv, self.meta(value_name))
+        if tv.ops == 0:
             return tv
         # cheap values read twice are recomputed by each reader: that costs a few flops, a
         # buffer costs a write and a read of the whole tensor
-        if (
-            self.uses[value_name] > 1 and tv.ops > self.config.max_recompute_ops
-        ) or tv.ops > self.config.max_inline_ops:
+        if tv.ops > self.config.max_inline_ops:
             return self.realize(tv, self.meta(value_name))
+        if self.uses[value_name] > 1 and tv.ops > self.config.max_recompute_ops:
+            if not self._narrow_inputs(tv):
+                return self.realize(tv, self.meta(value_name))
         return tv
+
+    def _narrow_inputs(self, tv: TensorValue) -> bool:
+        """True when recomputing ``tv`` reads no more bytes per element than a buffer of it
+        would (the normalized ``x`` of a layer_norm backward: bf16 ``x`` and per-row stats,
+        against a float32 buffer written once and read twice), so each reader recomputes it."""
+        from torchfuse.graph.ops import to_dtype
+
+        numel = ir.product(tv.sizes)
+        xs = [ir.loop_var("x", i) for i in range(len(tv.sizes))]
+        full = 0
+        for b in {ld.buffer for ld in ir.loads_of(tv.loader(xs))}:
+            spec = self.buffers[b]
+            if sympy.expand(ir.product(spec.sizes) - numel) == 0:
+                full += to_dtype(spec.dtype).itemsize
+        return full <= to_dtype(tv.dtype).itemsize
 
     # -- reductions
     def reduction(
@@ -243,7 +295,32 @@ class Lowering:
             return self._keep_dims(self.realize(res), nd, dims, keepdim)
         name = self.fresh()
         split = self._split_factor(ranges, rranges, rop)
-        if split:
+        lead = self._outer_split_factor(ranges, rranges, rop, dims, kept)
+        if lead:
+            # a reduction over leading dims with few columns (a weight gradient: 16384 rows
+            # of 4096) walks each column tile with one program; split the rows into ``lead``
+            # chunks (stage 1: partials[lead, cols], one program per column tile and chunk),
+            # then add the partials (stage 2, tiny)
+            chunk = int(rnumel) // lead
+            part = self.fresh()
+            s = ir.loop_var("x", 0)
+            ys = [ir.loop_var("x", i + 1) for i in range(len(ranges))]
+            r = ir.loop_var("r", 0)
+            body1 = value_at(ys, ir.unflatten(s * chunk + r, rranges))
+            pranges = (sympy.Integer(lead), *ranges)
+            pstrides = ir.contiguous_strides(pranges)
+            pstore = sympy.expand(
+                sum((v * st for v, st in zip([s, *ys], pstrides, strict=True)), sympy.Integer(0))
+            )
+            self.add_buffer(ir.BufferSpec(part, acc, pranges, tuple(pstrides)))
+            self.nodes.append(
+                ir.Reduction(part, pranges, (sympy.Integer(chunk),), body1, rop, acc, pstore, origins)
+            )
+            cstrides = ir.contiguous_strides(ranges)
+            xflat = sympy.expand(sum((v * st for v, st in zip(xs, cstrides, strict=True)), sympy.Integer(0)))
+            body = ir.Load(part, sympy.expand(r * ir.product(ranges) + xflat), acc)
+            rranges2: tuple[sympy.Expr, ...] = (sympy.Integer(lead),)
+        elif split:
             chunk = int(rnumel) // split
             part = self.fresh()
             s = ir.loop_var("x", len(ranges))
@@ -267,7 +344,7 @@ class Lowering:
                 )
             )
             body2 = ir.Load(part, sympy.expand(xflat * split + r), acc)
-            rranges2: tuple[sympy.Expr, ...] = (sympy.Integer(split),)
+            rranges2 = (sympy.Integer(split),)
             body = body2
         else:
             rs = [ir.loop_var("r", i) for i in range(len(rranges))]
@@ -294,6 +371,23 @@ class Lowering:
             if n % cand == 0 and (best == 0 or abs(cand - target) < abs(best - target)):
                 best = cand
         return best
+
+    def _outer_split_factor(self, ranges, rranges, rop, dims, kept) -> int:
+        """How many row chunks a reduction over leading dims is split into (0: none)."""
+        xnumel, rnumel = ir.product(ranges), ir.product(rranges)
+        if rop not in ir.SPLITTABLE or not kept or not (xnumel.is_Integer and rnumel.is_Integer):
+            return 0
+        if max(dims) > min(kept):  # not a leading-dim reduction
+            return 0
+        x, n = int(xnumel), int(rnumel)
+        tiles = max(1, x // 64)  # column tiles of the outer kernel (XBLOCK 64)
+        want = -(-self.config.outer_split_programs // tiles)
+        if want < 2 or n < 2 * self.config.outer_split_min_chunk:
+            return 0
+        for cand in range(want, n // self.config.outer_split_min_chunk + 1):
+            if n % cand == 0:
+                return cand
+        return 0
 
     def _keep_dims(self, tv: TensorValue, nd: int, dims: Sequence[int], keepdim: bool) -> TensorValue:
         if not keepdim or not dims:

@@ -559,6 +559,6 @@ def check_table() -> list[str]:
 
 def all_rules() -> dict[str, Rule]:
     """Every lowering rule, by op name."""
-    from torchfuse.inductor import lowerings_index
+    from torchfuse.inductor import lowerings_index, user_kernels
 
-    return {**RULES, **lowerings_index.RULES}
+    return {**RULES, **lowerings_index.RULES, **user_kernels.RULES}

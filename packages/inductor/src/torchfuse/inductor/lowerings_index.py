@@ -214,9 +214,20 @@ def _cat(L, node):
     def load(idx):
         c = idx[d]
         value = None
-        for t, off in reversed(list(zip(parts, offsets, strict=True))):
-            local = sympy.Min(sympy.Max(c - off, 0), t.sizes[d] - 1) if len(parts) > 1 else c - off
-            v = cast(t.loader([*idx[:d], local, *idx[d + 1 :]]), cdt)
+        last = len(parts) - 1
+        for k, (t, off) in reversed(list(enumerate(zip(parts, offsets, strict=True)))):
+            v = cast(t.loader([*idx[:d], c - off, *idx[d + 1 :]]), cdt)
+            if len(parts) > 1:
+                # each part's loads happen only inside its range: the index stays affine
+                # (``xindex + 64`` for rotate_half) instead of clamped, so loads vectorize
+                # and no part is read where another one is used
+                inside = []
+                if k > 0:
+                    inside.append(call(VOp.GE, ir.IndexValue(c), ir.IndexValue(off)))
+                if k < last:
+                    inside.append(call(VOp.LT, ir.IndexValue(c), ir.IndexValue(off + t.sizes[d])))
+                cond = inside[0] if len(inside) == 1 else call(VOp.AND, *inside)
+                v = ir.guard(v, cond)
             if value is None:
                 value = v
             else:
@@ -249,7 +260,7 @@ def _indirect(
 
     def attach(ld: ir.Load) -> ir.Load:
         used = tuple((s, v) for s, v in binds if s in ld.index.free_symbols)
-        return ir.Load(ld.buffer, ld.index, ld.dtype, ld.indirect + used) if used else ld
+        return ir.Load(ld.buffer, ld.index, ld.dtype, ld.indirect + used, ld.mask) if used else ld
 
     out = ir.map_loads(value, attach)
     if any(isinstance(n, ir.IndexValue) and n.index.free_symbols & syms for n in _walk(out)):
@@ -361,13 +372,14 @@ def _pad(L, node):
         for k in range(len(pad) // 2):
             d = len(sizes) - 1 - k
             lo = pad[2 * k]
-            src[d] = sympy.Min(sympy.Max(idx[d] - lo, 0), x.sizes[d] - 1)
+            src[d] = idx[d] - lo  # loaded only where inside (see ``cat``): no clamping
             conds.append(call(VOp.GE, ir.IndexValue(idx[d]), ir.IndexValue(sympy.sympify(lo))))
             conds.append(call(VOp.LT, ir.IndexValue(idx[d]), ir.IndexValue(lo + x.sizes[d])))
         ok = conds[0]
         for c in conds[1:]:
             ok = call(VOp.AND, ok, c)
-        return call(VOp.WHERE, ok, cast(x.loader(src), cdt), ir.Const(_pyval(value, cdt), cdt))
+        inside = ir.guard(cast(x.loader(src), cdt), ok)
+        return call(VOp.WHERE, ok, inside, ir.Const(_pyval(value, cdt), cdt))
 
     return TensorValue(sizes, out, load, None, (*x.origins, "constant_pad_nd"), x.ops + 1)
 

@@ -217,7 +217,7 @@ class _Builder:
                 prod = by_name.get(ld.buffer)
                 if prod is None:
                     continue
-                if ld.indirect or (roles[prod.name] == Role.FULL and not ctx_full):
+                if ld.indirect or ld.mask is not None or (roles[prod.name] == Role.FULL and not ctx_full):
                     return None
                 lhs = ir.simplify_index(ld.index.xreplace(maps[n.name]), bounds)
                 rhs = ir.simplify_index(prod.store_index.xreplace(maps[prod.name]), bounds)
@@ -251,7 +251,9 @@ class _Builder:
                 if prod is not None and isinstance(prod, ir.Pointwise) and roles[prod.name] == Role.FULL:
                     return norm(prod.body, prod.name)
                 idx = ir.simplify_index(v.index.xreplace(maps[owner]), bounds)
-                return ir.Load(v.buffer, idx, v.dtype, tuple((k, norm(x, owner)) for k, x in v.indirect))
+                mask = norm(v.mask, owner) if v.mask is not None else None
+                ind = tuple((k, norm(x, owner)) for k, x in v.indirect)
+                return ir.Load(v.buffer, idx, v.dtype, ind, mask)
             if isinstance(v, ir.Cast):
                 return ir.Cast(norm(v.arg, owner), v.dtype)
             if isinstance(v, ir.Call):
@@ -340,19 +342,82 @@ class _Builder:
             g["xnumel"], g["rnumel"], g["placed"] = X, R, placed
             self._record(gi, node)
             log.debug("fuse %s into kernel %d (domain %s x %s)", node.name, gi, X, R)
+        self.merge()
         return Schedule(self.finish(self.order()))
+
+    def merge(self) -> None:
+        """A second chance for reduction kernels the greedy pass kept apart because neither
+        shared anything when it was made: in a layer_norm backward ``sum(g * w)`` per row is
+        met before the row statistics of ``x``, so it started its own kernel and ``g`` was
+        read twice. Kernels over the same rows that share reads (or feed one another) are
+        merged when the result still places, stays acyclic and within the limits."""
+        order = {n.name: i for i, n in enumerate(self.prog.nodes)}
+        changed = True
+        while changed:
+            changed = False
+            by_domain: dict[tuple, list[int]] = {}
+            for i, g in enumerate(self.groups):
+                if g["nodes"] and g["kind"] in KERNEL_KINDS and g["rnumel"] != 1:
+                    by_domain.setdefault((g["xnumel"], g["rnumel"]), []).append(i)
+            for live in by_domain.values():
+                for a in live:
+                    for b in live:
+                        if b <= a or not self.groups[a]["nodes"] or not self.groups[b]["nodes"]:
+                            continue
+                        if self._try_merge(a, b, order):
+                            changed = True
+
+    def _try_merge(self, a: int, b: int, order: dict[str, int]) -> bool:
+        ga, gb = self.groups[a], self.groups[b]
+        X, R = ga["xnumel"], ga["rnumel"]
+        if R == 1 or not (_eq(X, gb["xnumel"]) and _eq(R, gb["rnumel"])):
+            return False
+        if len(ga["nodes"]) + len(gb["nodes"]) > self.config.max_fusion_size:
+            return False
+        reads_a = {x for m in ga["nodes"] for x in ir.reads(m)} | {m.name for m in ga["nodes"]}
+        small = _is_static_int(X * R) and int(X * R) <= self.config.merge_small_numel
+        if not small and not any(x in reads_a for m in gb["nodes"] for x in ir.reads(m)):
+            return False  # nothing shared: two kernels cost no more traffic than one
+        # merging must not close a cycle through a third kernel
+        for src, dst in ((a, b), (b, a)):
+            if any(h != dst and self.reaches(h, dst) for h in self.deps(src)):
+                return False
+        nodes = sorted([*ga["nodes"], *gb["nodes"]], key=lambda n: order[n.name])
+        placed = self.place(nodes, X, R)
+        if placed is None:
+            return False
+        phases = max(p.phase for p in placed.values()) + 1
+        if not self._persistent(R) and phases > self.config.max_loop_phases:
+            return False
+        ga["nodes"], ga["placed"] = nodes, placed
+        gb["nodes"], gb["placed"] = [], {}
+        self.group_deps[a] = (self.group_deps[a] | self.group_deps[b]) - {a, b}
+        self.group_deps[b] = set()
+        for deps in self.group_deps:
+            if b in deps:
+                deps.discard(b)
+                deps.add(a)
+        for buf, gi in self.producer.items():
+            if gi == b:
+                self.producer[buf] = a
+        for groups in self.readers.values():
+            if b in groups:
+                groups.discard(b)
+                groups.add(a)
+        log.debug("merge kernel %d into kernel %d", b, a)
+        return True
 
     def order(self) -> list[int]:
         """A topological order of kernels that, among the ready ones, runs first the one that
         frees the most memory (a greedy bound on peak memory)."""
-        n = len(self.groups)
-        deps = {i: self.deps(i) for i in range(n)}
+        alive = [i for i, g in enumerate(self.groups) if g["nodes"]]
+        deps = {i: self.deps(i) for i in alive}
         done: list[int] = []
         remaining_reads: dict[str, int] = {}
-        for i in range(n):
+        for i in alive:
             for b in {b for m in self.groups[i]["nodes"] for b in ir.reads(m)}:
                 remaining_reads[b] = remaining_reads.get(b, 0) + 1
-        pending = set(range(n))
+        pending = set(alive)
         while pending:
             ready = [i for i in sorted(pending) if deps[i] <= set(done)]
 
@@ -423,13 +488,24 @@ class _Builder:
             for ld in ir.loads_of(m.body):
                 if ld.buffer in names:
                     continue
-                e = sympy.expand(ir.simplify_index(ld.index.xreplace(dict(p.varmap)), bounds))
-                cx, cr = e.coeff(XI), e.coeff(RI)
+                e = ir.simplify_index(ld.index.xreplace(dict(p.varmap)), bounds)
+                cx, cr = _steps(e)
                 if cr == 1:
                     inner += 1
                 elif cx == 1 and cr != 0:
                     outer += 1
         return outer > inner
+
+
+def _steps(e: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """How far an index moves for one step of ``xindex`` and of ``rindex``, taken at the
+    origin (an index like ``(xindex // 4096)*k + xindex % 4096 + 4096*rindex``, the first
+    stage of a split column reduction, is contiguous along x there)."""
+    at = {XI: sympy.Integer(0), RI: sympy.Integer(0)}
+    base = e.xreplace(at)
+    dx = sympy.expand(e.xreplace({**at, XI: sympy.Integer(1)}) - base)
+    dr = sympy.expand(e.xreplace({**at, RI: sympy.Integer(1)}) - base)
+    return dx, dr
 
 
 def dead_code_elimination(prog: ir.LoopProgram) -> ir.LoopProgram:
