@@ -125,6 +125,25 @@ def test_extern_with_kwargs_scalars_and_multiple_outputs():
     torch.testing.assert_close(m, x * float("inf"))
 
 
+def test_extern_returning_a_one_element_tensor_list_binds_the_tensor():
+    # aten.split returns Tensor[] (printed List[Tensor]); with one piece the output name must
+    # be bound to the tensor, not to the list.
+    t = S.TensorRef
+    prog = S.Program(
+        name="split_one",
+        inputs=("x",),
+        outputs=(t(name="part"),),
+        buffers=(S.Buffer(name="x", dtype="float32", sizes=(2, 4), strides=(4, 1), device="cpu"),),
+        steps=(S.ExternStep(op="aten.split.Tensor", args=(t(name="x"), S.Int(value=4), S.Int(value=1)),
+                            outputs=("part",)),),
+        device="cpu",
+    )
+    x = torch.randn(2, 4)
+    (part,) = load(prog)(x)
+    assert isinstance(part, torch.Tensor)
+    torch.testing.assert_close(part, x)
+
+
 def test_input_returned_as_output_is_the_same_tensor():
     prog = S.Program(name="ident", inputs=("x",), outputs=(S.TensorRef(name="x"), S.Int(value=7)),
                      buffers=(S.Buffer(name="x", dtype="float32", sizes=(2,), strides=(1,), device="cpu"),),

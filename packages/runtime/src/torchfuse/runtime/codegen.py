@@ -502,10 +502,10 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
             call = f"{oname}({', '.join(args)})"
             launches += 1
             returns = op._schema.returns
-            simple = len(returns) == len(outs) and all("[]" not in str(r.type) for r in returns)
+            simple = len(returns) == len(outs) and not any(_is_list(r) for r in returns)
             if not outs:
                 line = f"    {call}"
-            elif len(outs) == 1 and len(returns) == 1 and "[]" not in str(returns[0].type):
+            elif len(outs) == 1 and len(returns) == 1 and not _is_list(returns[0]):
                 line = f"    {outs[0]} = {call}"
             elif simple:
                 line = f"    {', '.join(outs)} = {call}"
@@ -600,6 +600,11 @@ def _alloc_offset(sizes: tuple[int, ...], strides: tuple[int, ...], offset: int,
 
 def _cuda_device(index: int) -> torch.device:
     return torch.device("cuda", index)
+
+
+def _is_list(ret: torch._C.Argument) -> bool:
+    """A schema return that is a list of tensors (``Tensor[]``, printed ``List[Tensor]``)."""
+    return isinstance(ret.type, torch.ListType)
 
 
 def _flatten(result: Any) -> list[Any]:
