@@ -44,6 +44,7 @@ from torchfuse.autograd.functionalize import functionalize
 from torchfuse.autograd.joint import joint_graph, tangent_index
 from torchfuse.autograd.opclass import is_random
 from torchfuse.autograd.partition import Partition, Strategy, num_saved, partition
+from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import bind_symbols
@@ -108,9 +109,15 @@ class _Plan:
     stages: list[Stage] = field(default_factory=list)
 
 
-def _log(title: str, graph: S.Graph) -> None:
+def _log(title: str, graph: S.Graph, artifact: str | None = None) -> None:
+    """Log a graph under ``aot`` and hand it to the debug directory / artifact collectors as
+    ``artifact`` (``joint.py``, ``forward.py``, ``backward.py``)."""
     if config.log_aot:
         logger.log(config.log_level, "%s:\n%s", title, format_graph(graph))
+    if artifact is not None and observe.wants_artifacts():
+        from torchfuse.graph.printer import to_python
+
+        observe.emit(artifact, to_python(graph))
 
 
 def _verify(stage: str, graph: S.Graph) -> None:
@@ -158,6 +165,9 @@ class AotFunction:
         # Only the default table has a stable identity across processes; others are not cached.
         self.cache = cache if decompositions is DEFAULT_TABLE else None
         self.compile_backward_early = compile_backward_early
+        # Artifacts of compiles that happen later (the backward, at the first .backward())
+        # still belong to the graph being compiled now.
+        self.debug_name = observe.current_graph() or graph.name
         flat, self._spec = _flatten_outputs(graph)
         self._flat = flat
         t0 = time.perf_counter()
@@ -205,6 +215,7 @@ class AotFunction:
         graph = fn()
         plan.stages.append(Stage(name, graph, time.perf_counter() - t0))
         self.stages.append(plan.stages[-1])
+        observe.record_time(f"aot.{name}", plan.stages[-1].seconds)
         _verify(name, graph)
         return graph
 
@@ -213,7 +224,7 @@ class AotFunction:
             plan = _Plan(training=False, functional=functional, forward_graph=functional)
             plan.forward_graph = self._stage(plan, "decompose",
                                              lambda: decompose(functional, self.decompositions))
-            _log("aot inference graph", plan.forward_graph)
+            _log("aot inference graph", plan.forward_graph, "forward.py")
             return plan
         plan = _Plan(training=True, functional=functional, forward_graph=functional)
         material = self._cache_material(functional, requires_grad) if self.cache is not None else b""
@@ -224,8 +235,8 @@ class AotFunction:
                 record = _PlanRecord(forward=part.forward, backward=part.backward, saved=part.saved,
                                      recomputed=part.recomputed, strategy=part.strategy)
                 self.cache.put(material, msgspec.json.encode(record))
-        _log("aot forward graph", part.forward)
-        _log("aot backward graph", part.backward)
+        _log("aot forward graph", part.forward, "forward.py")
+        _log("aot backward graph", part.backward, "backward.py")
         plan.partition = part
         plan.forward_graph = part.forward
         n_saved = num_saved(part.backward)
@@ -266,7 +277,7 @@ class AotFunction:
         joint = self._stage(plan, "decompose", lambda: decompose(joint, self.decompositions))
         # decompositions of forward and backward ops recompute the same things (sigmoid)
         joint = self._stage(plan, "cse", lambda: eliminate_common_subexpressions(joint, is_random))
-        _log("aot joint graph", joint)
+        _log("aot joint graph", joint, "joint.py")
         t0 = time.perf_counter()
         part = partition(joint, strategy=self.strategy, memory_budget=self.memory_budget)
         seconds = time.perf_counter() - t0
@@ -286,15 +297,18 @@ class AotFunction:
         if self.requires_grad is not None:
             rg = tuple(a and b for a, b in zip(rg, self.requires_grad, strict=True))
         training = torch.is_grad_enabled() and any(rg)
-        plan = self.plan(rg, training, self.sizes_key(inputs))
+        with observe.compiling(self.debug_name):
+            plan = self.plan(rg, training, self.sizes_key(inputs))
         if plan.forward is None:
             if training and self.compile_backward_early and plan.backward is None:
                 assert plan.partition is not None
-                plan.backward = self.bw_compiler(plan.partition.backward, [])
+                with observe.compiling(self.debug_name, role="backward"):
+                    plan.backward = self.bw_compiler(plan.partition.backward, [])
                 start = getattr(plan.backward, "precompile_async", None)
                 if start is not None:
                     start()
-            plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
+            with observe.compiling(self.debug_name):
+                plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
         if training:
             outs = list(_CompiledFunction.apply(self, plan, *inputs))
         else:
@@ -382,7 +396,8 @@ class _CompiledFunction(torch.autograd.Function):
         create_graph = torch.is_grad_enabled()
         with torch.no_grad():
             if plan.backward is None:
-                plan.backward = fn.bw_compiler(part.backward, [*saved, *tangents])
+                with observe.compiling(fn.debug_name, role="backward"):
+                    plan.backward = fn.bw_compiler(part.backward, [*saved, *tangents])
             out = list(plan.backward(*saved, *tangents))
         result: list[Any] = [None] * len(plan.functional.inputs)
         for idx, g in zip(plan.grad_of, out, strict=True):

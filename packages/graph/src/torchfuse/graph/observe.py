@@ -132,8 +132,29 @@ def write_artifact(graph_name: str, filename: str, text: str) -> Path | None:
 
 
 def emit(filename: str, text: str, *, fallback_name: str = "graph") -> Path | None:
-    """:func:`write_artifact` into the graph being compiled (see :func:`compiling`)."""
+    """:func:`write_artifact` into the graph being compiled (see :func:`compiling`).
+
+    Inside a ``compiling(name, role="backward")`` block the file name gets the role as a
+    prefix (``backward_output_code.py``), so that the forward and backward halves of a
+    training graph keep their files side by side.
+    """
+    role = _role.get()
+    if role:
+        filename = f"{role}_{filename}"
     return write_artifact(current_graph() or fallback_name, filename, text)
+
+
+def record_time(stage: str, seconds: float) -> None:
+    """Add a stage's duration to the current graph's ``timings.json`` (debug/collect only)."""
+    if not wants_artifacts():
+        return
+    name = current_graph() or "graph"
+    role = _role.get()
+    table = _timings.setdefault(name, {})
+    key = f"{role}.{stage}" if role else stage
+    table[key] = table.get(key, 0.0) + seconds
+    write_artifact(name, "timings.json", json.dumps(
+        {"stages_s": table, "total_s": sum(table.values())}, indent=2))
 
 
 def wants_artifacts() -> bool:
@@ -165,6 +186,8 @@ class Collector:
 
 _collectors: list[Collector] = []
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("torchfuse_graph", default=None)
+_role: contextvars.ContextVar[str] = contextvars.ContextVar("torchfuse_role", default="")
+_timings: dict[str, dict[str, float]] = {}
 
 
 @contextlib.contextmanager
@@ -180,13 +203,16 @@ def collect() -> Iterator[Collector]:
 
 
 @contextlib.contextmanager
-def compiling(graph_name: str) -> Iterator[None]:
+def compiling(graph_name: str, role: str = "") -> Iterator[None]:
     """Name the graph whose artifacts the stages inside the block emit (capture sets it
-    around the backend call; autograd keeps it for the backward it compiles later)."""
+    around the backend call; autograd keeps it for the backward it compiles later), and
+    optionally the role of what is compiled (``"backward"``)."""
     token = _current.set(graph_name)
+    role_token = _role.set(role)
     try:
         yield
     finally:
+        _role.reset(role_token)
         _current.reset(token)
 
 

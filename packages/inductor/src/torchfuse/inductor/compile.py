@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.codegen import generate_kernel
@@ -130,9 +131,22 @@ def compile_graph_stages(
         log_schedule.info("%s", post)
     if "output_code" in cfg.logs:
         log_code.info("%s", code)
-    if cfg.debug:
-        write_debug(program, os.path.join(cfg.debug_dir, f"{graph.name}_{time.strftime('%Y%m%d_%H%M%S')}"))
+    for st in stages:
+        observe.record_time(f"inductor.{st.name}", st.seconds)
+    _publish(program, graph.name, cfg)
     return CompileResult(program, tuple(stages))
+
+
+def _publish(program: S.Program, graph_name: str, cfg: InductorConfig) -> None:
+    """Hand the debug files to ``torchfuse_debug/run_<time>/<graph>/`` and to artifact
+    collectors (:mod:`torchfuse.graph.observe`); an explicit ``debug_dir`` option without the
+    global switch writes there instead."""
+    if observe.wants_artifacts():
+        for name in DEBUG_FILES:
+            if name in program.meta:
+                observe.emit(name, program.meta[name], fallback_name=graph_name)
+    elif cfg.debug:
+        write_debug(program, os.path.join(cfg.debug_dir, f"{graph_name}_{time.strftime('%Y%m%d_%H%M%S')}"))
 
 
 def compile_graph(
@@ -161,9 +175,7 @@ def compile_graph(
     key = cache.program_key(graph, mode=mode, cfg=cfg)
     program = cache.lookup_program(key)
     if program is not None:
-        if cfg.debug:
-            stamp = time.strftime("%Y%m%d_%H%M%S")
-            write_debug(program, os.path.join(cfg.debug_dir, f"{graph.name}_{stamp}"))
+        _publish(program, graph.name, cfg)
         return program
     program = compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
     cache.store_program(key, program)
