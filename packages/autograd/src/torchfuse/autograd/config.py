@@ -42,9 +42,3 @@ def from_environment(environ: dict[str, str] | None = None) -> Config:
 
 config: Config = from_environment()
 """The active configuration; tests may replace it with :func:`dataclasses.replace`."""
-
-logger = logging.getLogger("torchfuse.autograd")
-if config.log_aot:
-    logger.setLevel(config.log_level)
-    if not logger.handlers and not logging.getLogger().handlers:
-        logger.addHandler(logging.StreamHandler())

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import msgspec
 import torch
 from torchfuse.autograd.common import AutogradError, eliminate_common_subexpressions, format_graph
-from torchfuse.autograd.config import config, logger
+from torchfuse.autograd.config import config
 from torchfuse.autograd.decompositions import DEFAULT_TABLE, Table, decompose
 from torchfuse.autograd.functionalize import functionalize
 from torchfuse.autograd.joint import joint_graph, tangent_index
@@ -113,7 +113,7 @@ def _log(title: str, graph: S.Graph, artifact: str | None = None) -> None:
     """Log a graph under ``aot`` and hand it to the debug directory / artifact collectors as
     ``artifact`` (``joint.py``, ``forward.py``, ``backward.py``)."""
     if config.log_aot:
-        logger.log(config.log_level, "%s:\n%s", title, format_graph(graph))
+        observe.get_logger("aot", force=True).info("%s:\n%s", title, format_graph(graph))
     if artifact is not None and observe.wants_artifacts():
         from torchfuse.graph.printer import to_python
 

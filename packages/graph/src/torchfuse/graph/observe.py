@@ -67,13 +67,23 @@ def log_enabled(channel: str) -> bool:
     return channel in config.logs
 
 
-def _configure(logger: logging.Logger, channel: str) -> None:
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time (pytest swaps it per test)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # never let logging break a compile
+            self.handleError(record)
+
+
+def _configure(logger: logging.Logger, channel: str, force: bool = False) -> None:
     global _handler
     if _handler is None:
-        _handler = logging.StreamHandler(sys.stderr)
+        _handler = _StderrHandler()
         _handler.setFormatter(logging.Formatter("[torchfuse.%(channel)s] %(message)s"))
     logger.propagate = False
-    if channel in config.logs:
+    if force or channel in config.logs:
         if _handler not in logger.handlers:
             logger.addHandler(_handler)
         logger.setLevel(logging.INFO)
@@ -87,12 +97,14 @@ class _ChannelAdapter(logging.LoggerAdapter):
         return msg, kwargs
 
 
-def get_logger(channel: str) -> logging.LoggerAdapter:
-    """The logger of one channel (``graph``, ``guards``, ``recompiles`` …)."""
+def get_logger(channel: str, *, force: bool = False) -> logging.LoggerAdapter:
+    """The logger of one channel (``graph``, ``guards``, ``recompiles`` …), printing to stderr
+    as ``[torchfuse.<channel>] …`` when the channel is on. ``force=True`` turns it on for a
+    caller that was asked to log through its own options (e.g. inductor's ``logs`` option)."""
     if channel not in CHANNELS:
         raise ValueError(f"unknown log channel {channel!r}; known: {', '.join(CHANNELS)}")
     logger = logging.getLogger(f"torchfuse.{channel}")
-    _configure(logger, channel)
+    _configure(logger, channel, force)
     return _ChannelAdapter(logger, {"channel": channel})
 
 

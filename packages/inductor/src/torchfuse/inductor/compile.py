@@ -11,7 +11,6 @@ the debug files (``ir_pre_fusion.txt``, ``ir_post_fusion.txt``, ``output_code.py
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -30,9 +29,6 @@ from torchfuse.inductor.lowering import lower
 from torchfuse.inductor.plan import build_program, output_code
 from torchfuse.inductor.scheduler import KERNEL_KINDS, dead_code_elimination, format_schedule, schedule
 from torchfuse.inductor.user_kernels import launch_user_kernels
-
-log_schedule = logging.getLogger("torchfuse.inductor.schedule")
-log_code = logging.getLogger("torchfuse.inductor.output_code")
 
 DEBUG_FILES = ("ir_pre_fusion.txt", "ir_post_fusion.txt", "output_code.py", "timings.txt", "fallbacks.txt")
 
@@ -128,9 +124,9 @@ def compile_graph_stages(
     )
     program = msgspec.structs.replace(program, meta=meta)
     if "schedule" in cfg.logs:
-        log_schedule.info("%s", post)
+        observe.get_logger("schedule", force=True).info("%s", post)
     if "output_code" in cfg.logs:
-        log_code.info("%s", code)
+        observe.get_logger("output_code", force=True).info("%s", code)
     for st in stages:
         observe.record_time(f"inductor.{st.name}", st.seconds)
     _publish(program, graph.name, cfg)
