@@ -280,7 +280,7 @@ def test_version_counter_skips_module_checks(monkeypatch):
     assert calls == [1]
 
 
-def test_eager_entry_is_cached():
+def test_break_entry_and_its_resume_function_are_cached():
     def f(x):
         print("side")
         return x + 1
@@ -288,7 +288,9 @@ def test_eager_entry_is_cached():
     cf = compile(f, backend="eager")
     cf(torch.randn(2))
     cf(torch.randn(2))
-    assert len(cf.entries) == 1 and cf.entries[0].eager
+    assert len(cf.entries) == 1 and cf.entries[0].result.plan is not None
+    (resume,) = cf.resumes.values()
+    assert len(resume.entries) == 1 and resume.recompiles == 0
 
 
 def test_autocast_region_matches_eager():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import types
 from typing import Any
 
@@ -11,7 +12,7 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.source import AttrSource, ClassAttrSource, ModuleAttrSource, ModuleStateSource
-from torchfuse.capture.values import from_py, size_of
+from torchfuse.capture.values import HEAPTYPE, from_py, python_override, size_of
 
 # Tensor attributes that are plain metadata: answered from the fake, never recorded.
 _TENSOR_META = {"dtype", "ndim", "is_cuda", "is_sparse", "is_quantized", "is_meta", "layout",
@@ -22,6 +23,10 @@ _TENSOR_UNSUPPORTED = {"grad", "grad_fn", "data", "_version", "untyped_storage",
 
 def getattr_var(obj: V.Var, name: str) -> V.Var:
     ctx = current()
+    if name == "__class__" and isinstance(obj, V.ModuleVar | V.UserObjVar | V.TensorVar | V.ListVar
+                                          | V.DictVar | V.SetVar):
+        # wrapping these guarded their type (modules by identity), so the class is known
+        return V.ObjVar(obj.python_type())
     if isinstance(obj, V.TensorVar):
         return _tensor_attr(obj, name)
     if isinstance(obj, V.ModuleVar):
@@ -33,10 +38,15 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         if fields and name in fields:
             return obj.items[fields.index(name)]
         return V.MethodVar(obj, name)
+    if isinstance(obj, V.DictVar) and obj.kind is not dict:
+        return _dict_subclass_attr(obj, name)
     if isinstance(obj, V.DictVar | V.SetVar):
         return V.MethodVar(obj, name)
     if isinstance(obj, V.ConstVar):
-        value = getattr(obj.value, name)
+        try:
+            value = getattr(obj.value, name)
+        except AttributeError as e:
+            raise UserException(e, ctx.loc) from e
         if callable(value) and not isinstance(value, type):
             return V.MethodVar(obj, name)
         return from_py(value) if obj.source is None else V.ConstVar(value, AttrSource(obj.source, name))
@@ -129,14 +139,61 @@ def _module_attr(obj: V.ModuleVar, name: str) -> V.Var:
     return _class_attr(obj, type(mod), name)
 
 
+# Logging methods are not captured: a message logged while capturing is emitted by the
+# eager run of the first call, but not by the compiled graph (logging is no computation).
+_LOG_LEVELS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
+
+
+def _log_noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 def _object_attr(obj: V.UserObjVar, name: str) -> V.Var:
     ctx = current()
     if name in obj.overrides:
         return obj.overrides[name]
+    if isinstance(obj.value, logging.Logger) and name.startswith(_LOG_LEVELS) and \
+            callable(getattr(obj.value, name, None)):
+        return V.ObjVar(_log_noop)
     d = getattr(obj.value, "__dict__", {})
+    if not obj.is_new and _custom_getattribute(type(obj.value)):
+        return _native_attr(obj, name)
     if name in d and not obj.is_new:
         return ctx.wrap(d[name], AttrSource(obj.source, name) if obj.source is not None else None)
     return _class_attr(obj, type(obj.value), name)
+
+
+def _dict_subclass_attr(obj: V.DictVar, name: str) -> V.Var:
+    """Instance attributes, then what the subclass defines in Python, then dict's methods."""
+    if obj.attrs is not None and name in obj.attrs:
+        return obj.attrs[name]
+    raw = python_override(obj.kind, name, dict)
+    if raw is not None:
+        return bind_class_attr(obj, obj.kind, raw, name)
+    if hasattr(dict, name):
+        return V.MethodVar(obj, name)
+    raw = inspect.getattr_static(obj.kind, name, _MISSING)
+    if raw is _MISSING:
+        raise UserException(AttributeError(f"{obj.kind.__name__!r} object has no attribute {name!r}"),
+                            current().loc)
+    return bind_class_attr(obj, obj.kind, raw, name)
+
+
+def _custom_getattribute(cls: type) -> bool:
+    return inspect.getattr_static(cls, "__getattribute__", None) is not object.__getattribute__
+
+
+def _native_attr(obj: V.UserObjVar, name: str) -> V.Var:
+    """``obj.<name>`` through the class's own ``__getattribute__`` (aliasing configs and the
+    like), run natively: its answer is guarded under the same expression, which re-runs it."""
+    ctx = current()
+    try:
+        value = getattr(obj.value, name)
+    except AttributeError as e:
+        raise UserException(e, ctx.loc) from e
+    if isinstance(value, types.MethodType) and value.__self__ is obj.value:
+        return V.BoundMethodVar(ctx.wrap(value.__func__, None), obj)
+    return ctx.wrap(value, AttrSource(obj.source, name) if obj.source is not None else None)
 
 
 def _class_attr(obj: V.Var, cls: type, name: str) -> V.Var:
@@ -193,6 +250,9 @@ def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
     mro = self_type.__mro__
     start = mro.index(obj.cls) + 1
     for klass in mro[start:]:
+        if isinstance(obj.self_var, V.DictVar) and name in klass.__dict__ and \
+                not klass.__flags__ & HEAPTYPE:
+            return V.MethodVar(obj.self_var, name)  # dict's (or object's) own, in C
         if name in klass.__dict__:
             raw = klass.__dict__[name]
             if isinstance(raw, types.FunctionType):
@@ -203,6 +263,17 @@ def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
 
 def setattr_var(obj: V.Var, name: str, value: V.Var) -> None:
     ctx = current()
+    if isinstance(obj, V.DictVar) and obj.kind is not dict and obj.source is None:
+        from torchfuse.capture.calls import call
+
+        override = python_override(obj.kind, "__setattr__", dict)
+        if isinstance(override, types.FunctionType):
+            call(V.BoundMethodVar(V.ObjVar(override), obj), [V.ConstVar(name), value], {})
+        else:
+            from torchfuse.capture.methods import dict_method
+
+            dict_method(obj, "__setattr__", [V.ConstVar(name), value], {})
+        return
     if isinstance(obj, V.ModuleVar | V.UserObjVar):
         prop = inspect.getattr_static(type(obj.value), name, None)
         if isinstance(prop, property):

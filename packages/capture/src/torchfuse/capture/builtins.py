@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import builtins
 import functools
+import inspect
 import math
 import operator
+import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -258,6 +261,11 @@ def _int_like(kind: type) -> Handler:
 
 
 def _id(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    (v,) = args
+    if isinstance(v, V.ObjVar | V.ModuleVar) or (isinstance(v, V.UserObjVar) and not v.is_new):
+        # functions, classes, modules: held by identity (guarded when read from outside),
+        # so their id is the same on every call the graph serves
+        return V.ConstVar(id(v.value))
     raise Unsupported("id() inside a compiled function: object identities differ between calls",
                       current().loc)
 
@@ -332,6 +340,7 @@ def enter_context(ctxvar: V.ContextVar) -> None:
         cm = torch.autocast(*args, **kw)
         cm.__enter__()
         ctxvar.saved = cm
+        ctx.open_autocasts.append(cm)
     else:
         raise Unsupported(f"context manager {ctxvar.kind}", ctx.loc)
 
@@ -339,6 +348,9 @@ def enter_context(ctxvar: V.ContextVar) -> None:
 def exit_context(ctxvar: V.ContextVar) -> V.Var:
     if ctxvar.kind == "autocast":
         ctxvar.saved.__exit__(None, None, None)
+        open_cms = current().open_autocasts
+        if ctxvar.saved in open_cms:
+            open_cms.remove(ctxvar.saved)
     else:
         set_grad(ctxvar.saved)
     return V.ConstVar(None)
@@ -358,6 +370,28 @@ def set_grad(enabled: bool) -> None:
 # ----------------------------------------------------------------------------- the table
 
 
+def _signature(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``inspect.signature`` reads only code objects and defaults: run it natively."""
+    ctx = current()
+    fn = args[0]
+    if isinstance(fn, V.BoundMethodVar) and isinstance(fn.func, V.ObjVar) and \
+            isinstance(fn.self_var, V.ObjVar | V.ModuleVar | V.UserObjVar):
+        real = types.MethodType(fn.func.value, fn.self_var.value)
+    elif isinstance(fn, V.ObjVar):
+        real = fn.value
+    else:
+        raise Unsupported(f"inspect.signature of {fn.describe()}", ctx.loc)
+    try:
+        sig = inspect.signature(real, **{k: v.python() for k, v in kwargs.items()})
+    except (TypeError, ValueError) as e:
+        raise UserException(e, ctx.loc) from e
+    return V.ObjVar(sig)
+
+
+def _answer(value: Any) -> Handler:
+    return lambda a, k: V.ConstVar(value)
+
+
 def _table() -> dict[Any, Handler]:
     t: dict[Any, Handler] = {
         len: _len, isinstance: _isinstance, getattr: _getattr, hasattr: _hasattr,
@@ -368,12 +402,23 @@ def _table() -> dict[Any, Handler]:
         super: _super, callable: _callable, int: _int_like(int), float: _int_like(float),
         bool: lambda a, k: V.ConstVar(O.truth(a[0])) if a else V.ConstVar(False),
         functools.partial: _partial, functools.reduce: _reduce, issubclass: _fold(issubclass),
-        id: _id,
+        id: _id, inspect.signature: _signature,
+        warnings.warn: _answer(None),  # warnings are not captured, like logging
         torch.no_grad: _context("no_grad"), torch.enable_grad: _context("enable_grad"),
         torch.set_grad_enabled: _context("set_grad_enabled"),
         torch.inference_mode: _context("inference_mode"),
         torch.autocast: _context("autocast"),
     }
+    # Truthful answers to "what is running me?": capture is compiling (libraries then take
+    # their compile-friendly paths, as under torch.compile); it is neither TorchScript nor a
+    # jit trace nor an export-for-deployment.
+    for fn, answer in ((torch.compiler.is_compiling, True),
+                       (getattr(torch.compiler, "is_dynamo_compiling", None), True),
+                       (getattr(torch.compiler, "is_exporting", None), False),
+                       (torch.jit.is_tracing, False), (torch.jit.is_scripting, False),
+                       (torch._C._get_tracing_state, None)):
+        if fn is not None:
+            t[fn] = _answer(answer)
     for name in ("any", "all", "sum", "min", "max"):
         t[getattr(builtins, name)] = _reduce_builtin(name)
     for fn in (range, str, round, divmod, pow, repr, chr, ord, slice, hash, format, bin, hex, oct):
@@ -411,7 +456,9 @@ def handler_for(value: Any) -> Handler | None:
         return _fold(value)
     if isinstance(value, type) and issubclass(value, torch.autocast):
         return _context("autocast")
-    return None
+    from torchfuse.capture.triton_kernels import handler_for as user_kernel_handler
+
+    return user_kernel_handler(value)  # kernel[grid](...) of a user @triton.jit kernel
 
 
 __all__ = ["enter_context", "exit_context", "handler_for", "sorted_vars", "to_py"]

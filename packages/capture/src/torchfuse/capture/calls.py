@@ -15,9 +15,12 @@
 
 from __future__ import annotations
 
+import abc
+import dataclasses
 import functools
 import inspect
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -69,6 +72,10 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     handler = B.handler_for(value)
     if handler is not None:
         return handler(args, kwargs)
+    if type(value) is weakref.ref and not args and not kwargs:
+        # the referent, as an object the capture already knows when it is one (identity
+        # checks such as ``ref() is weight`` then fold)
+        return ctx.wrap(value(), None)
     if isinstance(value, functools.partial):
         pv = V.PartialVar(ctx.wrap(value.func, None), [ctx.wrap(a, None) for a in value.args],
                           {k: ctx.wrap(v, None) for k, v in value.keywords.items()})
@@ -161,11 +168,67 @@ def call_module(fn: V.ModuleVar, args: list[V.Var], kwargs: dict[str, V.Var]) ->
         inner = mod.__dict__["_orig_mod"]
         fn = ctx.wrap(inner, AttrSource(fn.source, "_orig_mod") if fn.source is not None else None)
         mod = inner
-    if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or \
-            getattr(mod, "_forward_hooks_with_kwargs", None) or \
-            torch.nn.modules.module._global_forward_hooks or \
-            torch.nn.modules.module._global_forward_pre_hooks:
-        raise Unsupported(f"module {type(mod).__name__} has hooks", ctx.loc)
+    glob = torch.nn.modules.module
+    if mod._backward_hooks or getattr(mod, "_backward_pre_hooks", None) or \
+            glob._global_forward_hooks or glob._global_forward_pre_hooks or \
+            glob._global_backward_hooks or glob._global_backward_pre_hooks:
+        raise Unsupported(f"module {type(mod).__name__} has backward or global hooks", ctx.loc)
+    pre_hooks = _module_hooks(fn, "_forward_pre_hooks")
+    post_hooks = _module_hooks(fn, "_forward_hooks")
+    if not pre_hooks and not post_hooks:
+        return _run_forward(fn, args, kwargs)
+    # forward hooks run as nn.Module.__call__ runs them: interpreted like any Python
+    args_var: V.Var = V.ListVar(list(args), tuple)
+    kwargs_var: V.Var = V.DictVar(dict(kwargs))
+    for hook_id, hook in pre_hooks:
+        if hook_id in mod._forward_pre_hooks_with_kwargs:
+            res = call(hook, [fn, args_var, kwargs_var], {})
+            if not _is_none(res):
+                from torchfuse.capture.operators import iterate
+
+                pair = iterate(res)
+                if len(pair) != 2:
+                    raise Unsupported("forward pre-hook must return None or (args, kwargs)", ctx.loc)
+                args_var, kwargs_var = pair
+        else:
+            res = call(hook, [fn, args_var], {})
+            if not _is_none(res):
+                args_var = res if isinstance(res, V.ListVar) and res.is_tuple else V.ListVar([res], tuple)
+    from torchfuse.capture.operators import iterate
+
+    if not isinstance(kwargs_var, V.DictVar):
+        raise Unsupported("forward pre-hook returned non-dict kwargs", ctx.loc)
+    result = _run_forward(fn, iterate(args_var), {str(k): v for k, v in kwargs_var.items.items()})
+    for hook_id, hook in post_hooks:
+        if hook_id in mod._forward_hooks_with_kwargs:
+            res = call(hook, [fn, args_var, kwargs_var, result], {})
+        else:
+            res = call(hook, [fn, args_var, result], {})
+        if not _is_none(res):
+            result = res
+    return result
+
+
+def _is_none(v: V.Var) -> bool:
+    return isinstance(v, V.ConstVar) and v.value is None
+
+
+def _module_hooks(fn: V.ModuleVar, table: str) -> list[tuple[int, V.Var]]:
+    """The forward hooks of one table, guarded: which hooks (ids, identity) are installed."""
+    from torchfuse.capture.source import ItemSource, ModuleAttrSource
+
+    ctx = current()
+    hooks = fn.value.__dict__.get(table) or {}
+    src = ModuleAttrSource(fn.source, table) if fn.source is not None else None
+    if src is not None:
+        ctx.guards.keys(src, tuple(hooks))  # a module guard: checked when modules change
+    return [(hid, ctx.wrap(h, ItemSource(src, hid) if src is not None else None))
+            for hid, h in hooks.items()]
+
+
+def _run_forward(fn: V.ModuleVar, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    ctx = current()
+    mod = fn.value
     prev_path = ctx.module_path
     from torchfuse.capture.source import qualified_name
 
@@ -221,6 +284,8 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         bound.apply_defaults()
         items = [v if isinstance(v, V.Var) else V.ConstVar(v) for v in bound.arguments.values()]
         return V.ListVar(items, cls)
+    if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
+        return _construct_data_mapping(cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         raise Unsupported(f"creating module {cls.__name__} inside a compiled function", ctx.loc,
                           "create modules in __init__")
@@ -228,7 +293,7 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         if all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
             return from_py(cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()}))
         raise Unsupported(f"constructing {cls.__qualname__} from non-constant arguments", ctx.loc)
-    if cls.__new__ is not object.__new__ or type(cls) is not type:
+    if cls.__new__ is not object.__new__ or type(cls) not in (type, abc.ABCMeta):
         raise Unsupported(f"class {cls.__qualname__} with a custom __new__ or metaclass", ctx.loc)
     obj = object.__new__(cls)
     var = V.UserObjVar(obj, None, is_new=True)
@@ -238,6 +303,59 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     elif args or kwargs:
         raise Unsupported(f"{cls.__qualname__}() takes no arguments", ctx.loc)
     return var
+
+
+def _construct_data_mapping(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """A dataclass that is also a dict (model outputs): a record of values, so its constructor
+    runs natively on stand-ins — fakes for tensors, placeholders for other objects — and the
+    items and attributes it stored are mapped back to the Vars they stand for."""
+    ctx = current()
+    back: dict[int, V.Var] = {}
+
+    def stand_in(v: V.Var) -> Any:
+        if isinstance(v, V.TensorVar):
+            back[id(v.fake)] = v
+            return v.fake
+        if isinstance(v, V.ConstVar):
+            return v.python()  # guarded: the value may end up in the output as a constant
+        if isinstance(v, V.ListVar) and v.is_tuple and all(isinstance(i, V.TensorVar | V.ConstVar)
+                                                            for i in v.items):
+            value = V.make_sequence(v.kind, [stand_in(i) for i in v.items])
+            back[id(value)] = v
+            return value
+        placeholder = _StandIn(v)
+        back[id(placeholder)] = v
+        return placeholder
+
+    pargs = [stand_in(a) for a in args]
+    pkwargs = {k: stand_in(v) for k, v in kwargs.items()}
+    try:
+        obj = cls(*pargs, **pkwargs)
+    except Exception as e:  # what eager would raise
+        from torchfuse.capture.errors import UserException
+
+        raise UserException(e, ctx.loc) from e
+
+    def var_of(value: Any) -> V.Var:
+        known = back.get(id(value))
+        if known is not None:
+            return known
+        if V.is_constant(value):
+            return V.ConstVar(value)
+        raise Unsupported(f"{cls.__qualname__}() made a value capture cannot follow", ctx.loc)
+
+    items = {k: var_of(v) for k, v in dict.items(obj)}
+    attrs = {k: var_of(v) for k, v in vars(obj).items()}
+    return V.DictVar(items, kind=cls, attrs=attrs)
+
+
+class _StandIn:
+    """Holds the place of a non-tensor Var while a record class is built natively."""
+
+    __slots__ = ("var",)
+
+    def __init__(self, var: V.Var) -> None:
+        self.var = var
 
 
 # ----------------------------------------------------------------------------- inlining

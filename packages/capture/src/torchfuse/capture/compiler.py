@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torchfuse.capture import codegen
 from torchfuse.capture import config as C
 from torchfuse.capture.backends import Backend, lookup_backend
 from torchfuse.capture.context import InputSlot
@@ -26,27 +27,41 @@ from torchfuse.capture.convert import CaptureResult, capture, make_binder
 from torchfuse.capture.errors import GraphBreakInFullgraph, RecompileLimitExceeded, Unsupported
 from torchfuse.capture.guards import describe, module_version, watch_module_attributes
 from torchfuse.capture.output import compile_side_effects, compile_spec
+from torchfuse.capture.resume import (
+    BreakRunner,
+    Continue,
+    is_user_break,
+    resume_code_for,
+    wrap_resume_arg,
+)
+from torchfuse.graph.interpreter import run as run_graph
 
 _ALL: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
 
 
 class Entry:
-    """One compiled specialization of a function."""
+    """One compiled specialization of a function (or of a resume function)."""
 
-    def __init__(self, result: CaptureResult, compiled: Callable[..., list[Any]] | None) -> None:
+    def __init__(self, result: CaptureResult, compiled: Callable[..., list[Any]] | None,
+                 owner: CompiledFunction | None = None) -> None:
         self.result = result
         self.compiled = compiled
         self.fast = result.checks.fast
         self.module_check = result.checks.module
         self.version = module_version[0]
-        self.eager = result.error is not None
+        self.eager = result.error is not None and result.plan is None
         self.params: list[Any] = []
+        self.breaker: BreakRunner | None = None
         if not self.eager:
             ns = dict(result.checks.namespace)
             self.gather, self.fetch_params = _gather_functions(result.inputs, ns)
-            self.rebuild = compile_spec(result.out_spec, ns)
             self.replay = compile_side_effects(result.side_effects, ns)
-            self.single = result.out_spec[0] == "t" and self.replay is None
+            if result.plan is not None:
+                self.breaker = BreakRunner(result.plan, ns, owner)
+                self.single = False
+            else:
+                self.rebuild = compile_spec(result.out_spec, ns)
+                self.single = result.out_spec[0] == "t" and self.replay is None
 
     def revalidate(self, L: Any, G: Any, C_: Any) -> bool:
         """Module attributes changed somewhere: check this entry's module guards again."""
@@ -58,6 +73,17 @@ class Entry:
         return True
 
     def run(self, L: Any, G: Any, C_: Any) -> Any:
+        if self.breaker is not None:
+            grad = torch.is_grad_enabled()
+            try:
+                outs = self.compiled(*self.gather(L, G, C_, self.params))
+            except BaseException:
+                torch.set_grad_enabled(grad)
+                raise
+            torch.set_grad_enabled(self.result.plan.grad_enabled)
+            if self.replay is not None:
+                self.replay(outs, L, G, C_)
+            return self.breaker(outs, L, G, C_)
         outs = self.compiled(*self.gather(L, G, C_, self.params))
         if self.single:
             return outs[self.result.out_spec[1]]
@@ -86,7 +112,13 @@ def _gather_functions(slots: list[InputSlot], ns: dict[str, Any]) -> tuple[Calla
 
 
 class CompiledFunction:
-    """A function (or a module's ``forward``) compiled by torchfuse capture."""
+    """A function (or a module's ``forward``) compiled by torchfuse capture.
+
+    A graph break compiles the graph up to it, runs the breaking instruction in Python and
+    continues in a *resume function* (:mod:`torchfuse.capture.resume`), itself compiled
+    on first call with its own guards and entries. ``results`` keeps every capture made
+    for this function, its resume functions and the user functions called at a break.
+    """
 
     def __init__(self, fn: types.FunctionType, *, backend: str | Backend, fullgraph: bool,
                  dynamic: bool | None, mode: str | None, options: dict[str, Any] | None,
@@ -106,6 +138,11 @@ class CompiledFunction:
         self.name = fn.__qualname__
         self.recompiles = 0
         self.results: list[CaptureResult] = []
+        self.root: CompiledFunction = self
+        self.resumes: dict[tuple, ResumeFunction] = {}
+        self.callees: weakref.WeakKeyDictionary[types.FunctionType, CompiledFunction] = \
+            weakref.WeakKeyDictionary()
+        self._logged_breaks: set[tuple] = set()
         self._warned = False
         self._last_failure: str | None = None
         self._backend_fn: Backend | None = None
@@ -116,60 +153,130 @@ class CompiledFunction:
         if self.bound_self is not None:
             args = (self.bound_self, *args)
         L = self.binder(*args, **kwargs)
-        G, C_ = self.globals, self.closure
+        out = self._dispatch(L, self.closure, args, kwargs)
+        while type(out) is Continue:  # graph breaks: a flat trampoline, loops never nest
+            out = out.target._dispatch(out.args, out.cells, out.args, None)
+        return out
+
+    def _dispatch(self, L: tuple[Any, ...], C_: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+        G = self.globals
         ver = module_version[0]
         for e in self.entries:
             if e.fast(L, G, C_) and (e.version == ver or e.revalidate(L, G, C_)):
                 if e.eager:
-                    return self.fn(*args, **kwargs)
+                    return self._eager(C_, args, kwargs)
                 return e.run(L, G, C_)
-        return self._miss(args, kwargs, L)
+        return self._miss(args, kwargs, L, C_)
+
+    def _eager(self, C_: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def _capture(self, L: tuple[Any, ...], C_: Any) -> CaptureResult:
+        return capture(self.fn, L, self.name)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
 
+    # ----------------------------------------------------------------- graph breaks
+    def resume_function(self, code: types.CodeType, offset: int, nulls: tuple[bool, ...],
+                        local_names: tuple[str, ...]) -> ResumeFunction:
+        """The resume function of ``code`` at ``offset`` for this stack layout (cached)."""
+        root = self.root
+        key = (code, offset, nulls, local_names)
+        rf = root.resumes.get(key)
+        if rf is None:
+            rf = root.resumes[key] = ResumeFunction(root, resume_code_for(code, offset, nulls, local_names))
+        return rf
+
+    def callee(self, fn: Any) -> Callable[..., Any] | None:
+        """A user function called where a graph break happened inside it, compiled on its own.
+
+        Bound methods and ``nn.Module`` s without hooks go through their function /
+        ``forward`` (one compiled function per function, the instance as first argument)."""
+        if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+            inner = self.callee(fn.__func__)
+            return None if inner is None else functools.partial(inner, fn.__self__)
+        if isinstance(fn, torch.nn.Module) and not isinstance(fn, CompiledModule) and \
+                isinstance(type(fn).forward, types.FunctionType) and not _has_hooks(fn):
+            inner = self.callee(type(fn).forward)
+            return None if inner is None else functools.partial(inner, fn)
+        if not isinstance(fn, types.FunctionType) or fn.__code__.co_flags & 0x3A0 or \
+                not all(n.isidentifier() for n in fn.__code__.co_varnames):  # comprehensions (3.11)
+            return None
+        root = self.root
+        cf = root.callees.get(fn)
+        if cf is None:
+            cf = CompiledFunction(fn, backend=root.backend, fullgraph=False, dynamic=root.dynamic,
+                                  mode=root.mode, options=root.options)
+            cf.root = root
+            root.callees[fn] = cf
+        return cf
+
+    def _record(self, result: CaptureResult) -> None:
+        result.part = self.root is not self
+        self.root.results.append(result)
+        _write_debug(result)
+        err = result.error
+        if not is_user_break(result):
+            return
+        if self.root.fullgraph:
+            raise GraphBreakInFullgraph(err) from err
+        key = (err.loc.file, err.loc.line, err.reason) if err.loc is not None else (err.reason,)
+        if key not in self.root._logged_breaks:
+            self.root._logged_breaks.add(key)
+            how = "resuming after it" if result.plan is not None else \
+                f"running the frame eagerly ({getattr(err, 'fallback', 'cannot resume')})"
+            C.logger("breaks").info("graph break in %s: %s; %s", self.name, err, how)
+
     # ----------------------------------------------------------------- misses
-    def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], L: tuple[Any, ...]) -> Any:
-        G, C_ = self.globals, self.closure
+    def _miss(self, args: tuple[Any, ...], kwargs: Any, L: tuple[Any, ...], C_: Any) -> Any:
+        G = self.globals
         if self.entries:
-            failure = self._failure_reason(L)
+            failure = self._failure_reason(L, C_)
             if len(self.entries) >= C.config.recompile_limit:
-                return self._over_limit(args, kwargs, failure)
+                return self._over_limit(C_, args, kwargs, failure)
             self.recompiles += 1
             C.logger("recompiles").info("recompiling %s (entry %d): guard failed: %s",
                                         self.name, len(self.entries) + 1, failure)
-        result = capture(self.fn, L, self.name)
-        self.results.append(result)
-        _write_debug(result)
-        if result.error is not None:
-            if self.fullgraph:
-                raise GraphBreakInFullgraph(result.error) from result.error
-            C.logger("breaks").info("graph break in %s: %s", self.name, result.error)
+        result = self._capture(L, C_)
+        self._record(result)
+        if result.error is not None and result.plan is None:
             entry = Entry(result, None)
         else:
             _log_graph(result)
-            compiled = self._compile_graph(result, L)
-            entry = Entry(result, compiled)
-            entry.params = entry.fetch_params(L, G, C_)
+            compiled = self._compile_graph(result, L, C_)
+            try:
+                entry = Entry(result, compiled, self)
+            except Exception as e:  # a bug in resumption must not break the program: eager
+                if result.plan is None:
+                    raise
+                result.plan = None
+                result.error.fallback = f"internal error preparing the resume: {type(e).__name__}: {e}"
+                entry = Entry(result, None)
+            else:
+                entry.params = entry.fetch_params(L, G, C_)
         if result.uses_modules:
             watch_module_attributes()
         entry.version = module_version[0]
         self.entries.append(entry)
         if entry.eager:
-            return self.fn(*args, **kwargs)
+            return self._eager(C_, args, kwargs)
         return entry.run(L, G, C_)
 
-    def _compile_graph(self, result: CaptureResult, L: tuple[Any, ...]) -> Callable[..., list[Any]]:
+    def _compile_graph(self, result: CaptureResult, L: tuple[Any, ...], C_: Any) -> Callable[..., list[Any]]:
+        graph = result.graph
+        if not graph.nodes:  # a break before any torch op: nothing worth a backend call
+            return lambda *inputs: run_graph(graph, *inputs)
         if self._backend_fn is None:
             self._backend_fn = lookup_backend(self.backend)
         ns = dict(result.checks.namespace)
         gather, fetch = _gather_functions(result.inputs, ns)
-        examples = list(gather(L, self.globals, self.closure, fetch(L, self.globals, self.closure)))
+        examples = list(gather(L, self.globals, C_, fetch(L, self.globals, C_)))
         return self._backend_fn(result.graph, examples)
 
-    def _failure_reason(self, L: tuple[Any, ...]) -> str:
+    def _failure_reason(self, L: tuple[Any, ...], C_: Any) -> str:
         e = self.entries[-1]
-        failed = e.result.checks.first_failure(L, self.globals, self.closure)
+        failed = e.result.checks.first_failure(L, self.globals, C_)
         if failed is None:
             return "no entry matched"
         loc = failed.record.loc
@@ -179,7 +286,7 @@ class CompiledFunction:
             return text
         return f"{text}  (guard from {loc.file}:{loc.line}: {loc.text or loc.function})"
 
-    def _over_limit(self, args: tuple[Any, ...], kwargs: dict[str, Any], failure: str) -> Any:
+    def _over_limit(self, C_: Any, args: tuple[Any, ...], kwargs: Any, failure: str) -> Any:
         msg = (f"torchfuse: {self.name} hit the recompile limit ({C.config.recompile_limit}); "
                f"the guard that kept failing: {failure}. Running it eagerly from now on. "
                "Raise torchfuse.capture.config.recompile_limit, or make the changing value a "
@@ -189,14 +296,77 @@ class CompiledFunction:
         if not self._warned:
             self._warned = True
             warnings.warn(msg, RuntimeWarning, stacklevel=4)  # the user's call site
-        return self.fn(*args, **kwargs)
+        return self._eager(C_, args, kwargs)
+
+    def graph_count(self) -> int:
+        """Graphs captured so far, resume functions included (see :func:`counts_as_graph`)."""
+        return sum(1 for r in self.results if counts_as_graph(r))
 
     def reset(self) -> None:
         for entries in self.cache.values():
             entries.clear()
         self.results.clear()
+        self.resumes.clear()
+        self.callees.clear()
+        self._logged_breaks.clear()
         self.recompiles = 0
         self._warned = False
+
+
+def _has_hooks(mod: torch.nn.Module) -> bool:
+    hooks = torch.nn.modules.module
+    return bool(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or
+                getattr(mod, "_forward_hooks_with_kwargs", None) or
+                hooks._global_forward_hooks or hooks._global_forward_pre_hooks or
+                getattr(hooks, "_global_backward_hooks", None))
+
+
+def counts_as_graph(result: CaptureResult) -> bool:
+    """A graph with ops counts; so does a whole function captured without a break, even
+    with no ops. An empty piece around a break does not (nothing runs there)."""
+    if result.graph is None:
+        return False
+    return bool(result.graph.nodes) or (result.error is None and not result.part)
+
+
+class ResumeFunction(CompiledFunction):
+    """The continuation of a function after a graph break, compiled like any function.
+
+    Its code is generated (:func:`torchfuse.capture.codegen.resume_code`); its arguments are
+    the live stack values and locals, its closure the live cells (new on every call, so
+    they are passed per call rather than fixed on the object)."""
+
+    def __init__(self, root: CompiledFunction, code: types.CodeType) -> None:
+        self.code = code
+        self.fn = codegen.make_function(code, root.globals, ())  # for names; never called
+        self.backend = root.backend
+        self.fullgraph = root.fullgraph
+        self.dynamic, self.mode, self.options = root.dynamic, root.mode, root.options
+        self.bound_self = None
+        self.globals = root.globals
+        self.closure = None
+        self.entries: list[Entry] = []
+        self.cache = {code: self.entries}
+        self.name = code.co_qualname
+        self.recompiles = 0
+        self.results = []
+        self.root = root
+        self.resumes = {}
+        self.callees = weakref.WeakKeyDictionary()
+        self._logged_breaks = set()
+        self._warned = False
+        self._last_failure = None
+        self._backend_fn = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - not user-facing
+        raise TypeError("resume functions are called by the trampoline")
+
+    def _eager(self, C_: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+        return codegen.make_function(self.code, self.globals, C_)(*args)
+
+    def _capture(self, L: tuple[Any, ...], C_: Any) -> CaptureResult:
+        fn = codegen.make_function(self.code, self.globals, C_)
+        return capture(fn, L, self.name, wrap_arg=wrap_resume_arg)
 
 
 def _log_graph(result: CaptureResult) -> None:

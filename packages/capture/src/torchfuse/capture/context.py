@@ -25,7 +25,6 @@ from torchfuse.capture.source import (
     LocalSource,
     ModuleStateSource,
     Source,
-    module_root,
     qualified_name,
 )
 from torchfuse.graph import schema as S
@@ -68,8 +67,15 @@ class Capture:
         self.mutated: dict[int, V.Var] = {}
         self.module_path: str | None = None
         self.uses_modules = False
+        self.open_autocasts: list[torch.autocast] = []
+        """Autocast regions entered by the captured code and not yet left (closed, innermost
+        first, when capture stops early: autocast state and its cast cache must not leak)."""
         self.global_overrides: dict[tuple[int, str], V.Var] = {}
         """Globals assigned during capture: later reads in the same frame see the new value."""
+
+    def close_contexts(self) -> None:
+        while self.open_autocasts:
+            self.open_autocasts.pop().__exit__(None, None, None)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Capture]:
@@ -172,7 +178,7 @@ class Capture:
                 else "parameter" if isinstance(t, torch.nn.Parameter) else "buffer"
             target = qualified_name(source)
             hint = target.replace(".", "_") or "param"
-        elif isinstance(module_root(source), LocalSource):
+        elif isinstance(source_root(source), LocalSource):
             kind, target, hint = "user_input", None, _arg_hint(source)
         else:
             kind, target, hint = "constant", source.expr(), _arg_hint(source)
@@ -198,6 +204,17 @@ class Capture:
         for name, t in self.rec.constants.items():
             if name not in have:
                 self.inputs.append(InputSlot(name, "constant", None, t))
+        # the slots feed the graph positionally: put them in the graph's input order (a
+        # constant the recorder met mid-capture sits between earlier and later inputs)
+        order = {inp.name: n for n, inp in enumerate(self.rec.builder.inputs)}
+        self.inputs.sort(key=lambda slot: order.get(slot.name, len(order)))
+
+
+def source_root(source: Source) -> Source:
+    """The local, global or closure cell a source expression starts from."""
+    while hasattr(source, "base"):
+        source = source.base  # type: ignore[attr-defined]
+    return source
 
 
 def _arg_hint(source: Source) -> str:

@@ -44,12 +44,18 @@ class CaptureResult:
     error: Unsupported | None
     seconds: float
     uses_modules: bool
+    plan: Any = None
+    part: bool = False
+    """Captured from a resume function or a function called at a break (not the whole call)."""
+    """A :class:`~torchfuse.capture.resume.BreakPlan` when ``error`` is a graph break that
+    resumes: ``graph`` is then the graph up to the break."""
 
 
 def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:
     """A function with ``fn``'s signature returning its arguments as a tuple in
     ``co_varnames`` order: binding at C speed, the same errors as calling ``fn``."""
-    sig = inspect.signature(fn)
+    # follow_wrapped=False: a decorated forward (functools.wraps) has the wrapper's code
+    sig = inspect.signature(fn, follow_wrapped=False)
     parts: list[str] = []
     ns: dict[str, Any] = {}
     names: list[str] = []
@@ -89,52 +95,112 @@ def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:
 
 
 def def_location(fn: types.FunctionType) -> S.SourceLoc:
-    code = fn.__code__
+    from torchfuse.capture.codegen import user_code
+
+    code = user_code(fn.__code__)  # a resume function: the user's def line
     text = linecache.getline(code.co_filename, code.co_firstlineno).strip() or None
     return S.SourceLoc(file=code.co_filename, line=code.co_firstlineno, function=code.co_qualname,
                        text=text)
 
 
-def capture(fn: types.FunctionType, L: tuple[Any, ...], name: str) -> CaptureResult:
-    """Interpret ``fn`` on the bound arguments ``L``; never raises Unsupported."""
+def capture(fn: types.FunctionType, L: tuple[Any, ...], name: str, *,
+            wrap_arg: Callable[..., V.Var] | None = None) -> CaptureResult:
+    """Interpret ``fn`` on the bound arguments ``L``; never raises Unsupported.
+
+    A graph break that can resume yields the graph up to it plus a resume plan
+    (:mod:`torchfuse.capture.resume`); ``wrap_arg(ctx, value, source)`` replaces
+    ``ctx.wrap`` for the arguments (resume functions receive iterators, exits...)."""
     t0 = time.perf_counter()
     code = fn.__code__
-    ctx = Capture(name, fn.__globals__, fn.__closure__)
     grad = torch.is_grad_enabled()
-    out_spec = None
-    effects: list[tuple] = []
-    graph = None
-    error: Unsupported | None = None
-    with ctx.active():
-        ctx.loc = def_location(fn)
-        ctx.guards.grad_mode(grad)
-        ctx.guards.autocast(autocast_state())
-        try:
-            local_vars = {nm: ctx.wrap(v, LocalSource(i, nm))
-                          for i, (nm, v) in enumerate(zip(code.co_varnames, L, strict=False))}
-            cells = {}
-            for i, (nm, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or (), strict=True)):
-                try:
-                    contents = ctx.wrap(cell.cell_contents, ClosureSource(i, nm))
-                except ValueError:
-                    contents = V.UNBOUND
-                cells[nm] = V.CellVar(contents, ClosureSource(i, nm))
-            frame = Frame(ctx, code, fn.__globals__, local_vars, cells)
-            ret = frame.run()
-            ctx.loc = None
-            builder = OutputBuilder(ctx)
-            out_spec = builder.spec(ret)
-            effects = builder.side_effects()
-            ctx.sync_constants()
-            tensor_args = [s.source for s in ctx.inputs if s.kind == "user_input" and s.source is not None]
-            if len(tensor_args) > 1:
-                ctx.guards.distinct(tensor_args)
-            graph = ctx.rec.builder.build()
-            graph = msgspec.structs.replace(graph, name=name, guards=ctx.guards.records())
-        except Unsupported as e:
-            error = e
-        finally:
-            torch.set_grad_enabled(grad)
+    stop: tuple[int, Unsupported] | None = None
+    while True:  # twice when a break resumes: the second run stops cleanly before it
+        ctx = Capture(name, fn.__globals__, fn.__closure__)
+        out_spec = None
+        effects: list[tuple] = []
+        graph = None
+        error: Unsupported | None = None
+        plan = None
+        again = False
+        with ctx.active():
+            ctx.loc = def_location(fn)
+            ctx.guards.grad_mode(grad)
+            ctx.guards.autocast(autocast_state())
+            try:
+                wrap = ctx.wrap if wrap_arg is None else (lambda v, src, c=ctx: wrap_arg(c, v, src))
+                local_vars = {nm: wrap(v, LocalSource(i, nm))
+                              for i, (nm, v) in enumerate(zip(code.co_varnames, L, strict=False))}
+                cells = {}
+                for i, (nm, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or (), strict=True)):
+                    try:
+                        contents = ctx.wrap(cell.cell_contents, ClosureSource(i, nm))
+                    except ValueError:
+                        contents = V.UNBOUND
+                    cells[nm] = V.CellVar(contents, ClosureSource(i, nm))
+                frame = Frame(ctx, code, fn.__globals__, local_vars, cells)
+                frame.stop = stop
+                ret = frame.run()
+                ctx.loc = None
+                builder = OutputBuilder(ctx)
+                out_spec = builder.spec(ret)
+                effects = builder.side_effects()
+                graph = _finish(ctx, name)
+            except Unsupported as e:
+                error = e
+                if stop is None and _resumable(e):
+                    # capture again, stopping before the breaking instruction: what it did
+                    # before raising (an inlined call that broke deep inside) leaves no trace
+                    at = Unsupported(e.reason, e.loc, e.hint)
+                    at.inside_call = len(e.break_chain) > 1
+                    stop = (e.break_chain[-1].step, at)
+                    first = e
+                    again = True
+                else:
+                    plan = _plan(ctx, e)
+                    if stop is not None:
+                        error = stop[1].original = first  # the user sees the real break
+                        error.fallback = getattr(e, "fallback", None)
+                    if plan is not None:
+                        effects = plan.effect_ops
+                        graph = _finish(ctx, name)
+            finally:
+                ctx.close_contexts()
+                torch.set_grad_enabled(grad)
+        if not again:
+            break
     return CaptureResult(name=name, graph=graph, inputs=ctx.inputs, out_spec=out_spec,
                          side_effects=effects, checks=ctx.guards.build(), error=error,
-                         seconds=time.perf_counter() - t0, uses_modules=ctx.uses_modules)
+                         seconds=time.perf_counter() - t0, uses_modules=ctx.uses_modules,
+                         plan=plan)
+
+
+def _finish(ctx: Capture, name: str) -> S.Graph:
+    ctx.sync_constants()
+    tensor_args = [s.source for s in ctx.inputs if s.kind == "user_input" and s.source is not None]
+    if len(tensor_args) > 1:
+        ctx.guards.distinct(tensor_args)
+    graph = ctx.rec.builder.build()
+    return msgspec.structs.replace(graph, name=name, guards=ctx.guards.records())
+
+
+def _resumable(error: Unsupported) -> bool:
+    from torchfuse.capture.resume import Fallback, precheck
+
+    try:
+        precheck(error)
+    except Fallback as why:
+        error.fallback = why.reason
+        return False
+    return True
+
+
+def _plan(ctx: Capture, error: Unsupported) -> Any:
+    """The resume plan of a graph break, or ``None`` (then the frame runs eagerly; the
+    reason it cannot resume is kept on the error as ``fallback``)."""
+    from torchfuse.capture.resume import Fallback, plan_break
+
+    try:
+        return plan_break(ctx, error)
+    except Unsupported as why:
+        error.fallback = why.reason if isinstance(why, Fallback) else f"cannot resume: {why.reason}"
+        return None

@@ -1,8 +1,11 @@
 """``explain(fn)(*args)``: what capture makes of a function, without keeping anything.
 
 Reports the graphs, graph breaks (reason, file, line, source text), ops per graph, guards
-and capture time. Nothing is cached: the same call run through ``compile`` later captures
-afresh.
+and capture time. Since capture resumes after a break, finding *every* break means running
+the call: explain compiles ``fn`` afresh with the ``eager`` backend, runs it once on the
+arguments (so the function's own side effects, a ``print`` say, do happen), and reports
+every capture made on the way; an exception the call raises is swallowed, the report then
+stops where it happened. Nothing is cached for later calls.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torchfuse.capture.convert import capture, make_binder
 from torchfuse.capture.guards import describe
 from torchfuse.graph import schema as S
 
@@ -27,6 +29,8 @@ class BreakReason:
     lineno: int | None
     text: str | None
     function: str | None = None
+    fallback: str | None = None
+    """Set when capture could not resume after this break: why the frame runs eagerly."""
 
     def __str__(self) -> str:
         where = f"{self.filename}:{self.lineno}" if self.filename else "<unknown>"
@@ -35,6 +39,8 @@ class BreakReason:
         out = f"{self.reason}\n    at {where}"
         if self.text:
             out += f"\n      {self.text}"
+        if self.fallback:
+            out += f"\n    not resumed, the frame runs eagerly: {self.fallback}"
         return out
 
 
@@ -99,18 +105,48 @@ def explain(fn: Callable[..., Any]) -> Callable[..., Explanation]:
     func: types.FunctionType = fn
 
     def run(*args: Any, **kwargs: Any) -> Explanation:
-        if bound_self is not None:
-            args = (bound_self, *args)
-        L = make_binder(func)(*args, **kwargs)
-        result = capture(func, L, func.__qualname__)
-        graphs = [result.graph] if result.graph is not None else []
-        breaks = []
-        if result.error is not None:
-            loc = result.error.loc
-            breaks.append(BreakReason(result.error.reason, loc.file if loc else None,
-                                      loc.line if loc else None, loc.text if loc else None,
-                                      loc.function if loc else None))
-        guards = list(result.checks.entries and [e.record for e in result.checks.entries])
-        return Explanation(graphs, breaks, guards, result.seconds)
+        results = collect(func, bound_self, args, kwargs)
+        from torchfuse.capture.compiler import counts_as_graph
+
+        graphs = [r.graph for r in results if counts_as_graph(r)]
+        guards = [e.record for r in results for e in r.checks.entries]
+        return Explanation(graphs, break_reasons(results), guards, sum(r.seconds for r in results))
 
     return run
+
+
+def collect(func: types.FunctionType, bound_self: Any, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> list[Any]:
+    """Run ``func`` once through a fresh eager-backend compile; every capture it made."""
+    from torchfuse.capture.compiler import CompiledFunction
+
+    cf = CompiledFunction(func, backend="eager", fullgraph=False, dynamic=None, mode=None,
+                          options=None, bound_self=bound_self)
+    try:
+        cf(*args, **kwargs)
+    except Exception:  # the user's own error: report what was captured up to it
+        pass
+    results = list(cf.results)
+    cf.reset()
+    return results
+
+
+def break_reasons(results: list[Any]) -> list[BreakReason]:
+    """Each distinct graph break of these captures, in the order they were met."""
+    out: list[BreakReason] = []
+    seen: set[tuple] = set()
+    from torchfuse.capture.resume import is_user_break
+
+    for r in results:
+        err = r.error
+        if not is_user_break(r):
+            continue
+        loc = err.loc
+        key = (err.reason, loc.file if loc else None, loc.line if loc else None)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(BreakReason(err.reason, loc.file if loc else None, loc.line if loc else None,
+                               loc.text if loc else None, loc.function if loc else None,
+                               None if r.plan is not None else getattr(err, "fallback", None)))
+    return out

@@ -103,7 +103,11 @@ def _in_spec(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 def export(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Exported:
-    """Capture ``fn(*args, **kwargs)`` as one Graph with its weights, or raise ExportError."""
+    """Capture ``fn(*args, **kwargs)`` as one Graph with its weights, or raise ExportError.
+
+    When the function graph-breaks, the error lists every break: to find those after the
+    first, the call is run once through ``compile`` (capture resumes after each break), so
+    the function's own side effects happen then."""
     bound_self = None
     target = fn
     if isinstance(target, torch.nn.Module):
@@ -116,13 +120,13 @@ def export(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Exported:
     L = make_binder(target)(*call_args, **kwargs)
     result = capture(target, L, target.__qualname__)
     if result.error is not None:
-        raise ExportError(target.__qualname__, [result.error])
+        raise ExportError(target.__qualname__, _all_breaks(target, bound_self, args, kwargs, result))
     if result.side_effects:
         raise ExportError(target.__qualname__, [Unsupported(
             f"side effects on Python objects ({', '.join(str(e[1]) for e in result.side_effects)})"
             " cannot be exported")])
     try:
-        out_spec = spec_to_json(result.out_spec)
+        out_spec = spec_to_json(_constants_by_value(result.out_spec, L, target))
     except Unsupported as e:
         raise ExportError(target.__qualname__, [e]) from e
     graph = result.graph
@@ -132,6 +136,49 @@ def export(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Exported:
                                                  "out_spec": out_spec,
                                                  "producer": "torchfuse-capture export"})
     return Exported(graph, tensors)
+
+
+def _constants_by_value(spec: Any, L: tuple[Any, ...], fn: types.FunctionType) -> Any:
+    """Constant arguments returned as they are (``("s", "L[1]")``) become their export-time
+    values: an exported program has no caller to read them from."""
+    import sys
+
+    from torchfuse.capture.variables import is_constant
+
+    tag = spec[0]
+    if tag == "s":
+        value = eval(spec[1], {"L": L, "G": fn.__globals__, "C": fn.__closure__, "sys": sys})
+        return ("c", value) if is_constant(value) else spec
+    if tag == "seq":
+        return ("seq", spec[1], [_constants_by_value(s, L, fn) for s in spec[2]])
+    if tag == "dict":
+        return ("dict", spec[1], spec[2], [_constants_by_value(s, L, fn) for s in spec[3]])
+    return spec
+
+
+def _all_breaks(target: types.FunctionType, bound_self: Any, args: tuple[Any, ...],
+                kwargs: dict[str, Any], first: Any) -> list[Unsupported]:
+    """Every graph break of the call (capture resumes after each, so running it finds them
+    all); the first one alone when running it fails."""
+    from torchfuse.capture.explain import collect
+
+    try:
+        results = collect(target, bound_self, args, kwargs)
+    except Exception:
+        return [first.error]
+    seen: set[tuple] = set()
+    out: list[Unsupported] = []
+    from torchfuse.capture.resume import is_user_break
+
+    for r in results:
+        e = r.error
+        if not is_user_break(r):
+            continue
+        key = (e.reason, e.loc.file if e.loc else None, e.loc.line if e.loc else None)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out or [first.error]
 
 
 def _weights(slots: list[InputSlot], L: tuple[Any, ...], fn: types.FunctionType) -> dict[str, torch.Tensor]:

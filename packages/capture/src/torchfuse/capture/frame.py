@@ -17,6 +17,7 @@ import types
 from typing import Any
 
 from torchfuse.capture import variables as V
+from torchfuse.capture.codegen import user_code
 from torchfuse.capture.config import config
 from torchfuse.capture.context import Capture
 from torchfuse.capture.errors import Unsupported, UserException
@@ -36,6 +37,13 @@ class BreakState:
     instruction: dis.Instruction
     stack: list[V.Var]
     locals: dict[str, V.Var]
+    mark: tuple[int, int] = (0, 0)
+    """Graph nodes and side effects recorded before the instruction started."""
+    kw_names: tuple[str, ...] = ()
+    """The keyword names a ``KW_NAMES`` set for the instruction (a ``CALL``)."""
+    step: int = 0
+    """How many instructions this frame had started, this one included (for stopping a
+    second capture right before it)."""
 
 
 class Frame:
@@ -60,6 +68,8 @@ class Frame:
         self.exc_info: list[V.Var] = []
         """Exceptions being handled (``PUSH_EXC_INFO`` / ``POP_EXCEPT``)."""
         self.is_root = parent is None and depth == 0
+        self.stop: tuple[int, Unsupported] | None = None
+        """``(step, error)``: raise ``error`` instead of running the ``step``-th instruction."""
         self._line: int | None = None
 
     @staticmethod
@@ -91,7 +101,7 @@ class Frame:
         text = linecache.getline(self.code.co_filename, line).strip() or None
         return SourceLoc(file=self.code.co_filename, line=line,
                          col=pos.col_offset if pos is not None else None,
-                         function=self.code.co_qualname, text=text)
+                         function=user_code(self.code).co_qualname, text=text)
 
     def _handle(self, e: UserException, inst: dis.Instruction, before: list[V.Var]) -> bool:
         """Jump to the ``except``/``finally`` handler covering ``inst``, as CPython would."""
@@ -125,9 +135,15 @@ class Frame:
                 handler = DISPATCH.get(inst.opname)
                 steps += 1
                 if steps > config.max_loop_iterations:
-                    raise Unsupported("loop ran too long to unroll", ctx.loc)
+                    err = Unsupported("loop ran too long to unroll", ctx.loc)
+                    err.resumable = False  # type: ignore[attr-defined]
+                    raise err
                 before = list(self.stack)
+                kw = self.kw_names
+                mark = (len(ctx.rec.builder.nodes), len(ctx.side_effects))
                 try:
+                    if self.stop is not None and steps == self.stop[0]:
+                        raise self.stop[1]  # the break a first capture found: stop before it
                     if handler is None:
                         raise Unsupported(f"bytecode {inst.opname} is not supported", ctx.loc)
                     handler(self, inst)
@@ -136,18 +152,21 @@ class Frame:
                         continue
                     if e.loc is None:
                         e.loc = ctx.loc
-                    e.break_chain.append(BreakState(self, index, inst, before, dict(self.locals)))
+                    e.break_chain.append(BreakState(self, index, inst, before, dict(self.locals),
+                                                     mark, kw, steps))
                     raise
                 except Unsupported as e:
                     if e.loc is None:
                         e.loc = ctx.loc
-                    e.break_chain.append(BreakState(self, index, inst, before, dict(self.locals)))
+                    e.break_chain.append(BreakState(self, index, inst, before, dict(self.locals),
+                                                     mark, kw, steps))
                     raise
                 except Exception as e:
                     # a bug in capture must not break the user's program: run eagerly, say why
                     err = Unsupported(f"internal capture error on {inst.opname}: "
                                       f"{type(e).__name__}: {e}", ctx.loc)
-                    err.break_chain.append(BreakState(self, index, inst, before, dict(self.locals)))
+                    err.break_chain.append(BreakState(self, index, inst, before, dict(self.locals),
+                                                     mark, kw, steps))
                     err.internal = True
                     raise err from e
             return self.result

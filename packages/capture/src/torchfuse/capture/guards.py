@@ -55,6 +55,29 @@ def watch_module_attributes() -> None:
 
         functools.update_wrapper(wrapper, orig)
         setattr(cls, name, wrapper)
+    # Hooks live in per-module dicts: adding one goes through ``register_*hook``, removing
+    # one through its handle; both move the version so module guards on hooks are checked.
+    for name in ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                 "register_backward_hook", "register_full_backward_pre_hook"):
+        orig = getattr(cls, name, None)
+        if orig is None:
+            continue
+
+        def hook_wrapper(*args: Any, __orig: Callable[..., Any] = orig, **kwargs: Any) -> Any:
+            module_version[0] += 1
+            return __orig(*args, **kwargs)
+
+        functools.update_wrapper(hook_wrapper, orig)
+        setattr(cls, name, hook_wrapper)
+    handle_cls = torch.utils.hooks.RemovableHandle
+    orig_remove = handle_cls.remove
+
+    def remove(self: Any) -> None:
+        module_version[0] += 1
+        orig_remove(self)
+
+    functools.update_wrapper(remove, orig_remove)
+    handle_cls.remove = remove  # type: ignore[method-assign]
 
 
 def _config() -> Any:

@@ -142,7 +142,28 @@ def dict_method(obj: V.DictVar, name: str, args: list[V.Var], kwargs: dict[str, 
         default = args[1] if len(args) > 1 else V.ConstVar(None)
         return items.get(k, default)
     if name == "__getitem__":
+        if obj.kind is not dict:  # dict's own lookup (``super().__getitem__`` in a subclass)
+            k = args[0].python()
+            if k not in items:
+                raise UserException(KeyError(k), ctx.loc)
+            return items[k]
         return O.getitem(obj, args[0])
+    if name == "__setitem__":  # dict's own store, as a subclass's override reaches it
+        O.mutate(obj)
+        items[args[0].python()] = args[1]
+        return V.ConstVar(None)
+    if name == "__delitem__":
+        O.mutate(obj)
+        k = args[0].python()
+        if k not in items:
+            raise UserException(KeyError(k), ctx.loc)
+        del items[k]
+        return V.ConstVar(None)
+    if name == "__setattr__" and obj.kind is not dict:  # object's store, for a dict subclass
+        if obj.attrs is None:
+            obj.attrs = {}
+        obj.attrs[args[0].python()] = args[1]
+        return V.ConstVar(None)
     if name == "copy":
         return V.DictVar(dict(items))
     if name == "pop":

@@ -6,7 +6,9 @@ handled structurally (``[a] + [b]``, ``t[1:]``).
 
 from __future__ import annotations
 
+import inspect
 import operator
+import types
 from typing import Any
 
 import torch
@@ -14,7 +16,7 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.source import ItemSource, ModuleStateSource
-from torchfuse.capture.values import contains_tensor, from_py, to_py
+from torchfuse.capture.values import contains_tensor, from_py, python_override, to_py
 
 BINARY: dict[str, Any] = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
@@ -189,6 +191,9 @@ def getitem(obj: V.Var, key: V.Var) -> V.Var:
             return obj.items[k]
         except (IndexError, TypeError) as e:
             raise UserException(e, ctx.loc) from e
+    if isinstance(obj, V.DictVar) and obj.kind is not dict and \
+            isinstance(python_override(obj.kind, "__getitem__", dict), types.FunctionType):
+        return _dunder(obj, "__getitem__", [key])
     if isinstance(obj, V.DictVar):
         k = key.python()
         if k not in obj.items:
@@ -198,7 +203,21 @@ def getitem(obj: V.Var, key: V.Var) -> V.Var:
         return module_getitem(obj, key.python())
     if isinstance(obj, V.ConstVar | V.ObjVar):
         return fold(operator.getitem, obj, key)
+    if isinstance(obj, V.UserObjVar):
+        return _dunder(obj, "__getitem__", [key])
     raise Unsupported(f"subscript of {obj.describe()}", ctx.loc)
+
+
+def _dunder(obj: V.Var, name: str, args: list[V.Var]) -> V.Var:
+    """A special method of a user class, called as Python does (looked up on the type)."""
+    from torchfuse.capture.attrs import getattr_var
+    from torchfuse.capture.calls import call
+
+    ctx = current()
+    if inspect.getattr_static(obj.python_type(), name, None) is None:
+        raise UserException(TypeError(f"{obj.python_type().__name__!r} object does not support "
+                                      f"{name}"), ctx.loc)
+    return call(getattr_var(obj, name), args, {})
 
 
 def module_getitem(obj: V.ModuleVar, k: Any) -> V.Var:
@@ -231,6 +250,10 @@ def setitem(obj: V.Var, key: V.Var, value: V.Var) -> None:
         else:
             obj.items[k] = value
         return
+    if isinstance(obj, V.DictVar) and obj.kind is not dict and \
+            isinstance(python_override(obj.kind, "__setitem__", dict), types.FunctionType):
+        _dunder(obj, "__setitem__", [key, value])
+        return
     if isinstance(obj, V.DictVar):
         mutate(obj)
         obj.items[key.python()] = value
@@ -239,6 +262,10 @@ def setitem(obj: V.Var, key: V.Var, value: V.Var) -> None:
 
 
 def delitem(obj: V.Var, key: V.Var) -> None:
+    if isinstance(obj, V.DictVar) and obj.kind is not dict and \
+            isinstance(python_override(obj.kind, "__delitem__", dict), types.FunctionType):
+        _dunder(obj, "__delitem__", [key])
+        return
     if isinstance(obj, V.ListVar | V.DictVar) and not (isinstance(obj, V.ListVar) and obj.is_tuple):
         mutate(obj)
         del obj.items[key.python()]

@@ -46,6 +46,8 @@ class OutputBuilder:
                 self.count += 1
             return ("t", self.index[key])
         if isinstance(var, V.ConstVar):
+            if var.source is not None:  # the caller's value, read again: no guard baked in
+                return ("s", var.source.expr())
             return ("c", var.value)
         if var.source is not None and (isinstance(var, V.DictVar | V.SetVar) or
                                        (isinstance(var, V.ListVar) and not var.is_tuple)):
@@ -122,6 +124,9 @@ def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], 
             consts.append(s[2])
             kidx = len(consts) - 1
             pairs = ", ".join(f"_K[{kidx}][{n}]: {expr(v)}" for n, v in enumerate(s[3]))
+            if s[1] is not dict:  # a dict subclass (a dataclass record: keyword construction)
+                consts.append(s[1])
+                return f"_mapping(_K[{len(consts) - 1}], {{{pairs}}})"
             return "{" + pairs + "}"
         if tag == "obj":
             consts.append(s[1])
@@ -135,8 +140,17 @@ def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], 
     ns = dict(namespace)
     ns["_K"] = consts
     ns["_new"] = _new_object
+    ns["_mapping"] = _new_mapping
     exec(compile(src, "<torchfuse rebuild>", "exec"), ns)
     return ns["rebuild"]
+
+
+def _new_mapping(cls: type, items: dict[Any, Any]) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(cls):
+        return cls(**items)
+    return cls(items)
 
 
 def _new_object(cls: type, attrs: dict[str, Any]) -> Any:

@@ -74,7 +74,9 @@ class AttrSource(Source):
 
     @property
     def is_module_state(self) -> bool:
-        return self.base.is_module_state
+        # an attribute of a plain object (a model's config) can change without any module
+        # attribute being set: its guards run on every call, not only on module changes
+        return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,3 +71,17 @@ def contains_tensor(var: V.Var) -> bool:
         return any(contains_tensor(i) for i in var.items.values())
     return False
 
+
+
+HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement made it, not C code
+
+
+def python_override(cls: type, name: str, base: type) -> Any:
+    """What a subclass of builtin ``base`` defines in Python for ``name`` (in a class above
+    the first C-implemented one, such as ``OrderedDict``), or None."""
+    for klass in cls.__mro__:
+        if klass is base or not klass.__flags__ & HEAPTYPE:
+            return None
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None

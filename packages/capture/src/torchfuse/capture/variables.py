@@ -152,10 +152,13 @@ def make_sequence(kind: type, vals: list[Any]) -> Any:
 class DictVar(Var):
     """A dict whose keys are constants (or objects hashed by identity)."""
 
-    def __init__(self, items: dict[Any, Var], source: Source | None = None, kind: type = dict) -> None:
+    def __init__(self, items: dict[Any, Var], source: Source | None = None, kind: type = dict,
+                 attrs: dict[str, Var] | None = None) -> None:
         self.items = dict(items)
         self.source = source
         self.kind = kind
+        self.attrs = attrs
+        """Instance attributes of a dict subclass built during capture (dataclass fields)."""
 
     def python_type(self) -> type:
         return self.kind
