@@ -240,8 +240,8 @@ def test_debug_directory(tmp_path, monkeypatch):
         monkeypatch.delenv("TORCHFUSE_DEBUG")
         observe.reload_config()
     files = {p.name for p in tmp_path.rglob("*") if p.is_file()}
-    assert {"captured_graph.py", "guards.py"} <= files
-    text = next(tmp_path.rglob("captured_graph.py")).read_text()
+    assert {"graph.py", "guards.txt", "timings.json"} <= files
+    text = next(tmp_path.rglob("graph.py")).read_text()
     assert "aten.sin.default" in text and "return x.sin() + 1" in text
 
 

@@ -272,7 +272,11 @@ class CompiledFunction:
         ns = dict(result.checks.namespace)
         gather, fetch = _gather_functions(result.inputs, ns)
         examples = list(gather(L, self.globals, C_, fetch(L, self.globals, C_)))
-        return self._backend_fn(result.graph, examples)
+        from torchfuse.graph import observe
+
+        # Every stage the backend runs (aot, inductor, ...) files its artifacts under this graph.
+        with observe.compiling(_debug_name(result)):
+            return self._backend_fn(result.graph, examples)
 
     def _failure_reason(self, L: tuple[Any, ...], C_: Any) -> str:
         e = self.entries[-1]
@@ -380,20 +384,31 @@ def _log_graph(result: CaptureResult) -> None:
                                 "\n".join("  " + describe(r) for r in result.graph.guards))
 
 
+def _debug_name(result: CaptureResult) -> str:
+    return result.name.replace("<", "").replace(">", "")
+
+
 def _write_debug(result: CaptureResult) -> None:
-    """``TORCHFUSE_DEBUG=1``: the captured graph as Python, its guards, the break if any."""
+    """The captured graph as Python (``graph.py``), its guards (``guards.txt``: the records,
+    then the generated check function) and the break if any, for ``TORCHFUSE_DEBUG=1`` and
+    artifact collectors (:mod:`torchfuse.graph.observe`)."""
     from torchfuse.graph import observe
 
-    if observe.debug_dir() is None:
+    if not observe.wants_artifacts():
         return
-    name = f"capture_{result.name}".replace("<", "").replace(">", "")
-    if result.graph is not None:
-        from torchfuse.graph.printer import to_python
+    name = _debug_name(result)
+    with observe.compiling(name):
+        observe.record_time("capture", result.seconds)
+        if result.graph is not None:
+            from torchfuse.graph.printer import to_python
 
-        observe.write_artifact(name, "captured_graph.py", to_python(result.graph))
-    observe.write_artifact(name, "guards.py", result.checks.source)
-    if result.error is not None:
-        observe.write_artifact(name, "graph_break.txt", str(result.error))
+            observe.emit("graph.py", to_python(result.graph))
+            records = "\n".join(describe(r) + (f"    # {r.loc}" if r.loc else "")
+                                for r in result.graph.guards)
+            observe.emit("guards.txt", f"{records}\n\n# the generated check function\n"
+                                       f"{result.checks.source}")
+        if result.error is not None:
+            observe.emit("graph_break.txt", str(result.error))
 
 
 class CompiledModule(torch.nn.Module):
