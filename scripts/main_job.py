@@ -21,10 +21,13 @@ Exit status 0 when every comparison with eager passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.metadata as md
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -33,6 +36,12 @@ if not torch.cuda.is_available():
     # Without a GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
     # before triton is imported anywhere.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# A fresh compile cache, so that every stage really runs (and shows its artifacts) and the
+# first-call time is a cold compile. Set TORCHFUSE_CACHE_DIR yourself to see a warm start.
+if "TORCHFUSE_CACHE_DIR" not in os.environ:
+    os.environ["TORCHFUSE_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchfuse_main_job_")
+    atexit.register(shutil.rmtree, os.environ["TORCHFUSE_CACHE_DIR"], ignore_errors=True)
 
 import torchfuse.capture as tfc
 from torchfuse.graph import observe
@@ -117,7 +126,9 @@ def run_seed_function(device: str, size: int, repeats: int, max_lines: int) -> b
 
     for title, filename, what in STAGES:
         heading(f"{title}  [{filename}: {what}]")
-        texts = [a for a in art.artifacts if a.filename.endswith(filename)]
+        # forward (or inference) first, then the backward half
+        texts = sorted((a for a in art.artifacts if a.filename.endswith(filename)),
+                       key=lambda a: a.filename.startswith("backward_"))
         if not texts:
             show(None, max_lines)
         for a in texts:
