@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the GPU tests and the benchmark suite on the GPU machine. See docs/gpu.md.
 #
-#   scripts/gpu_run.sh                  # every phase: setup tests capture bench overhead
+#   scripts/gpu_run.sh                  # default phases: setup tests capture bench overhead
+#   scripts/gpu_run.sh modes            # small_ops under reduce-overhead + the graph-break benchmark
 #   scripts/gpu_run.sh tests bench      # some phases (setup always runs first)
 #
 # The machine has torch, triton, pytest and friends but no internet and no msgspec, bytecode or
@@ -241,6 +242,26 @@ phase_overhead() {
     return "$rc"
 }
 
+# Rows in other modes and the graph-break benchmark: results go to the bench log only (the
+# GPU tool brings back at most 8 files).
+phase_modes() {
+    local t rc=0 r
+    t=$(phase_timeout 120)
+    ((t < 30)) && return 124
+    log "benchmarks/run.py --only small_ops --mode reduce-overhead (timeout ${t}s)"
+    timeout "$t" "$PY" benchmarks/run.py --only small_ops --mode reduce-overhead --no-cache-hit \
+        --no-plot --tag "${TAG}_reduce_overhead" --out /tmp/modes_results 2>&1 | tee -a "$BENCH_LOG"
+    r=${PIPESTATUS[0]}; ((r != 0)) && rc=$r
+    if [[ -f benchmarks/graph_break.py ]]; then
+        t=$(phase_timeout 90)
+        ((t < 20)) && return 124
+        log "benchmarks/graph_break.py (timeout ${t}s)"
+        timeout "$t" "$PY" benchmarks/graph_break.py 2>&1 | tee -a "$BENCH_LOG"
+        r=${PIPESTATUS[0]}; ((r != 0)) && rc=$r
+    fi
+    return "$rc"
+}
+
 # With $OUT set, everything was written there; keep a copy in benchmarks/results as well.
 collect() {
     [[ -z "$OUT_DIR" ]] && return 0
@@ -255,8 +276,8 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead)" >&2; exit 2 ;; esac
+        case $p in setup | tests | capture | bench | overhead | modes) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes)" >&2; exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"
     phase_setup
