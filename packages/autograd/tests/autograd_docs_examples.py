@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torchfuse.autograd import aot, functionalize, interpreter_compiler, partition
-from torchfuse.autograd.common import simple_format
 from torchfuse.graph import trace
+from torchfuse.graph.printer import describe_graph
 
 
 def _functionalize_example() -> tuple[str, str]:
@@ -19,7 +19,7 @@ def _functionalize_example() -> tuple[str, str]:
         return x * 2
 
     graph, _ = trace(update, torch.randn(4, 4), torch.randn(4), name="update")
-    return simple_format(graph), simple_format(functionalize(graph))
+    return describe_graph(graph), describe_graph(functionalize(graph))
 
 
 def _running_stat_example() -> tuple[str, str]:
@@ -28,7 +28,7 @@ def _running_stat_example() -> tuple[str, str]:
         return x - running
 
     graph, _ = trace(step, torch.randn(8, 4), torch.randn(4), name="step")
-    return simple_format(graph), simple_format(functionalize(graph))
+    return describe_graph(graph), describe_graph(functionalize(graph))
 
 
 def block(x, w):
@@ -45,11 +45,11 @@ def _partition_example() -> dict[str, str]:
     cut = fn.plan((False, True), training=True).partition
     every = partition(stages["cse"], strategy="save_all")
     return {
-        "captured": simple_format(graph),
-        "joint": simple_format(stages["joint_graph"]),
-        "joint_decomposed": simple_format(stages["cse"]),
-        "forward": simple_format(stages["partition.forward"]),
-        "backward": simple_format(stages["partition.backward"]),
+        "captured": describe_graph(graph),
+        "joint": describe_graph(stages["joint_graph"]),
+        "joint_decomposed": describe_graph(stages["cse"]),
+        "forward": describe_graph(stages["partition.forward"]),
+        "backward": describe_graph(stages["partition.backward"]),
         "saved": "\n".join([f"min_cut  saves {cut.saved_bytes} bytes: {list(cut.saved)}",
                             f"save_all saves {every.saved_bytes} bytes: {list(every.saved)}",
                             f"recomputed in the backward: {list(cut.recomputed)}"]),

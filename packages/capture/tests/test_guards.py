@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 
 import pytest
@@ -194,6 +195,32 @@ def test_recompile_limit_falls_back_to_eager_and_warns():
     msgs = [str(m.message) for m in w if "recompile limit" in str(m.message)]
     assert len(msgs) == 1
     assert "f" in msgs[0] and "L[1] == 2" in msgs[0]
+
+
+def _break_then_scale(x, n):
+    y = x + 1
+    print("a graph break")  # the limit is then hit by the resume function
+    return y * n
+
+
+class _Scale(nn.Module):
+    def forward(self, x, n):
+        return x * n
+
+
+@pytest.mark.parametrize("fn", [lambda x, n: x + n, _break_then_scale, _Scale()],
+                         ids=["function", "function_with_break", "module"])
+def test_recompile_limit_warning_points_at_the_callers_line(fn):
+    cf = compile(fn, backend="eager")
+    x = torch.randn(2)
+    with config.patch(recompile_limit=2), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for n in range(4):
+            call_line = sys._getframe().f_lineno + 1
+            assert_same(cf(x, n), fn(x, n))
+    hits = [m for m in w if "recompile limit" in str(m.message)]
+    assert len(hits) == 1
+    assert (hits[0].filename, hits[0].lineno) == (__file__, call_line)
 
 
 def test_recompile_limit_can_raise():

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 import torch
+from torchfuse.graph import printer
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import node_inputs, tensor_refs, to_dtype
@@ -166,69 +167,13 @@ def prune_values(graph: S.Graph) -> S.Graph:
 
 
 def format_graph(graph: S.Graph) -> str:
-    """The graph as Python-like text (``torchfuse.graph``'s printer when it has one)."""
+    """The graph as Python for the ``aot`` log, each output's kind listed after it."""
     try:
-        from torchfuse.graph import to_python  # type: ignore[attr-defined]
-    except ImportError:
-        to_python = None
-    if to_python is not None:
-        try:
-            text = to_python(graph).rstrip()
-        except Exception:  # a printer bug must never break compilation
-            return simple_format(graph)
-        kinds = [f"#   {i}: {_output_tag(o)}" for i, o in enumerate(graph.outputs)]
-        return "\n".join([text, "# outputs:", *kinds])
-    return simple_format(graph)
-
-
-def _output_tag(o: S.GraphOutput) -> str:
-    tag = o.kind if o.target is None else f"{o.kind} {o.target}"
-    return tag + (f", aliases {o.aliases_input}" if o.aliases_input else "")
-
-
-def _fmt_arg(a: S.Argument) -> str:
-    if isinstance(a, S.TensorRef):
-        return a.name
-    if isinstance(a, S.ListArg):
-        return "[" + ", ".join(_fmt_arg(x) for x in a.items) + "]"
-    if isinstance(a, S.NoneArg):
-        return "None"
-    if isinstance(a, S.SymRef):
-        return a.expr
-    if isinstance(a, S.DtypeArg):
-        return f"torch.{a.name}"
-    if isinstance(a, S.DeviceArg):
-        return f"device({a.name!r})"
-    if isinstance(a, S.Str):
-        return repr(a.value)
-    if isinstance(a, S.LayoutArg | S.MemoryFormatArg):
-        return f"torch.{a.name}"
-    return repr(getattr(a, "value", a))
-
-
-def _fmt_meta(m: S.TensorMeta | None) -> str:
-    if m is None:
-        return ""
-    return f"{m.dtype}[{', '.join(str(s) for s in m.sizes)}]"
-
-
-def simple_format(graph: S.Graph) -> str:
-    """One line per input, node and output: ``mul = aten.mul.Tensor(x, y)  # f32[4]``."""
-    lines = []
-    ins = ", ".join(f"{i.name}: {_fmt_meta(graph.values.get(i.name))}" for i in graph.inputs)
-    lines.append(f"def {graph.name}({ins}):")
-    for n in graph.nodes:
-        args = [_fmt_arg(a) for a in n.args] + [f"{k}={_fmt_arg(a)}" for k, a in n.kwargs.items()]
-        lhs = ", ".join(o or "_" for o in n.outputs) or "_"
-        metas = ", ".join(_fmt_meta(graph.values.get(o)) for o in n.outputs if o)
-        lines.append(f"    {lhs} = {n.op}({', '.join(args)})  # {metas}")
-    outs = []
-    for o in graph.outputs:
-        outs.append(f"{_fmt_arg(o.value)},  # {_output_tag(o)}")
-    lines.append("    return (")
-    lines.extend(f"        {o}" for o in outs)
-    lines.append("    )")
-    return "\n".join(lines)
+        text = printer.to_python(graph).rstrip()
+    except Exception:  # a printer bug must never break compilation
+        return printer.describe_graph(graph)
+    kinds = [f"#   {i}: {printer.describe_output(o)}" for i, o in enumerate(graph.outputs)]
+    return "\n".join([text, "# outputs:", *kinds])
 
 
 def input_kinds(graph: S.Graph, kinds: Iterable[str]) -> list[S.GraphInput]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import builtins
 import functools
+import os
+import sys
 import types
 import warnings
 import weakref
@@ -25,7 +27,7 @@ from torchfuse.capture.backends import Backend, lookup_backend
 from torchfuse.capture.context import InputSlot
 from torchfuse.capture.convert import CaptureResult, capture, make_binder
 from torchfuse.capture.errors import GraphBreakInFullgraph, RecompileLimitExceeded, Unsupported
-from torchfuse.capture.guards import describe, module_version, watch_module_attributes
+from torchfuse.capture.guards import module_version, watch_module_attributes
 from torchfuse.capture.output import compile_side_effects, compile_spec
 from torchfuse.capture.resume import (
     BreakRunner,
@@ -35,6 +37,7 @@ from torchfuse.capture.resume import (
     wrap_resume_arg,
 )
 from torchfuse.graph.interpreter import run as run_graph
+from torchfuse.graph.printer import describe_guard, to_python
 
 _ALL: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
 
@@ -284,7 +287,7 @@ class CompiledFunction:
         if failed is None:
             return "no entry matched"
         loc = failed.record.loc
-        text = describe(failed.record)
+        text = describe_guard(failed.record)
         self._last_failure = text
         if loc is None:
             return text
@@ -299,7 +302,7 @@ class CompiledFunction:
             raise RecompileLimitExceeded(msg)
         if not self._warned:
             self._warned = True
-            warnings.warn(msg, RuntimeWarning, stacklevel=4)  # the user's call site
+            warnings.warn(msg, RuntimeWarning, stacklevel=_user_stacklevel())
         return self._eager(C_, args, kwargs)
 
     def graph_count(self) -> int:
@@ -315,6 +318,23 @@ class CompiledFunction:
         self._logged_breaks.clear()
         self.recompiles = 0
         self._warned = False
+
+
+_CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_MODULE_CALL_FILE = torch.nn.modules.module.__file__
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the user's call, for a warning raised by this function's caller.
+
+    A fixed number goes stale whenever the call path changes (modules, resume trampolines,
+    compiled callees): skip every frame of this package, of its generated code and of
+    ``nn.Module.__call__`` instead."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith((_CAPTURE_DIR, "<torchfuse "))
+                                 or frame.f_code.co_filename == _MODULE_CALL_FILE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _has_hooks(mod: torch.nn.Module) -> bool:
@@ -381,7 +401,7 @@ def _log_graph(result: CaptureResult) -> None:
         C.logger("graph").info("\n".join(lines))
     if C.log_enabled("guards"):
         C.logger("guards").info("guards of %s:\n%s", result.name,
-                                "\n".join("  " + describe(r) for r in result.graph.guards))
+                                "\n".join("  " + describe_guard(r) for r in result.graph.guards))
 
 
 def _debug_name(result: CaptureResult) -> str:
@@ -400,10 +420,8 @@ def _write_debug(result: CaptureResult) -> None:
     with observe.compiling(name):
         observe.record_time("capture", result.seconds)
         if result.graph is not None:
-            from torchfuse.graph.printer import to_python
-
             observe.emit("graph.py", to_python(result.graph))
-            records = "\n".join(describe(r) + (f"    # {r.loc}" if r.loc else "")
+            records = "\n".join(describe_guard(r) + (f"    # {r.loc}" if r.loc else "")
                                 for r in result.graph.guards)
             observe.emit("guards.txt", f"{records}\n\n# the generated check function\n"
                                        f"{result.checks.source}")

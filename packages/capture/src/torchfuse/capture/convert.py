@@ -33,7 +33,8 @@ from torchfuse.graph import schema as S
 
 @dataclasses.dataclass
 class CaptureResult:
-    """What capturing one call produced. ``error`` is set when the frame must run eagerly."""
+    """What capturing one call produced. ``error`` is the graph break met, if any: with a
+    ``plan`` capture resumes after it, without one the frame runs eagerly."""
 
     name: str
     graph: S.Graph | None
@@ -45,10 +46,10 @@ class CaptureResult:
     seconds: float
     uses_modules: bool
     plan: Any = None
-    part: bool = False
-    """Captured from a resume function or a function called at a break (not the whole call)."""
     """A :class:`~torchfuse.capture.resume.BreakPlan` when ``error`` is a graph break that
     resumes: ``graph`` is then the graph up to the break."""
+    part: bool = False
+    """Captured from a resume function or a function called at a break (not the whole call)."""
 
 
 def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:

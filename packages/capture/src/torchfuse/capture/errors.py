@@ -28,8 +28,11 @@ class Unsupported(CaptureError):
     """Capture met something it cannot put in a graph (a graph break).
 
     ``reason`` says what, ``loc`` where in the user's code. Inside the interpreter this is
-    caught at the frame boundary; the frame then runs eagerly (v1) and the reason is kept for
-    :func:`~torchfuse.capture.explain`.
+    caught at the frame boundary: the graph up to it is compiled, the instruction runs in
+    Python and a resume function captures the rest (``docs/breaks.md``). Only a break capture
+    cannot resume after (inside a ``try`` with handlers, under ``autocast`` or
+    ``inference_mode``, in a generator) makes the frame run eagerly; ``fallback`` then says
+    why. The reason is kept for :func:`~torchfuse.capture.explain`.
     """
 
     def __init__(self, reason: str, loc: SourceLoc | None = None, hint: str | None = None) -> None:
@@ -74,7 +77,7 @@ class GraphBreakInFullgraph(CaptureError):
         super().__init__(
             f"graph break with fullgraph=True: {cause.reason}\n  at {where(cause.loc)}\n"
             f"  fix: {cause.hint or 'move this statement out of the compiled function'}, "
-            "or compile with fullgraph=False to let it run eagerly"
+            "or compile with fullgraph=False to split the graph there"
         )
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torchfuse.capture.guards import describe
 from torchfuse.graph import schema as S
+from torchfuse.graph.printer import describe_guard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Explanation:
             lines += [f"  {op}" for op in ops]
         if self.guards:
             lines.append("Guards:")
-            lines += [f"  {describe(g)}" for g in self.guards]
+            lines += [f"  {describe_guard(g)}" for g in self.guards]
         return "\n".join(lines)
 
 

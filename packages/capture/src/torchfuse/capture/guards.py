@@ -249,23 +249,3 @@ class CheckFunctions:
                 return e
         return None
 
-
-def describe(record: S.Guard) -> str:
-    """A guard as a line of Python-like text."""
-    if isinstance(record, S.TensorGuard):
-        return (f"{record.source}: Tensor(dtype={record.dtype}, device={record.device}, "
-                f"size={list(record.sizes)}, stride={list(record.strides or ())}, "
-                f"requires_grad={record.requires_grad})")
-    if isinstance(record, S.ConstantGuard):
-        return f"{record.source} == {record.value}"
-    if isinstance(record, S.TypeGuard):
-        return f"type({record.source}) is {record.type_name}"
-    if isinstance(record, S.IdentityGuard):
-        return f"{record.source} is {record.description}"
-    if isinstance(record, S.LengthGuard):
-        return f"len({record.source}) == {record.length}"
-    if isinstance(record, S.GlobalStateGuard):
-        return f"{record.name} == {record.value}"
-    if isinstance(record, S.SymbolGuard):
-        return record.expr
-    return repr(record)

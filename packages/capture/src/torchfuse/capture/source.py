@@ -66,17 +66,14 @@ class ClosureSource(Source):
 
 @dataclass(frozen=True, slots=True)
 class AttrSource(Source):
+    """An attribute of a plain object. Not module state: a model's config can change
+    without any module attribute being set, so its guards run on every call."""
+
     base: Source
     name: str
 
     def expr(self) -> str:
         return f"{self.base.expr()}.{self.name}"
-
-    @property
-    def is_module_state(self) -> bool:
-        # an attribute of a plain object (a model's config) can change without any module
-        # attribute being set: its guards run on every call, not only on module changes
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +94,8 @@ class ModuleStateSource(Source):
 
 
 @dataclass(frozen=True, slots=True)
-class ModuleAttrSource(Source):
+class ModuleAttrSource(AttrSource):
     """A plain attribute of a module (``self.training``, ``self.eps``)."""
-
-    base: Source
-    name: str
-
-    def expr(self) -> str:
-        return f"{self.base.expr()}.{self.name}"
 
     @property
     def is_module_state(self) -> bool:

@@ -26,7 +26,7 @@ How the pieces are found:
   helper) through assignments is written. When the source cannot be read, every tensor
   argument counts as written.
 
-Not supported (a graph break, so the frame runs eagerly): ``@triton.autotune`` /
+Not supported (a graph break: the launch runs in Python, capture resumes after it): ``@triton.autotune`` /
 ``@triton.heuristics`` kernels, launch options other than ``num_warps``/``num_stages``,
 arguments that are neither tensors nor int/float/bool/str constants (dtypes, ``None``,
 also as a default), closures in the kernel.

@@ -24,7 +24,7 @@ from __future__ import annotations
 import builtins
 import keyword
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -89,7 +89,7 @@ class _Names:
         return self.map[name]
 
 
-def _arg(a: S.Argument, names: _Names) -> str:
+def _arg(a: S.Argument, names: Callable[[str], str]) -> str:
     if isinstance(a, S.TensorRef):
         return names(a.name)
     if isinstance(a, S.SymRef):
@@ -197,6 +197,44 @@ def to_python(graph: S.Graph, *, name: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def describe_output(output: S.GraphOutput) -> str:
+    """``user_output``, ``mutated_input arg0``, with ``, aliases <input>`` when it aliases one."""
+    tag = output.kind if output.target is None else f"{output.kind} {output.target}"
+    return tag + (f", aliases {output.aliases_input}" if output.aliases_input else "")
+
+
+def _long_meta(meta: S.TensorMeta | None) -> str:
+    return "" if meta is None else f"{meta.dtype}[{', '.join(str(s) for s in meta.sizes)}]"
+
+
+def describe_graph(graph: S.Graph) -> str:
+    """The graph as compact text, one line per node, each output tagged with its kind (for
+    documentation and as the fallback of logs; :func:`to_python` is the runnable form)::
+
+        def update(arg0: float32[4, 4], arg1: float32[4]):
+            add = aten.add.Tensor(arg0, arg1)  # float32[4, 4]
+            return (
+                add,  # user_output
+            )
+    """
+    def arg(a: S.Argument) -> str:
+        # value names as they are; a size expression as stored, unvalidated, since this
+        # text is also what logs fall back to when a graph does not print as Python
+        return a.expr if isinstance(a, S.SymRef) else _arg(a, str)
+
+    ins = ", ".join(f"{i.name}: {_long_meta(graph.values.get(i.name))}" for i in graph.inputs)
+    lines = [f"def {graph.name}({ins}):"]
+    for n in graph.nodes:
+        args = [arg(a) for a in n.args] + [f"{k}={arg(a)}" for k, a in n.kwargs.items()]
+        lhs = ", ".join(o or "_" for o in n.outputs) or "_"
+        metas = ", ".join(_long_meta(graph.values.get(o)) for o in n.outputs if o)
+        lines.append(f"    {lhs} = {n.op}({', '.join(args)})  # {metas}")
+    lines.append("    return (")
+    lines += [f"        {arg(o.value)},  # {describe_output(o)}" for o in graph.outputs]
+    lines.append("    )")
+    return "\n".join(lines)
+
+
 def load_python(source: str, name: str | None = None) -> Any:
     """``exec`` the output of :func:`to_python` and return the function it defines."""
     namespace: dict[str, Any] = {}
@@ -290,6 +328,30 @@ def guard_to_python(guard: S.Guard) -> str:
     if isinstance(guard, S.SymbolGuard):
         return expr_to_python(guard.expr)
     raise TypeError(f"cannot print guard {guard!r}")
+
+
+def describe_guard(guard: S.Guard) -> str:
+    """One guard as a line of readable text, for logs and ``explain`` (not runnable; see
+    :func:`guard_to_python` for that).
+
+    >>> describe_guard(LengthGuard(source="L[0]", length=3))
+    'len(L[0]) == 3'
+    """
+    if isinstance(guard, S.TensorGuard):
+        return (f"{guard.source}: Tensor(dtype={guard.dtype}, device={guard.device}, "
+                f"size={list(guard.sizes)}, stride={list(guard.strides or ())}, "
+                f"requires_grad={guard.requires_grad})")
+    if isinstance(guard, S.TypeGuard):
+        return f"type({guard.source}) is {guard.type_name}"
+    if isinstance(guard, S.IdentityGuard):
+        return f"{guard.source} is {guard.description}"
+    if isinstance(guard, S.GlobalStateGuard):
+        return f"{guard.name} == {guard.value}"
+    if isinstance(guard, S.SymbolGuard):
+        return guard.expr
+    if isinstance(guard, S.ConstantGuard | S.LengthGuard):  # already readable as Python
+        return guard_to_python(guard)
+    return repr(guard)
 
 
 def guards_to_python(guards: Sequence[S.Guard]) -> str:
