@@ -389,3 +389,20 @@ def test_max_min_propagate_nan_like_eager(options):
     program = compile_fn(fn, x, options=options)
     for a, b in zip(run_output_code(program, [x]), fn(x), strict=True):
         torch.testing.assert_close(a, b, equal_nan=True)
+
+
+@pytest.mark.parametrize("rblock", [8, 16])
+def test_looped_online_logsumexp_edge_rows(rblock):
+    """The chunked online logsumexp: a row of -inf only, a row whose first chunks are -inf,
+    a row with a NaN, a row with +inf, a ragged last chunk (20 is no multiple of 8 or 16)."""
+    x = torch.randn(6, 20) * 30
+    x[0] = float("-inf")
+    x[1, :17] = float("-inf")
+    x[2, 11] = float("nan")
+    x[3, 4] = float("inf")
+    fn = lambda x: (x.logsumexp(1), x.softmax(1), x.log_softmax(1), x.amax(1))
+    opts = {"persistent_rnumel_max": 8, "looped_rblock": rblock}
+    program = compile_fn(fn, x, options=opts)
+    assert any("red" in k.name for k in program.kernels)
+    for a, b in zip(run_output_code(program, [x]), fn(x), strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True)

@@ -66,6 +66,11 @@ def test_tuning_picks_the_fastest_and_persists_it(bench, cache_dir):
     torch.testing.assert_close(out, x * 0.5)
     assert bench == [32, 128, 1024]
     assert fresh.stats.autotune_cache_hits == 1 and fresh.stats.autotuned == 0
+    # where the first calls spent their time is recorded, phase by phase
+    for stats in (fn.stats, fresh.stats):
+        assert set(stats.first_call) == {"choose", "precompile", "tune", "generate", "run"}
+        assert all(v >= 0 for v in stats.first_call.values())
+    assert fn.stats.first_call["tune"] > 0
 
 
 def test_new_symbol_values_are_tuned_once_each(bench):

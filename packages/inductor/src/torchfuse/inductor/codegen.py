@@ -26,6 +26,9 @@ from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.ir import VOp
 from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
 
+_LOG2E = 1.4426950408889634
+"""log2(e): ``exp(v) = exp2(v * log2(e))``, one FFMA before the ex2 instead of a sub and a mul."""
+
 TL_DTYPE = {
     "float32": "tl.float32",
     "float64": "tl.float64",
@@ -444,8 +447,10 @@ class KernelWriter:
                 )
                 name = f"acc{self.count}"
                 self.count += 1
+                # the max of an online logsumexp is kept per row (see ``accumulate``)
+                width = "1" if self.online_partner_of(n) is not None else "RBLOCK"
                 self.line(
-                    f"{name} = tl.full([XBLOCK, RBLOCK], {self.identity(n.reduce, acc_dtype)}, "
+                    f"{name} = tl.full([XBLOCK, {width}], {self.identity(n.reduce, acc_dtype)}, "
                     f"{TL_DTYPE[acc_dtype]})"
                 )
                 if n.reduce in ir.INDEX_REDUCTIONS:
@@ -489,17 +494,21 @@ class KernelWriter:
         rop = node.reduce
         partner = self.online_partner_of(node)
         if partner is not None:
-            # one exp per element: of the old max and the new value one is the new max, so
-            # exp(-|v - m|) is the factor for the other (the rescale when v > m, the new
-            # term otherwise); two exps per element made this loop compute-bound
+            # Online logsumexp with one max per chunk and row: the chunk's max (a tree over
+            # the block) moves the row's max, the lane sums are rescaled by one exp per row,
+            # and each element costs one FFMA + one ex2 + one FFMA. The lane-wise form (a
+            # compare, two selects and an exp per element) made the 8192x32000 loop
+            # ALU-issue bound at ~65% of copy bandwidth. Masked lanes are -inf, which add
+            # exp2(-inf) = 0; a row that is all -inf so far uses 0 as its reference.
+            self.helpers.add("_max_nan")
             s_acc = self.accs[partner.name][0]
-            self.line(f"v_new = {val}")
-            self.line(f"grow = v_new > {acc}")
-            self.line(f"e_far = tl.exp(-tl.abs(v_new - {acc}))")
-            self.line(f'e_far = tl.where((v_new == float("-inf")) & ({acc} == float("-inf")), 0.0, e_far)')
-            upd = f"tl.where(grow, {s_acc} * e_far + 1.0, {s_acc} + e_far)"
-            self.line(f"{s_acc} = tl.where(mask, {upd}, {s_acc})")
-            self.line(f"{acc} = tl.where(mask & grow, v_new, {acc})")
+            self.line(f'v_new = tl.where(mask, {val}, float("-inf"))')
+            self.line(f"m_new = _max_nan({acc}, tl.reduce(v_new, 1, _max_nan)[:, None])")
+            self.line(f'm_old_ref = tl.where({acc} == float("-inf"), 0.0, {acc})')
+            self.line('m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)')
+            self.line(f"{s_acc} = {s_acc} * tl.exp(m_old_ref - m_ref) + "
+                      f"tl.exp2(v_new * {_LOG2E!r} - m_ref * {_LOG2E!r})")
+            self.line(f"{acc} = m_new")
             return
         if rop == ir.ReduceOp.SUM:
             new = f"{acc} + {val}"
@@ -527,10 +536,8 @@ class KernelWriter:
         rop = node.reduce
         with_max = self.g.placement(node.name).online_with
         if with_max is not None:
-            m_acc = self.accs[with_max][0]
-            m_row = self.row_values[with_max]
-            safe = self.tmp(f'tl.where({m_row.name} == float("-inf"), 0.0, {m_row.name})', ROWS, "float32")
-            return self.tmp(f"tl.sum({acc} * tl.exp({m_acc} - {safe.name}), 1)[:, None]", ROWS, acc_dtype)
+            # the lane sums are already relative to the row's final max (0 for an all -inf row)
+            return self.tmp(f"tl.sum({acc}, 1)[:, None]", ROWS, acc_dtype)
         if rop == ir.ReduceOp.SUM:
             return self.tmp(f"tl.sum({acc}, 1)[:, None]", ROWS, acc_dtype)
         if rop in (ir.ReduceOp.MAX, ir.ReduceOp.MIN):
@@ -623,37 +630,37 @@ class KernelWriter:
         total = self.g.xnumel * self.g.rnumel
         return not total.is_Integer or int(total) >= limit
 
+    def pointwise_block(self, numel: int) -> tuple[int, int]:
+        """(XBLOCK, num_warps) of a pointwise kernel over ``numel`` elements."""
+        if numel <= self.config.pointwise_small_numel:
+            return 128, 4
+        if numel < self.config.pointwise_large_numel:
+            return 1024, 4
+        return 2048, 4
+
     def configs(self) -> tuple[dict, tuple[S.LaunchConfig, ...]]:
         x = self.g.xnumel
         xh = int(x) if x.is_Integer else 1 << 20
         kind = self.g.kind
         if kind == GroupKind.POINTWISE:
-            cap = max(16, next_pow2(xh))
-            seen, out = set(), []
-            for xb in self.config.pointwise_xblocks:
-                xb = min(xb, cap)
-                if xb not in seen:
-                    seen.add(xb)
-                    out.append(S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=4 if xb <= 1024 else 8))
-            if xh >= 1 << 22:
-                # big tensors: 16 elements per thread (two 16-byte loads of bf16), so more
-                # bytes are in flight per SM; the autotuner keeps whichever is faster
-                for xb, w in ((2048, 4), (4096, 8)):
-                    if (xb, w) not in {(c.meta["XBLOCK"], c.num_warps) for c in out}:
-                        out.append(S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=w))
-            return {}, tuple(out)
+            # One config, no tuning: a pointwise kernel is memory- or launch-bound and the
+            # choice follows from its size, while each extra candidate is a Triton compile on
+            # a cold start (0.1-1.8 s, the largest part of a first call). Tiny tensors: one
+            # element per thread (compiles fastest: sin/cos unrolled 8x took 1.8 s); big
+            # ones: 16 elements per thread, two 16-byte bf16 loads in flight per thread.
+            xb, warps = self.pointwise_block(xh)
+            return {}, (S.LaunchConfig(meta={"XBLOCK": min(xb, max(16, next_pow2(xh)))}, num_warps=warps),)
         if kind == GroupKind.PERSISTENT:
             rb = next_pow2(int(self.g.rnumel))
             warps = 16 if rb >= 8192 else 8 if rb >= 2048 else 4
             xcap = next_pow2(xh)
             first = min(max(1, 8192 // rb), xcap)
-            # (rows per program, warps): the default first, then fewer rows with more warps
+            # (rows per program, warps): the default first, then one row per program. Two
+            # candidates only: every candidate is a Triton compile on a cold start, and the
+            # ones dropped (more warps, fewer rows) rarely won on memory-bound rows.
             cands = [
                 (first, warps if rb >= 1024 else 4),
                 (1, warps),
-                (1, min(16, warps * 2)),
-                (min(max(1, 4096 // rb), xcap), warps),
-                (min(max(1, 1024 // rb), xcap), max(4, warps // 2)),
             ]
             out = [S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=w) for xb, w in dict.fromkeys(cands)]
             return {"RBLOCK": rb}, tuple(out)
@@ -662,15 +669,15 @@ class KernelWriter:
             return {}, (
                 S.LaunchConfig(meta={"XBLOCK": xb, "RBLOCK": 64}, num_warps=8),
                 S.LaunchConfig(meta={"XBLOCK": min(128, next_pow2(xh)), "RBLOCK": 32}, num_warps=8),
-                S.LaunchConfig(meta={"XBLOCK": min(32, next_pow2(xh)), "RBLOCK": 128}, num_warps=8),
-                S.LaunchConfig(meta={"XBLOCK": min(64, next_pow2(xh)), "RBLOCK": 16}, num_warps=4),
             )
         rb = self.config.looped_rblock
         cands = [(1, rb, 8), (1, 4096, 16), (4, 1024, 8)]
         if _is_static_int(self.g.rnumel) and int(self.g.rnumel) >= 16384:
             # long rows (a 32000-class cross_entropy): 16 elements per thread per chunk, so
             # each thread has two 16-byte loads in flight (the loop is not software-pipelined)
-            cands += [(1, 4096, 8), (1, 8192, 16)]
+            # and a per-chunk row reduction is amortized over more elements; two candidates
+            # only (each is a compile on a cold start)
+            cands = [(1, 4096, 8), (1, 8192, 16)]
         return {}, tuple(
             S.LaunchConfig(meta={"XBLOCK": xb, "RBLOCK": r}, num_warps=w) for xb, r, w in dict.fromkeys(cands)
         )

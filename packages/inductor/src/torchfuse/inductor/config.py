@@ -46,7 +46,12 @@ class InductorConfig:
     merge_small_numel: int = 1 << 20
     """Reduction kernels over the same small domain are merged even when they share no
     reads (e.g. the two second stages of split weight/bias gradients): one launch, not two."""
-    pointwise_xblocks: tuple[int, ...] = (1024, 512, 2048)
+    pointwise_small_numel: int = 1 << 16
+    """Pointwise kernels over at most this many elements take XBLOCK 128 (one element per
+    thread): launch-bound, and the fastest to compile."""
+    pointwise_large_numel: int = 1 << 22
+    """… from this many elements on, XBLOCK 2048 with 4 warps (16 elements per thread);
+    in between, 1024 with 4 warps."""
     memory_order: bool = True
     """Order ready kernels so that the one freeing the most memory runs first."""
     decompose: bool = True

@@ -484,8 +484,14 @@ def loads_of(v: Value) -> list[Load]:
     """Every :class:`Load` in ``v``, indirect index loads included."""
     out: list[Load] = []
     stack = [v]
+    # Values are DAGs (a value read twice is one shared object): visit each node once, or a
+    # chain of such reads (small_ops' ten sin/cos rounds) costs exponential time.
+    seen: set[int] = set()
     while stack:
         n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
         if isinstance(n, Load):
             out.append(n)
             stack.extend(x for _, x in n.indirect)

@@ -169,6 +169,12 @@ class CompileStats:
     graph_replays: int = 0
     graph_captures: int = 0
     fallback_reasons: list[str] = field(default_factory=list)
+    first_call: dict[str, float] = field(default_factory=dict)
+    """Seconds of each phase of the calls that chose configs (the first call, and one per new
+    tuned size): ``choose`` (autotune-cache lookups), ``precompile`` (Triton compiles or
+    disk-cache loads), ``tune`` (tuning run: benchmarks and the first launches),
+    ``generate`` (call function generated and exec-ed), ``run`` (the first call through it:
+    first launches, each binding its compiled kernel). Where a cache-hit start spends its time."""
 
 
 class count_compiles:

@@ -9,6 +9,7 @@ chosen configs (see :mod:`torchfuse.runtime.codegen`); later calls go straight t
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -62,6 +63,10 @@ def _background() -> ThreadPoolExecutor:
     if _background_pool is None:
         _background_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchfuse-warmup")
     return _background_pool
+
+
+def _add(phases: dict[str, float], name: str, seconds: float) -> None:
+    phases[name] = phases.get(name, 0.0) + seconds
 
 
 def _warn_interpreter_once() -> None:
@@ -229,10 +234,16 @@ class CompiledProgram:
         if fn is not None:
             self._entry = fn
             return fn(*args)
+        phases = self.stats.first_call
+        t0 = time.perf_counter()
         configs = self._default_configs()
         winners, missing, tkeys = self._choose(env, count=True)
+        t1 = time.perf_counter()
+        _add(phases, "choose", t1 - t0)
         if self._gpu:
             self._precompile(env, self._to_warm(configs, winners, missing))
+        t2 = time.perf_counter()
+        _add(phases, "precompile", t2 - t1)
         result = None
         if missing:
             assert self._autotune_cache is not None
@@ -240,10 +251,22 @@ class CompiledProgram:
             gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
                                    configs={**configs, **winners}, tune=frozenset(missing))
             result = self._exec(gen, {"_tune": tuner})(*args)
+        t3 = time.perf_counter()
+        _add(phases, "tune", t3 - t2)
         configs.update(winners)
         fn = self._install(configs, tuned_key=key if self._tune_symbols else None)
         self._by_key[key] = fn
-        return result if result is not None else fn(*args)
+        t4 = time.perf_counter()
+        _add(phases, "generate", t4 - t3)
+        if result is None:
+            result = fn(*args)
+        _add(phases, "run", time.perf_counter() - t4)
+        logger.info("program %r: first call %s; triton hits %s, compiles %s, autotuned %d, "
+                    "tune-cache hits %d",
+                    self.program.name, ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in phases.items()),
+                    self.stats.triton_cache_hits, self.stats.triton_compiles, self.stats.autotuned,
+                    self.stats.autotune_cache_hits)
+        return result
 
     def _choose(self, env: dict[str, int], count: bool = False
                 ) -> tuple[dict[str, S.LaunchConfig], list[str], dict[str, str]]:
