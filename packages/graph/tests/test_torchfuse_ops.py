@@ -51,3 +51,16 @@ def test_opset_needs_no_other_torchfuse_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "OK"
+
+
+def test_numbers_returned_beside_tensors_are_recorded_as_unnamed_outputs():
+    # The flash-attention kernel's meta function returns max_q/max_k as ints (from shapes).
+    op = torch.ops.aten._scaled_dot_product_flash_attention.default
+    rec = Recorder(GraphBuilder("attn"))
+    with rec:
+        q = rec.input(torch.empty(2, 4, 16, 8, dtype=torch.bfloat16), name="q")
+        out = op(q, q, q)
+    ints = [o for o in out if isinstance(o, int) and not isinstance(o, bool)]
+    assert ints == [16, 16]
+    (node,) = [n for n in rec.builder.nodes if n.op == "aten._scaled_dot_product_flash_attention.default"]
+    assert [bool(n) for n in node.outputs] == [isinstance(o, torch.Tensor) for o in out]

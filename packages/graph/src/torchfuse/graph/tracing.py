@@ -382,7 +382,11 @@ class Recorder(TorchDispatchMode):
         for o in flat:
             metas.append(meta_of(o, device=device_name(_fake_device(o)))
                          if isinstance(o, torch.Tensor) else None)
-        if any(o is not None and not isinstance(o, torch.Tensor) for o in flat):
+        # Plain numbers beside the tensors (the flash/cudnn attention kernels return max_q and
+        # max_k) come from the meta kernel, i.e. from shapes, not data: the graph does not
+        # name them ("" outputs) and a later op that takes them gets the literal. Symbolic
+        # numbers or other objects would need the data, so they stop the trace.
+        if any(o is not None and not isinstance(o, torch.Tensor | bool | int | float) for o in flat):
             raise DataDependentError(f"{name} returns a Python value that depends on data")
         names = self.builder.add_node(name, enc_args, enc_kwargs, metas, loc=self.loc,
                                       module_path=self.module_path)
