@@ -140,3 +140,21 @@ def test_custom_op_is_one_opaque_node_with_its_gradient(backend):
     ref, (rx,) = grads(uses_custom_op, fresh([x, y]))
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(gx, rx)
+
+
+def inference_body(x, w):
+    with torch.no_grad():
+        return torch.softmax(x @ w, dim=-1) * 2
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor", "cudagraphs"])
+def test_a_body_under_no_grad_compiles_for_inference(backend):
+    # Called with grad mode on and inputs that require grad, but every op runs under
+    # no_grad: no joint graph, and the output does not require grad, as in eager.
+    tfc.reset()
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 6, requires_grad=True)
+    got = tfc.compile(inference_body, backend=backend)(x, w)
+    ref = inference_body(x, w)
+    assert got.requires_grad is ref.requires_grad is False
+    assert got.grad_fn is None
+    torch.testing.assert_close(got, ref)

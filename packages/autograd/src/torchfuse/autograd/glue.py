@@ -49,6 +49,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import bind_symbols
 from torchfuse.graph.ops import to_dtype
+from torchfuse.graph.torchfuse_ops import records_grad
 
 Compiled = Callable[..., Sequence[Any]]
 Compiler = Callable[[S.Graph, Sequence[Any]], Compiled]
@@ -168,6 +169,8 @@ class AotFunction:
         # Artifacts of compiles that happen later (the backward, at the first .backward())
         # still belong to the graph being compiled now.
         self.debug_name = observe.current_graph() or graph.name
+        # a body that runs entirely under no_grad needs no joint graph, whatever the caller's mode
+        self._records_grad = records_grad(graph)
         flat, self._spec = _flatten_outputs(graph)
         self._flat = flat
         t0 = time.perf_counter()
@@ -296,7 +299,7 @@ class AotFunction:
         rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
         if self.requires_grad is not None:
             rg = tuple(a and b for a, b in zip(rg, self.requires_grad, strict=True))
-        training = torch.is_grad_enabled() and any(rg)
+        training = torch.is_grad_enabled() and any(rg) and self._records_grad
         with observe.compiling(self.debug_name):
             plan = self.plan(rg, training, self.sizes_key(inputs))
         if plan.forward is None:

@@ -51,3 +51,20 @@ def _triton_kernel_no_grad(kernel: str, tensors: list[torch.Tensor],
 _lib.impl("triton_kernel", user_kernels.launch, "CompositeExplicitAutograd")
 _lib.impl("triton_kernel", user_kernels.meta, "Meta")
 _lib.impl("triton_kernel", _triton_kernel_no_grad, "Autograd")
+
+
+def records_grad(graph, grad_enabled_at_entry: bool = True) -> bool:
+    """Whether any op of ``graph`` runs with grad mode on, following its
+    ``set_grad_enabled`` nodes from the mode at entry.
+
+    A function whose whole body sits in ``with torch.no_grad():`` is captured as a graph that
+    switches grad off first: it needs no backward even when it is called with grad mode on
+    and inputs (or parameters) that require grad.
+    """
+    enabled = grad_enabled_at_entry
+    for node in graph.nodes:
+        if node.op == SET_GRAD_ENABLED:
+            enabled = bool(node.args[0].value)
+        elif enabled:
+            return True
+    return False

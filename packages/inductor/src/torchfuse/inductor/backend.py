@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torchfuse.autograd import aot  # at import, not at the first training call (networkx: ~0.3 s)
 from torchfuse.graph import schema as S
+from torchfuse.graph.torchfuse_ops import records_grad
 from torchfuse.inductor.compile import compile_graph
 from torchfuse.inductor.config import config as default_config
 
@@ -42,10 +43,10 @@ def compiler(
     return run
 
 
-def _needs_grad(example_inputs: Sequence[Any]) -> bool:
+def _needs_grad(graph: S.Graph, example_inputs: Sequence[Any]) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
-    )
+    ) and records_grad(graph)
 
 
 def inductor(
@@ -58,7 +59,7 @@ def inductor(
 
     from torchfuse.inductor.user_kernels import mutates_inputs
 
-    if _needs_grad(example_inputs) or mutates_inputs(graph):  # aot writes mutated inputs back
+    if _needs_grad(graph, example_inputs) or mutates_inputs(graph):  # aot writes mutated inputs back
         plan_cache = None
         if default_config.with_options(options).cache:
             from torchfuse.inductor.cache import PlanCache

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torchfuse.graph import schema as S
+from torchfuse.graph.torchfuse_ops import records_grad
 
 
 def extern_program(graph: S.Graph, *, device: str) -> S.Program:
@@ -75,7 +76,7 @@ def cudagraphs(graph: S.Graph, example_inputs: Sequence[Any]) -> Callable[..., l
     """The backend (entry point ``torchfuse.backends: cudagraphs``)."""
     compile_half = _compiler(_device(example_inputs))
     wants_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs) and records_grad(graph)
     if not wants_grad:
         return compile_half(graph, example_inputs)
     from torchfuse.autograd import aot
