@@ -243,7 +243,7 @@ phase_overhead() {
 }
 
 # Rows in other modes and the graph-break benchmark: results go to the bench log only (the
-# GPU tool brings back at most 8 files).
+# run keeps the files it writes under $OUT to eight).
 phase_modes() {
     local t rc=0 r
     t=$(phase_timeout 120)
