@@ -9,7 +9,7 @@ import torch
 from torchfuse.graph import printer
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
-from torchfuse.graph.ops import node_inputs, tensor_refs, to_dtype
+from torchfuse.graph.ops import node_inputs, rename_arg, tensor_refs, to_dtype
 from torchfuse.graph.tracing import FakeTensor, Recorder
 
 
@@ -86,26 +86,18 @@ def output_names(graph: S.Graph) -> set[str]:
     return set(tensor_refs([o.value for o in graph.outputs]))
 
 
-def _rename_arg(arg: S.Argument, rename: Mapping[str, str]) -> S.Argument:
-    if isinstance(arg, S.TensorRef) and arg.name in rename:
-        return S.TensorRef(name=rename[arg.name])
-    if isinstance(arg, S.ListArg):
-        return S.ListArg(items=tuple(_rename_arg(a, rename) for a in arg.items))
-    return arg
-
-
 def rename_node(node: S.Node, rename: Mapping[str, str]) -> S.Node:
     if not rename:
         return node
     return msgspec.structs.replace(
         node,
-        args=tuple(_rename_arg(a, rename) for a in node.args),
-        kwargs={k: _rename_arg(a, rename) for k, a in node.kwargs.items()},
+        args=tuple(rename_arg(a, rename) for a in node.args),
+        kwargs={k: rename_arg(a, rename) for k, a in node.kwargs.items()},
     )
 
 
 def rename_output(out: S.GraphOutput, rename: Mapping[str, str]) -> S.GraphOutput:
-    return msgspec.structs.replace(out, value=_rename_arg(out.value, rename))
+    return msgspec.structs.replace(out, value=rename_arg(out.value, rename))
 
 
 IDENTITY_OPS = frozenset({"aten.detach.default", "aten.alias.default", "aten.lift_fresh.default"})

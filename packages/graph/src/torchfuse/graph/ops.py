@@ -144,6 +144,15 @@ def tensor_refs(args: Sequence[S.Argument]) -> list[str]:
     return out
 
 
+def rename_arg(arg: S.Argument, rename: Mapping[str, str]) -> S.Argument:
+    """``arg`` with the tensors it names (nested lists included) renamed by ``rename``."""
+    if isinstance(arg, S.TensorRef) and arg.name in rename:
+        return S.TensorRef(name=rename[arg.name])
+    if isinstance(arg, S.ListArg):
+        return S.ListArg(items=tuple(rename_arg(a, rename) for a in arg.items))
+    return arg
+
+
 def node_inputs(node: S.Node) -> list[str]:
     """Value names a node reads, in argument order."""
     return tensor_refs(list(node.args) + list(node.kwargs.values()))

@@ -28,6 +28,7 @@ from typing import Any
 
 import msgspec
 from torchfuse.graph import schema as S
+from torchfuse.graph.ops import rename_arg
 from torchfuse.graph.torchfuse_ops import TRITON_KERNEL
 from torchfuse.graph.tracing import mutated_arguments
 from torchfuse.graph.user_kernels import loads
@@ -123,14 +124,6 @@ def step_reads(step: S.Step) -> list[str]:
     return [step.dst, step.src]
 
 
-def _rename_arg(a: S.Argument, m: dict[str, str]) -> S.Argument:
-    if isinstance(a, S.TensorRef) and a.name in m:
-        return S.TensorRef(name=m[a.name])
-    if isinstance(a, S.ListArg):
-        return S.ListArg(items=tuple(_rename_arg(x, m) for x in a.items))
-    return a
-
-
 def _rename(step: S.Step, m: dict[str, str]) -> S.Step:
     if not m:
         return step
@@ -138,10 +131,10 @@ def _rename(step: S.Step, m: dict[str, str]) -> S.Step:
     if isinstance(step, S.AllocStep):
         return r(step, buffer=m.get(step.buffer, step.buffer), reuse=m.get(step.reuse, step.reuse))
     if isinstance(step, S.LaunchStep):
-        return r(step, args=tuple(_rename_arg(a, m) for a in step.args))
+        return r(step, args=tuple(rename_arg(a, m) for a in step.args))
     if isinstance(step, S.ExternStep):
-        return r(step, args=tuple(_rename_arg(a, m) for a in step.args),
-                 kwargs={k: _rename_arg(v, m) for k, v in step.kwargs.items()},
+        return r(step, args=tuple(rename_arg(a, m) for a in step.args),
+                 kwargs={k: rename_arg(v, m) for k, v in step.kwargs.items()},
                  outputs=tuple(m.get(o, o) for o in step.outputs))
     if isinstance(step, S.ViewStep):
         return r(step, output=m.get(step.output, step.output), base=m.get(step.base, step.base))
@@ -211,7 +204,7 @@ def launch_user_kernels(program: S.Program) -> S.Program:
             elif "value" in a and not isinstance(a["value"], bool):
                 args.append(_scalar_arg(a["value"]))
         new_steps.append(S.LaunchStep(kernel=name, args=tuple(args)))
-    outputs = tuple(_rename_arg(o, rename) for o in program.outputs)
+    outputs = tuple(rename_arg(o, rename) for o in program.outputs)
     return msgspec.structs.replace(
         program, steps=tuple(new_steps), kernels=tuple(kernels), outputs=outputs,
         buffers=tuple(b for b in program.buffers if b.name not in dropped))
