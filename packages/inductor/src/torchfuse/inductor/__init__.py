@@ -19,7 +19,7 @@ from torchfuse.inductor.compile import (
     write_debug,
 )
 from torchfuse.inductor.config import InductorConfig
-from torchfuse.inductor.decompositions import DECOMPOSITIONS, decompose
+from torchfuse.inductor.decompositions import DECOMPOSITIONS
 from torchfuse.inductor.lowering import LoweringError
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "compile_graph",
     "compile_graph_stages",
     "compiler",
-    "decompose",
     "inductor",
     "write_debug",
 ]

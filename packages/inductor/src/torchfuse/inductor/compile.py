@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from torchfuse.autograd import decompose
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.codegen import generate_kernel
 from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.config import config as default_config
-from torchfuse.inductor.decompositions import DECOMPOSITIONS, decompose
+from torchfuse.inductor.decompositions import DECOMPOSITIONS
 from torchfuse.inductor.lowering import lower
 from torchfuse.inductor.plan import build_program, output_code
 from torchfuse.inductor.scheduler import KERNEL_KINDS, dead_code_elimination, format_schedule, schedule
@@ -59,15 +60,7 @@ def _decompose(graph: S.Graph, cfg: InductorConfig) -> S.Graph:
     symbolic = graph.symbols or any(isinstance(s, str) for m in graph.values.values() for s in m.sizes)
     if not cfg.decompose or symbolic:  # retracing on fakes would specialize the sizes
         return graph
-    try:  # prefer autograd's shared decompose() once it exists; the table stays ours
-        from torchfuse.autograd import decompose as shared_decompose  # type: ignore[attr-defined]
-    except ImportError:
-        shared_decompose = None
-    if shared_decompose is not None:
-        try:
-            return shared_decompose(graph, DECOMPOSITIONS)
-        except Exception:
-            pass
+    # autograd owns the one retracing decompose(); the table of inductor's primitives is ours
     return decompose(graph, DECOMPOSITIONS)
 
 

@@ -24,10 +24,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torchfuse.graph import schema as S
-from torchfuse.graph.interpreter import Interpreter
-from torchfuse.graph.ops import resolve_op, to_dtype
-from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder
 
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
@@ -278,76 +274,3 @@ DECOMPOSITIONS: Mapping[str, Callable[..., Any]] = {
     "aten.min.default": _min_all,
 }
 """op name -> decomposition function (``torch.ops.aten`` calls on fake tensors)."""
-
-
-class _Retracer(Interpreter):
-    def __init__(self, graph: S.Graph, table: Mapping[str, Callable[..., Any]]) -> None:
-        super().__init__(graph)
-        self.table = table
-        self.changed = False
-
-    def call_node(self, node: S.Node, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        fn = self.table.get(node.op)
-        if fn is None:
-            return resolve_op(node.op)(*args, **kwargs)
-        self.changed = True
-        out = fn(*args, **kwargs)
-        # keep the graph's declared dtypes even where a decomposition computes wider
-        outs = out if isinstance(out, tuple) else (out,)
-        fixed = []
-        for o, name in zip(outs, node.outputs, strict=False):
-            meta = self.graph.values.get(name) if name else None
-            if isinstance(o, torch.Tensor) and meta is not None and o.dtype != to_dtype(meta.dtype):
-                o = aten._to_copy.default(o, dtype=to_dtype(meta.dtype))
-            fixed.append(o)
-        return tuple(fixed) if isinstance(out, tuple) else fixed[0]
-
-
-def _fake_for(meta: S.TensorMeta) -> torch.Tensor:
-    elem = torch.empty_strided(
-        [int(s) for s in meta.sizes],
-        [int(s) for s in meta.strides],
-        dtype=to_dtype(meta.dtype),
-        device="meta",
-    )
-    return FakeTensor(elem, meta.device)
-
-
-def decompose_once(graph: S.Graph, table: Mapping[str, Callable[..., Any]]) -> tuple[S.Graph, bool]:
-    """One retracing round; returns the new graph and whether any node was decomposed."""
-    if not any(n.op in table for n in graph.nodes):
-        return graph, False
-    builder = GraphBuilder(graph.name)
-    rec = Recorder(builder)
-    fakes = []
-    for inp in graph.inputs:  # made outside the mode: creating them must not be recorded
-        meta = graph.values[inp.name]
-        fake = _fake_for(meta)
-        rec.bind(fake, builder.add_input(meta, name=inp.name, kind=inp.kind, target=inp.target))
-        fakes.append(fake)
-    with rec:
-        retracer = _Retracer(graph, table)
-        outs = retracer.run(*fakes)
-    for o, spec in zip(outs, graph.outputs, strict=True):
-        rec.builder.add_output(
-            S.TensorRef(name=rec.name_of(o)) if isinstance(o, torch.Tensor) else spec.value,
-            kind=spec.kind,
-            target=spec.target,
-            aliases_input=spec.aliases_input,
-        )
-    builder.symbols = list(graph.symbols)
-    builder.guards = list(graph.guards)
-    builder.meta = dict(graph.meta)
-    return builder.build(), retracer.changed
-
-
-def decompose(graph: S.Graph, table: Mapping[str, Callable[..., Any]] = DECOMPOSITIONS) -> S.Graph:
-    """Rewrite every node whose op is in ``table`` (repeatedly, so decompositions may use
-    other decomposed ops). Graphs with symbolic sizes are returned unchanged."""
-    if graph.symbols or any(isinstance(s, str) for m in graph.values.values() for s in m.sizes):
-        return graph
-    for _ in range(4):
-        graph, changed = decompose_once(graph, table)
-        if not changed:
-            break
-    return graph
