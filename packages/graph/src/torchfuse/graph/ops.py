@@ -53,12 +53,20 @@ def meta_of(t: torch.Tensor, *, device: str | None = None) -> S.TensorMeta:
     """Format metadata of a (real, meta or fake) tensor."""
     return S.TensorMeta(
         dtype=dtype_name(t.dtype),
-        sizes=tuple(int(s) for s in t.shape),
-        strides=tuple(int(s) for s in t.stride()),
-        storage_offset=int(t.storage_offset()),
+        sizes=tuple(_size(s) for s in t.shape),
+        strides=tuple(_size(s) for s in t.stride()),
+        storage_offset=_size(t.storage_offset()),
         device=device or device_name(t.device),
         requires_grad=bool(t.requires_grad),
     )
+
+
+def _size(s: Any) -> S.Expr:
+    if isinstance(s, int):
+        return s
+    from torchfuse.graph.symbolic import size_text
+
+    return size_text(s)
 
 
 def encode_arg(value: Any, tensor_name: Callable[[torch.Tensor], str]) -> S.Argument:
@@ -88,7 +96,17 @@ def encode_arg(value: Any, tensor_name: Callable[[torch.Tensor], str]) -> S.Argu
     if isinstance(value, list | tuple):
         return S.ListArg(items=tuple(encode_arg(v, tensor_name) for v in value))
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-        raise TypeError("symbolic torch scalars are not part of the format; use SymRef")
+        from torchfuse.graph.symbolic import node_of
+
+        node = node_of(value)
+        if node is None:
+            raise TypeError("symbolic torch scalars from another tracer are not part of the format")
+        if isinstance(value, torch.SymInt):
+            text = node.env.text(node.expr)
+            return S.Int(value=text) if isinstance(text, int) else S.SymRef(expr=text)
+        # the format has no float or bool expressions: the value specializes
+        hint = node.guard_float() if isinstance(value, torch.SymFloat) else node.guard_bool()
+        return encode_arg(hint, tensor_name)
     raise TypeError(f"cannot encode argument of type {type(value).__name__}: {value!r}")
 
 

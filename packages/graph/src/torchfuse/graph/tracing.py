@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -105,26 +105,63 @@ class FakeTensor(torch.Tensor):
 
 
 def fake_from_meta(meta: S.TensorMeta, symbols: dict[str, int] | None = None, *,
-                   requires_grad: bool | None = None) -> FakeTensor:
-    """A fake tensor with the metadata of a value-table entry; symbolic sizes, strides and
-    offsets are evaluated with ``symbols`` (e.g. the symbols' hints)."""
+                   requires_grad: bool | None = None, env: Any = None) -> FakeTensor:
+    """A fake tensor with the metadata of a value-table entry. Symbolic sizes, strides and
+    offsets are evaluated with ``symbols`` (e.g. the symbols' hints), or, given a
+    :class:`~torchfuse.graph.symbolic.SizeEnv` as ``env``, kept symbolic (``SymInt``)."""
     from torchfuse.graph.expr import evaluate
     from torchfuse.graph.ops import to_dtype
 
-    env = symbols or {}
-    sizes = [evaluate(s, env) for s in meta.sizes]
-    strides = [evaluate(s, env) for s in meta.strides]
-    offset = evaluate(meta.storage_offset, env)
+    if env is not None:
+        sizes = [env.parse(s) for s in meta.sizes]
+        strides = [env.parse(s) for s in meta.strides]
+        offset = env.parse(meta.storage_offset)
+    else:
+        sizes = [evaluate(s, symbols or {}) for s in meta.sizes]
+        strides = [evaluate(s, symbols or {}) for s in meta.strides]
+        offset = evaluate(meta.storage_offset, symbols or {})
     dtype = to_dtype(meta.dtype)
-    with _disable_current_modes():
-        if offset:
-            extent = 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True) if n > 0)
+    with _disable_current_modes(), _python_dispatcher(env is not None):
+        if offset is not None and not (isinstance(offset, int) and offset == 0):
+            extent = 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
             base = torch.empty(offset + extent, dtype=dtype, device="meta")
             elem = base.as_strided(sizes, strides, offset)
         else:
             elem = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
         rg = meta.requires_grad if requires_grad is None else requires_grad
         return FakeTensor(elem, meta.device, requires_grad=rg)
+
+
+def symbolic_fake(example: torch.Tensor, sizes: Sequence[Any], *,
+                  requires_grad: bool | None = None) -> FakeTensor | None:
+    """A fake like ``example`` but with ``sizes`` (ints and ``SymInt``s); strides follow the
+    sizes the way ``example``'s follow its own (dense tensors only). None when ``example`` is
+    not dense, so its strides cannot be written in terms of its sizes."""
+    shape, stride = list(example.shape), list(example.stride())
+    order = sorted(range(len(shape)), key=lambda d: (stride[d], shape[d]))  # innermost first
+    expected, new_strides, sym_expected = 1, [0] * len(shape), 1
+    for d in order:
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        new_strides[d] = sym_expected
+        expected *= shape[d]
+        sym_expected = sym_expected * sizes[d]
+    rg = example.requires_grad if requires_grad is None else requires_grad
+    with _disable_current_modes(), _python_dispatcher(True):
+        elem = torch.empty_strided(sizes, new_strides, dtype=example.dtype, device="meta")
+        return FakeTensor(elem, _fake_device(example), requires_grad=rg)
+
+
+def _python_dispatcher(on: bool) -> contextlib.AbstractContextManager:
+    # Meta kernels written in Python compute with symbolic sizes only under torch's Python
+    # dispatcher; without symbols it is left off (it costs time on every op).
+    return torch._C._EnablePythonDispatcher() if on else contextlib.nullcontext()
+
+
+def is_symbolic(t: torch.Tensor) -> bool:
+    """True when some size, stride or the offset of ``t`` is a ``SymInt``."""
+    return any(isinstance(s, torch.SymInt) for s in t.shape) or any(
+        isinstance(s, torch.SymInt) for s in t.stride()) or isinstance(t.storage_offset(), torch.SymInt)
 
 
 def _extent(t: torch.Tensor) -> int:
@@ -156,6 +193,14 @@ def _flat_tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[torch
             yield from (x for x in a if isinstance(x, torch.Tensor))
 
 
+def _flat_scalars(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[Any]:
+    for a in itertools.chain(args, kwargs.values()):
+        if isinstance(a, list | tuple):
+            yield from a
+        else:
+            yield a
+
+
 def _to_meta(x: Any) -> Any:
     if isinstance(x, FakeTensor):
         return x._elem
@@ -177,8 +222,11 @@ def _run_on_meta(func, args, kwargs) -> tuple[Any, torch.device]:
     mkwargs = tree_map(_to_meta, kwargs)
     if "device" in mkwargs:
         mkwargs["device"] = torch.device("meta")
+    symbolic = any(is_symbolic(t) for t in _flat_tensors(margs, mkwargs)) or any(
+        isinstance(a, torch.SymInt) for a in _flat_scalars(margs, mkwargs))
     try:
-        out = func(*margs, **mkwargs)
+        with _python_dispatcher(symbolic):
+            out = func(*margs, **mkwargs)
     except NotImplementedError as e:
         raise DataDependentError(f"{name} has no meta kernel: {e}") from e
     except RuntimeError as e:
@@ -252,6 +300,9 @@ class GraphBuilder:
         self.guards: list[S.Guard] = []
         self.meta: dict[str, str] = {}
         self.opsets: dict[str, int] = {}
+        self.size_env: Any = None
+        """A :class:`~torchfuse.graph.symbolic.SizeEnv` when tracing with symbolic sizes: its
+        symbols and guards are written into the graph by :meth:`build`."""
         self._taken: set[str] = set()
 
     def fresh(self, hint: str) -> str:
@@ -297,10 +348,17 @@ class GraphBuilder:
                                           aliases_input=aliases_input))
 
     def build(self) -> S.Graph:
+        symbols, guards = tuple(self.symbols), tuple(self.guards)
+        values = dict(self.values)
+        if self.size_env is not None:
+            symbols = self.size_env.records()
+            values = {k: self.size_env.canonical_meta(m) for k, m in values.items()}
+            known = set(guards)
+            guards += tuple(g for g in self.size_env.guard_records() if g not in known)
         return S.Graph(
             name=self.name, inputs=tuple(self.inputs), outputs=tuple(self.outputs),
-            nodes=tuple(self.nodes), values=dict(self.values), symbols=tuple(self.symbols),
-            guards=tuple(self.guards), opsets=dict(self.opsets), meta=dict(self.meta),
+            nodes=tuple(self.nodes), values=values, symbols=symbols,
+            guards=guards, opsets=dict(self.opsets), meta=dict(self.meta),
         )
 
 
@@ -347,9 +405,17 @@ class Recorder(TorchDispatchMode):
 
     # -- public helpers
     def input(self, example: torch.Tensor, *, name: str = "arg", kind: S.InputKind = "user_input",
-              target: str | None = None, requires_grad: bool | None = None) -> FakeTensor:
-        """A fake for ``example`` bound to a new graph input."""
-        fake = FakeTensor.like(example, requires_grad=requires_grad)
+              target: str | None = None, requires_grad: bool | None = None,
+              sizes: Sequence[Any] | None = None) -> FakeTensor:
+        """A fake for ``example`` bound to a new graph input. ``sizes`` (ints and ``SymInt``s
+        of the builder's :attr:`~GraphBuilder.size_env`) makes some of its sizes symbolic."""
+        fake = None
+        if sizes is not None and any(isinstance(n, torch.SymInt) for n in sizes):
+            fake = symbolic_fake(example, sizes, requires_grad=requires_grad)
+            if fake is None:
+                raise ValueError(f"input {name!r}: sizes of a non-dense tensor cannot be symbolic")
+        if fake is None:
+            fake = FakeTensor.like(example, requires_grad=requires_grad)
         meta = meta_of(fake, device=device_name(_fake_device(example)))
         self.bind(fake, self.builder.add_input(meta, name=name, kind=kind, target=target))
         return fake
@@ -386,7 +452,8 @@ class Recorder(TorchDispatchMode):
         # max_k) come from the meta kernel, i.e. from shapes, not data: the graph does not
         # name them ("" outputs) and a later op that takes them gets the literal. Symbolic
         # numbers or other objects would need the data, so they stop the trace.
-        if any(o is not None and not isinstance(o, torch.Tensor | bool | int | float) for o in flat):
+        if any(o is not None and not isinstance(o, torch.Tensor | bool | int | float | torch.SymInt)
+               for o in flat):
             raise DataDependentError(f"{name} returns a Python value that depends on data")
         names = self.builder.add_node(name, enc_args, enc_kwargs, metas, loc=self.loc,
                                       module_path=self.module_path)
@@ -397,16 +464,30 @@ class Recorder(TorchDispatchMode):
 
 
 def trace(
-    fn: Callable[..., Any], *examples: torch.Tensor, name: str = "graph"
+    fn: Callable[..., Any], *examples: torch.Tensor, name: str = "graph",
+    dynamic: Mapping[int, Sequence[int]] | None = None,
 ) -> tuple[S.Graph, dict[str, torch.Tensor]]:
     """Record ``fn`` (plain torch code, no Python control flow on values) as a Graph.
 
-    Returns the graph and the constant tensors it captured (by input name). Useful for
-    tests, fixtures and building graphs by hand; capture is the general tool.
+    Returns the graph and the constant tensors it captured (by input name). ``dynamic`` maps
+    an example's position to the dims whose sizes become symbols (``s0``, ``s1``, … with
+    sources ``input:<i>.size(<d>)``); relations the code depends on become the graph's
+    guards. Useful for tests, fixtures and building graphs by hand; capture is the general tool.
     """
     rec = Recorder(GraphBuilder(name))
-    with rec:
-        fakes = [rec.input(e, name=f"arg{i}") for i, e in enumerate(examples)]
+    env = None
+    if dynamic:
+        from torchfuse.graph.symbolic import SizeEnv
+
+        env = rec.builder.size_env = SizeEnv()
+    with rec, _python_dispatcher(env is not None):
+        fakes = []
+        for i, e in enumerate(examples):
+            sizes = None
+            if env is not None and i in dynamic:
+                sizes = [env.symbol(n, source=f"input:{i}.size({d})") if d in dynamic[i] else n
+                         for d, n in enumerate(e.shape)]
+            fakes.append(rec.input(e, name=f"arg{i}", sizes=sizes))
         result = fn(*fakes)
     for r in result if isinstance(result, tuple | list) else [result]:
         rec.output(r)
