@@ -3,6 +3,7 @@
 #
 #   scripts/gpu_run.sh                  # default phases: setup tests capture bench overhead
 #   scripts/gpu_run.sh modes            # small_ops under reduce-overhead + the graph-break benchmark
+#   scripts/gpu_run.sh warm             # cold vs warm start, the warm first call profiled
 #   scripts/gpu_run.sh tests bench      # some phases (setup always runs first)
 #
 # The machine has torch, triton, pytest and friends but no internet and no msgspec, bytecode or
@@ -262,6 +263,20 @@ phase_modes() {
     return "$rc"
 }
 
+# Cold vs warm start of torchfuse alone (two fresh processes over one cache), the warm one
+# profiled, with the runtime's first-call phase lines.
+phase_warm() {
+    local t
+    t=$(phase_timeout 200)
+    ((t < 30)) && return 124
+    local dev=cuda
+    have_cuda || dev=cpu
+    log "benchmarks/warm_start.py (timeout ${t}s)"
+    timeout "$t" "$PY" benchmarks/warm_start.py --device "$dev" ${WARM_ARGS:-} \
+        --json "$DEST/warm_start_$TAG.json" 2>&1 | tee -a "$BENCH_LOG"
+    return "${PIPESTATUS[0]}"
+}
+
 # With $OUT set, everything was written there; keep a copy in benchmarks/results as well.
 collect() {
     [[ -z "$OUT_DIR" ]] && return 0
@@ -276,8 +291,8 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead | modes) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead modes)" >&2; exit 2 ;; esac
+        case $p in setup | tests | capture | bench | overhead | modes | warm) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm)" >&2; exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"
     phase_setup

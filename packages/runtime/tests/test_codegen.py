@@ -103,8 +103,14 @@ def test_fast_path_passes_every_parameter_in_order(build):
         assert len(compiled) == len(launches)
         handles[key] = tuple(x for run, _ in runners for x in (run, None, None))
 
+    pointer_reads = []
+
+    def ptr(t):  # the fast path hands tensors to the launcher as addresses; keep the tensor here
+        pointer_reads.append(t)
+        return t
+
     ns = dict(gen.globals, _stats=fn.stats, _bad_inputs=fn._bad_inputs, _handles=handles, _record=record,
-              _get_stream=lambda index: 0)
+              _get_stream=lambda index: 0, _ptr=ptr)
     exec(compile(gen.source, "<test>", "exec"), ns)
     if prog.name == "middle":
         x = torch.randn(40)
@@ -115,8 +121,12 @@ def test_fast_path_passes_every_parameter_in_order(build):
         args = (torch.randn(4, 10), torch.randn(4, 10), torch.randn(10, 8))
         want = P.mixed_reference(*args)
     for n_fast in (0, 1, 2):  # the first call records the handles, the next ones use them
+        pointer_reads.clear()
         got = ns["call_fast"](*args)
         assert all(len(calls) == n_fast for _, calls in runners)
+        tensor_args = {(s.kernel, a.name) for s in launches for a in s.args if isinstance(a, S.TensorRef)}
+        # each tensor's address is read once per call, however many launches take it
+        assert len(pointer_reads) == (len({n for _, n in tensor_args}) if n_fast else 0)
         for g, w in zip(got, want, strict=True):
             if isinstance(w, torch.Tensor):
                 torch.testing.assert_close(g, w)

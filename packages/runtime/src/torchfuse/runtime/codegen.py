@@ -322,8 +322,9 @@ def arrange(kernel: S.Kernel, cfg: S.LaunchConfig | None, params: list[str], n_a
 
 
 def _launch_args(ctx: _Ctx, kernel: S.Kernel, step: S.LaunchStep, cfg: S.LaunchConfig | None,
-                 fn: Any, params: list[str]) -> tuple[str, str, list[str]]:
-    """(arguments of ``fn[grid](...)``, grid source, every JIT parameter's value in order)."""
+                 fn: Any, params: list[str]) -> tuple[str, str, list[str], list[int]]:
+    """(arguments of ``fn[grid](...)``, grid source, every JIT parameter's value in order, the
+    positions in that order that are tensors)."""
     pos = [ctx.arg(a) for a in step.args]
     meta = dict(cfg.meta) if cfg else {}
     named = {**kernel.constexprs, **meta}
@@ -332,8 +333,11 @@ def _launch_args(ctx: _Ctx, kernel: S.Kernel, step: S.LaunchStep, cfg: S.LaunchC
     grid += ["1"] * (3 - len(grid))
     plan = arrange(kernel, cfg, params, len(pos))
     ordered: list[str] = []
+    tensors: list[int] = []
     for kind, what in plan:
         if kind == "arg":
+            if isinstance(step.args[int(what)], S.TensorRef):
+                tensors.append(len(ordered))
             ordered.append(pos[int(what)])
         elif kind == "const":
             ordered.append(_literal(named[str(what)]))
@@ -350,7 +354,7 @@ def _launch_args(ctx: _Ctx, kernel: S.Kernel, step: S.LaunchStep, cfg: S.LaunchC
         call_args = pos + [f"{k}={_literal(v)}" for k, v in named.items()] + options
     else:
         call_args = ordered + options  # a constexpr between runtime parameters: all positional
-    return ", ".join(call_args), "(" + ", ".join(grid) + ")", ordered
+    return ", ".join(call_args), "(" + ", ".join(grid) + ")", ordered, tensors
 
 
 def _int_constexprs(kernel: S.Kernel) -> dict[str, int]:
@@ -419,7 +423,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     ctx = _Ctx(program, names, device_type, sym_names)
     kmap = {k.name: k for k in program.kernels}
     g = names.globals
-    g.update(_empty_strided=torch.empty_strided, _as_strided=torch.as_strided)
+    g.update(_empty_strided=torch.empty_strided, _as_strided=torch.as_strided, _ptr=torch.Tensor.data_ptr)
     buffers = buffer_table(program)
     reuse_sources = {s.reuse for s in program.steps if isinstance(s, S.AllocStep) and s.reuse}
 
@@ -444,6 +448,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     n_launch = 0
     tune_slots: dict[int, int] = {}
     param_cache: dict[str, list[str]] = {}
+    pointers: dict[str, str] = {}
     for idx, step in enumerate(program.steps):
         if isinstance(step, S.AllocStep):
             buf = buffers[step.buffer]
@@ -478,7 +483,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
             kname = names.glob("k_" + kernel.name, fn)
             params = param_cache.setdefault(kernel.name, param_names(fn))
             cfg = configs.get(kernel.name)
-            call_args, grid, ordered = _launch_args(ctx, kernel, step, cfg, fn, params)
+            call_args, grid, ordered, tensors = _launch_args(ctx, kernel, step, cfg, fn, params)
             launches += 1
             if kernel.name in tune:
                 tune_slots[idx] = len(tune_slots)
@@ -490,6 +495,16 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
             call = f"{kname}[{grid}]({call_args})"
             slow.append(f"    _c{n_launch} = {call}" if fast else f"    {call}")
             i = n_launch
+            # Tensors go to the launcher as raw addresses, each read once per call: given a
+            # tensor, Triton's launcher calls data_ptr() and asks the driver to validate the
+            # pointer (cuPointerGetAttribute) on every launch. The prologue has already checked
+            # the inputs' devices, and our own buffers are allocated on the launch device.
+            for k in tensors:
+                var = ordered[k]
+                if var not in pointers:
+                    pointers[var] = f"_p_{var}"
+                    quick.append(f"    {pointers[var]} = _ptr({var})")
+                ordered[k] = pointers[var]
             # launch_metadata and the enter/exit hooks are None: no launch hooks are installed.
             quick.append(f"    _r{i}({grid[1:-1]}, _stream, _f{i}, _m{i}, None, None, None, "
                          + ", ".join(ordered) + ")")
