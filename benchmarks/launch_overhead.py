@@ -4,7 +4,9 @@ A Program of N tiny kernels (adds on 64 floats, so the GPU is never the bottlene
 many times with one CUDA synchronize at the end; time per call divided by N is the host cost
 of one launch. Variants:
 
-- ``fast``: the default path (launches through the compiled kernel's launcher);
+- ``fast``: the default path (launches through Triton's C launcher where the installed
+  Triton's is known, see ``torchfuse.runtime.launchers``);
+- ``fast, run()``: the same through ``CompiledKernel.run`` (``TORCHFUSE_DIRECT_LAUNCH=0``);
 - ``fn[grid]``: the same Program with ``TORCHFUSE_FAST_LAUNCH=0`` (Triton's ``JITFunction.run``);
 - ``fast+alloc``: every kernel writes a freshly allocated buffer (adds ``torch.empty_strided``);
 - ``reduce-overhead``: the call replayed as a CUDA graph (includes the input copy);
@@ -123,8 +125,10 @@ def main() -> int:
     measure("fast", load(chain_program(n, opts.size, opts.device, reuse=True)))
     measure("fast+alloc", load(chain_program(n, opts.size, opts.device, reuse=False)))
     saved = rconfig.config
-    rconfig.config = dataclasses.replace(saved, fast_launch=False)
     try:
+        rconfig.config = dataclasses.replace(saved, direct_launch=False)
+        measure("fast, run()", load(chain_program(n, opts.size, opts.device, reuse=True)))
+        rconfig.config = dataclasses.replace(saved, fast_launch=False)
         measure("fn[grid]", load(chain_program(n, opts.size, opts.device, reuse=True)))
     finally:
         rconfig.config = saved

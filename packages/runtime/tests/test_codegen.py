@@ -74,6 +74,26 @@ def middle_program() -> S.Program:
     )
 
 
+def _layout_handles(layout, run):
+    """Handles as ``launchers.handles`` gives them, around a generic fake launcher; the direct
+    layouts get a stand-in C launcher that checks where each value lands."""
+    if layout == "generic":
+        return run, None, "meta"
+
+    def direct_args(gx, gy, gz, stream, function, coop, pdl, gs, ps, meta, lmeta, enter, exit_, *args):
+        assert (coop, pdl, gs, ps, meta, lmeta, enter, exit_) == ("coop", "pdl", None, None, "meta", None, None, None)
+        return run(gx, gy, gz, stream, function, None, lmeta, enter, exit_, *args)
+
+    def direct_tuple(gx, gy, gz, stream, function, coop, pdl, meta, lmeta, enter, exit_, gs, ps, ann, sig, args):
+        assert (coop, pdl, meta, ann, sig) == ("coop", "pdl", "meta", "ann", "sig")
+        assert (lmeta, enter, exit_, gs, ps) == (None,) * 5 and isinstance(args, tuple)
+        return run(gx, gy, gz, stream, function, None, lmeta, enter, exit_, *args)
+
+    if layout == "args":
+        return direct_args, None, "meta", "coop", "pdl"
+    return direct_tuple, None, "meta", "coop", "pdl", "ann", "sig"
+
+
 def _fake_launcher(fn):
     """Stands in for CompiledKernel.run: takes every JIT parameter positionally, in order, as
     Triton's launcher does, and runs the interpreted kernel with them."""
@@ -89,11 +109,13 @@ def _fake_launcher(fn):
     return run, calls
 
 
+@pytest.mark.parametrize("layout", ["generic", "args", "tuple"])
 @pytest.mark.parametrize("build", [middle_program, lambda: P.mixed_program("cpu")])
-def test_fast_path_passes_every_parameter_in_order(build):
+def test_fast_path_passes_every_parameter_in_order(build, layout):
     prog = build()
     fn = load(prog)
-    gen = generate(prog, device_type="cpu", kernels=fn.kernels, configs=fn._default_configs(), fast=True)
+    gen = generate(prog, device_type="cpu", kernels=fn.kernels, configs=fn._default_configs(), fast=True,
+                   layout=layout)
     assert gen.fast_entry == "call_fast"
     launches = [s for s in prog.steps if isinstance(s, S.LaunchStep)]
     runners = [_fake_launcher(fn.kernels[s.kernel]) for s in launches]
@@ -101,7 +123,7 @@ def test_fast_path_passes_every_parameter_in_order(build):
 
     def record(key, compiled):
         assert len(compiled) == len(launches)
-        handles[key] = tuple(x for run, _ in runners for x in (run, None, None))
+        handles[key] = tuple(x for run, _ in runners for x in _layout_handles(layout, run))
 
     pointer_reads = []
 
@@ -205,3 +227,53 @@ def test_grid_may_name_a_constexpr():
     x, y, w = torch.randn(3, 20), torch.randn(3, 20), torch.randn(20, 8)
     torch.testing.assert_close(fn(x, y, w)[0], (x + y).sum(1))
     assert "_k_triton_red_row_sum_0[(s0*16//16, 1, 1)]" in fn.source
+
+
+class _FakeLauncher:
+    """Stands in for Triton's CudaLauncher: a C ``launch`` and the attributes we read."""
+
+    launch = staticmethod(len)  # any builtin function: "the C launcher"
+
+    def __init__(self, scratch=0):
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+        self.launch_cooperative_grid = False
+        self.launch_pdl = True
+        self.arg_annotations = "ann"
+        self.kernel_signature = "sig"
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+class _FakeCompiled:
+    def __init__(self, scratch=0):
+        self.run = _FakeLauncher(scratch)
+        self.function = 1234
+        self.packed_metadata = (4, 1, 0)
+
+
+def test_launcher_handles_go_direct_only_without_scratch():
+    from torchfuse.runtime import launchers
+
+    plain, scratchy = _FakeCompiled(), _FakeCompiled(scratch=128)
+    assert launchers.handles("generic", plain) == (plain.run, 1234, (4, 1, 0))
+    assert launchers.handles("args", plain) == (len, 1234, (4, 1, 0), False, True)
+    assert launchers.handles("tuple", plain) == (len, 1234, (4, 1, 0), False, True, "ann", "sig")
+    # a kernel that needs scratch memory keeps Triton's Python launcher, behind an adapter
+    adapter, *_ = launchers.handles("args", scratchy)
+    adapter(1, 2, 3, "stream", 1234, None, None, None, None, (4, 1, 0), None, None, None, "a", "b")
+    assert scratchy.run.calls == [(1, 2, 3, "stream", 1234, (4, 1, 0), None, None, None, "a", "b")]
+    adapter, *_ = launchers.handles("tuple", scratchy)
+    adapter(1, 2, 3, "stream", 1234, None, None, (4, 1, 0), None, None, None, None, None, "ann", "sig", ("a",))
+    assert scratchy.run.calls[-1] == (1, 2, 3, "stream", 1234, (4, 1, 0), None, None, None, "a")
+
+
+def test_layout_follows_the_installed_triton(monkeypatch):
+    import triton
+    from torchfuse.runtime import launchers
+
+    for version, layout in (("3.6.0", "args"), ("3.9.1", "tuple"), ("3.7.0", "generic"), ("4.0", "generic")):
+        monkeypatch.setattr(triton, "__version__", version)
+        assert launchers.triton_layout() == layout

@@ -408,13 +408,15 @@ def launch_values(kernel: S.Kernel, cfg: S.LaunchConfig | None, fn: Any, args: S
 
 def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any],
              configs: Mapping[str, S.LaunchConfig | None], fast: bool = False,
-             tune: frozenset[str] = frozenset(), tuned_for: tuple[str, ...] | None = None) -> Generated:
+             tune: frozenset[str] = frozenset(), tuned_for: tuple[str, ...] | None = None,
+             layout: str = "generic") -> Generated:
     """Python source (and globals) of the call function(s) of ``program``.
 
     ``kernels`` maps kernel names to Triton functions, ``configs`` kernel names to the chosen
     config. Launches of kernels named in ``tune`` become ``_tune(slot, fn, args, env)`` calls
     (the autotuner picks the config there). ``tuned_for`` names the symbols whose values the
-    configs were chosen for: a call with other values goes to ``_redispatch``.
+    configs were chosen for: a call with other values goes to ``_redispatch``. ``layout`` is how
+    ``call_fast`` calls each kernel's launcher (:data:`LAUNCH_LAYOUTS`).
     """
     from torchfuse.runtime.kernels import param_names
 
@@ -505,9 +507,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
                     pointers[var] = f"_p_{var}"
                     quick.append(f"    {pointers[var]} = _ptr({var})")
                 ordered[k] = pointers[var]
-            # launch_metadata and the enter/exit hooks are None: no launch hooks are installed.
-            quick.append(f"    _r{i}({grid[1:-1]}, _stream, _f{i}, _m{i}, None, None, None, "
-                         + ", ".join(ordered) + ")")
+            quick.append(_quick_launch(layout, i, grid[1:-1], ordered))
             n_launch += 1
         elif isinstance(step, S.ExternStep):
             op = resolve_op(step.op)
@@ -578,7 +578,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     src.append(ret)
     if fast:
         fast_entry = "call_fast"
-        unpack = ", ".join(f"_r{i}, _f{i}, _m{i}" for i in range(n_launch))
+        unpack = ", ".join(", ".join(f"{h}{i}" for h in LAUNCH_LAYOUTS[layout]) for i in range(n_launch))
         src += ["", "", "def call_fast(*args):", *no_grad("call_fast"), *head, *key,
                 "    _h = _handles.get(_key)",
                 "    if _h is None:",
@@ -589,6 +589,32 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
                 *quick, ret]
     return Generated(source="\n".join(src) + "\n", globals=g, fast_entry=fast_entry, launches=launches,
                      tune_slots=tune_slots)
+
+
+LAUNCH_LAYOUTS: dict[str, tuple[str, ...]] = {
+    # CompiledKernel.run(gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit, *args)
+    "generic": ("_r", "_f", "_m"),
+    # Triton 3.6's C launcher, called without its Python wrapper: (gx, gy, gz, stream, function,
+    # cooperative, pdl, global_scratch, profile_scratch, metadata, launch_metadata, enter, exit, *args)
+    "args": ("_r", "_f", "_m", "_x", "_y"),
+    # Triton 3.9's: (gx, gy, gz, stream, function, cooperative, pdl, metadata, launch_metadata,
+    # enter, exit, global_scratch, profile_scratch, arg_annotations, kernel_signature, args)
+    "tuple": ("_r", "_f", "_m", "_x", "_y", "_a", "_s"),
+}
+"""The handles ``call_fast`` unpacks per launch, by launcher layout (see ``runtime.launchers``)."""
+
+
+def _quick_launch(layout: str, i: int, grid: str, ordered: Sequence[str]) -> str:
+    # launch_metadata and the enter/exit hooks are None: no launch hooks are installed; the
+    # scratch pointers are None: only kernels that need no scratch memory take this path.
+    args = ", ".join(ordered)
+    if layout == "args":
+        return f"    _r{i}({grid}, _stream, _f{i}, _x{i}, _y{i}, None, None, _m{i}, None, None, None, {args})"
+    if layout == "tuple":
+        packed = args + ("," if len(ordered) == 1 else "")
+        return (f"    _r{i}({grid}, _stream, _f{i}, _x{i}, _y{i}, _m{i}, None, None, None, None, None, "
+                f"_a{i}, _s{i}, ({packed}))")
+    return f"    _r{i}({grid}, _stream, _f{i}, _m{i}, None, None, None, {args})"
 
 
 def _key_src(program: S.Program, sym_names: Mapping[str, str], names: _Names) -> str:

@@ -39,6 +39,9 @@ class Config:
     nothing else is compiled."""
     fast_launch: bool = True
     """Launch through the compiled kernel's launcher once it is known (GPU only)."""
+    direct_launch: bool = True
+    """On the fast path, call Triton's C launcher itself where the installed Triton's is known
+    (:mod:`torchfuse.runtime.launchers`); off: through ``CompiledKernel.run``."""
     compile_threads: int = 4
     """Threads that compile kernels concurrently before the first GPU call."""
     log_runtime: bool = False
@@ -69,6 +72,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         autotune=_flag(env, "TORCHFUSE_AUTOTUNE", True),
         autotune_min_bytes=max(0, int(min_bytes)) if min_bytes else 1 << 24,
         fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
+        direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, os.cpu_count() or 1)),
         log_runtime=bool(logs & {"runtime", "+runtime", "all"}),
         log_level=logging.DEBUG if "+runtime" in logs else logging.INFO,

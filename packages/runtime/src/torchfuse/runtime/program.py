@@ -21,7 +21,7 @@ import torchfuse.runtime.config as rconfig
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import to_dtype
-from torchfuse.runtime import codegen
+from torchfuse.runtime import codegen, launchers
 from torchfuse.runtime.autotune import (
     AutotuneCache,
     Tuner,
@@ -139,6 +139,7 @@ class CompiledProgram:
         self.stats.kernels_loaded = len(self.kernels)
         self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
         self._gpu = device_type == "cuda"
+        self._layout = launchers.triton_layout() if self._gpu and rconfig.config.direct_launch else "generic"
         self._variants: dict[tuple[Any, ...], codegen.Generated] = {}
         self._by_key: dict[tuple[int, ...], Any] = {}
         tunable = [k for k in program.kernels if len(k.configs) > 1]
@@ -177,7 +178,8 @@ class CompiledProgram:
         every kernel's first config)."""
         if self._generated is None:
             return codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
-                                    configs=self._default_configs(), fast=self._fast_allowed()).source
+                                    configs=self._default_configs(), fast=self._fast_allowed(),
+                                    layout=self._layout).source
         return self._generated.source
 
     @property
@@ -406,7 +408,7 @@ class CompiledProgram:
                 if not _launcher_compatible(run):
                     self._note_fallback(f"fast launch off: unknown launcher signature {run!r}")
                     return
-                entries += [run, c.function, c.packed_metadata]
+                entries += launchers.handles(self._layout, c)
             handles[key] = tuple(entries)
 
         return record
@@ -418,7 +420,8 @@ class CompiledProgram:
         if gen is None:
             tuned_for = self._tune_symbols if tuned_key is not None else None
             gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
-                                   configs=configs, fast=self._fast_allowed(), tuned_for=tuned_for)
+                                   configs=configs, fast=self._fast_allowed(), tuned_for=tuned_for,
+                                   layout=self._layout)
             self._variants[ckey] = gen
             gen.globals["_fn"] = self._exec(gen, {"_TUNED_FOR": set()})
         fn = gen.globals["_fn"]
