@@ -30,13 +30,24 @@ def list_backends() -> list[str]:
     return sorted({ep.name for ep in entry_points(group="torchfuse.backends")})
 
 
+_FOUND: dict[str, Backend] = {}
+"""Backends already found by name. Scanning the entry points reads every installed
+distribution's metadata (20-40 ms with a few hundred installed), which a process should pay once,
+not on each compiled function's first call. Only hits are kept: a backend installed later is
+still found."""
+
+
 def lookup_backend(backend: str | Backend) -> Backend:
     """The backend callable for a name (or the callable itself)."""
     if callable(backend):
         return backend
+    found = _FOUND.get(backend)
+    if found is not None:
+        return found
     for ep in entry_points(group="torchfuse.backends"):
         if ep.name == backend:
-            return ep.load()
+            _FOUND[backend] = ep.load()
+            return _FOUND[backend]
     hint = " (install torchfuse-inductor for the default backend)" if backend == "inductor" else ""
     raise BackendNotFound(f"no torchfuse backend named {backend!r}{hint}; "
                           f"available: {', '.join(list_backends()) or 'none'}")
