@@ -2,7 +2,7 @@
 
 A Program of N tiny kernels (adds on 64 floats, so the GPU is never the bottleneck) is called
 many times with one CUDA synchronize at the end; time per call divided by N is the host cost
-of one launch. Variants:
+of one launch (the minimum over ``--repeats`` runs, with the median beside it). Variants:
 
 - ``fast``: the default path (launches through Triton's C launcher where the installed
   Triton's is known, see ``torchfuse.runtime.launchers``);
@@ -74,15 +74,22 @@ def chain_program(n_kernels: int, size: int, device: str, reuse: bool):
                      kernels=(kernel,), steps=tuple(steps), device=device)
 
 
-def _time(fn, args, iters: int, sync) -> float:
+def _time(fn, args, iters: int, sync, repeats: int = 5) -> tuple[float, float]:
+    """(minimum, median) seconds per call over ``repeats`` runs of ``iters`` calls each. The
+    minimum is the figure reported, as ``timeit`` does: host overhead only ever gets slower
+    from outside noise (other processes, frequency changes), never faster."""
     for _ in range(3):
         fn(*args)
     sync()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn(*args)
-    sync()
-    return (time.perf_counter() - start) / iters
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn(*args)
+        sync()
+        runs.append((time.perf_counter() - start) / iters)
+    runs.sort()
+    return runs[0], runs[len(runs) // 2]
 
 
 def main() -> int:
@@ -90,12 +97,13 @@ def main() -> int:
     parser.add_argument("--kernels", type=int, default=100)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of --iters calls; the minimum is reported")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this path")
     opts = parser.parse_args()
     if opts.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        opts.kernels, opts.iters = min(opts.kernels, 4), min(opts.iters, 2)
+        opts.kernels, opts.iters, opts.repeats = min(opts.kernels, 4), min(opts.iters, 2), 1
 
     import torch
     import torchfuse.runtime.config as rconfig
@@ -112,7 +120,7 @@ def main() -> int:
     rows = []
 
     def measure(label: str, fn, check: bool = True) -> None:
-        per_call = _time(fn, (x,), opts.iters, sync)
+        per_call, median = _time(fn, (x,), opts.iters, sync, opts.repeats)
         if check:
             # A chain of n fp32 adds rounds differently from one multiply: scale the
             # tolerances with the chain length and the magnitude of the result.
@@ -120,7 +128,7 @@ def main() -> int:
             torch.testing.assert_close(fn(x)[0], want, rtol=1e-5 * max(1, n // 16),
                                        atol=1e-5 * max(1, n // 16) * scale)
         rows.append({"variant": label, "kernels": n, "us_per_call": per_call * 1e6,
-                     "us_per_launch": per_call * 1e6 / n})
+                     "us_per_launch": per_call * 1e6 / n, "us_per_launch_median": median * 1e6 / n})
 
     measure("fast", load(chain_program(n, opts.size, opts.device, reuse=True)))
     measure("fast+alloc", load(chain_program(n, opts.size, opts.device, reuse=False)))
@@ -151,9 +159,10 @@ def main() -> int:
 
     print(f"triton {triton.__version__}, torch {torch.__version__}, {n} kernels per call, "
           f"{opts.iters} calls, device {opts.device}")
-    print(f"{'variant':<18}{'us/call':>12}{'us/launch':>12}")
+    print(f"{'variant':<18}{'us/call':>12}{'us/launch':>12}{'median':>10}")
     for r in rows:
-        print(f"{r['variant']:<18}{r['us_per_call']:>12.1f}{r['us_per_launch']:>12.2f}")
+        print(f"{r['variant']:<18}{r['us_per_call']:>12.1f}{r['us_per_launch']:>12.2f}"
+              f"{r['us_per_launch_median']:>10.2f}")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump({"triton": triton.__version__, "torch": torch.__version__, "rows": rows}, f, indent=1)
