@@ -97,7 +97,7 @@ def main() -> int:
     parser.add_argument("--kernels", type=int, default=100)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5, help="runs of --iters calls; the minimum is reported")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of --iters calls; the minimum is kept")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--json", default=None, help="also write the rows as JSON to this path")
     opts = parser.parse_args()

@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"name": name, "cold_s": cold["seconds"], "warm_s": warm["seconds"], "ratio": ratio,
                      "warm_profiled_s": profiled["seconds"], "runtime_log": profiled["log"],
                      "profile": profiled["profile"],
-                     "errors": {k: r["error"] for k, r in (("cold", cold), ("warm", warm), ("profiled", profiled))
-                                if "error" in r}})
+                     "errors": {k: r["error"] for k, r in (("cold", cold), ("warm", warm),
+                                                               ("profiled", profiled)) if "error" in r}})
         r = rows[-1]
         print(f"{name:24s} cold {r['cold_s']} s  warm {r['warm_s']} s  ratio {ratio}", flush=True)
         print(r["runtime_log"])

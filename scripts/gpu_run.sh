@@ -4,6 +4,7 @@
 #   scripts/gpu_run.sh                  # default phases: setup tests capture bench overhead
 #   scripts/gpu_run.sh modes            # small_ops under reduce-overhead + the graph-break benchmark
 #   scripts/gpu_run.sh warm             # cold vs warm start, the warm first call profiled
+#   scripts/gpu_run.sh dynamic          # forward workloads static vs dynamic=True
 #   scripts/gpu_run.sh tests bench      # some phases (setup always runs first)
 #
 # The machine has torch, triton, pytest and friends but no internet and no msgspec, bytecode or
@@ -277,6 +278,19 @@ phase_warm() {
     return "${PIPESTATUS[0]}"
 }
 
+# Forward workloads static vs dynamic=True (the dynamic-shapes issue's table).
+phase_dynamic() {
+    local t
+    t=$(phase_timeout 240)
+    ((t < 30)) && return 124
+    local extra=()
+    have_cuda || extra=(--device cpu --small)
+    log "benchmarks/dynamic.py (timeout ${t}s)"
+    timeout "$t" "$PY" benchmarks/dynamic.py --tag "$TAG" --out "$DEST" "${extra[@]}" ${DYNAMIC_ARGS:-} \
+        2>&1 | tee -a "$BENCH_LOG"
+    return "${PIPESTATUS[0]}"
+}
+
 # With $OUT set, everything was written there; keep a copy in benchmarks/results as well.
 collect() {
     [[ -z "$OUT_DIR" ]] && return 0
@@ -291,8 +305,8 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead | modes | warm) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm)" >&2; exit 2 ;; esac
+        case $p in setup | tests | capture | bench | overhead | modes | warm | dynamic) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm dynamic)" >&2; exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"
     phase_setup
