@@ -5,6 +5,7 @@
 #   scripts/gpu_run.sh modes            # small_ops under reduce-overhead + the graph-break benchmark
 #   scripts/gpu_run.sh warm             # cold vs warm start, the warm first call profiled
 #   scripts/gpu_run.sh dynamic          # forward workloads static vs dynamic=True
+#   scripts/gpu_run.sh gpt2prof         # GPT-2: GPU busy vs wall time, top kernels
 #   scripts/gpu_run.sh tests bench      # some phases (setup always runs first)
 #
 # The machine has torch, triton, pytest and friends but no internet and no msgspec, bytecode or
@@ -291,6 +292,17 @@ phase_dynamic() {
     return "${PIPESTATUS[0]}"
 }
 
+# GPT-2: GPU busy vs wall time per call and top kernels, eager / torch.compile / torchfuse.
+phase_gpt2prof() {
+    local t
+    t=$(phase_timeout 240)
+    ((t < 30)) && return 124
+    have_cuda || { log "gpt2prof needs CUDA"; return 0; }
+    log "benchmarks/gpt2_profile.py (timeout ${t}s)"
+    timeout "$t" "$PY" benchmarks/gpt2_profile.py --json "$DEST/gpt2_profile_$TAG.json" 2>&1 | tee -a "$BENCH_LOG"
+    return "${PIPESTATUS[0]}"
+}
+
 # With $OUT set, everything was written there; keep a copy in benchmarks/results as well.
 collect() {
     [[ -z "$OUT_DIR" ]] && return 0
@@ -305,8 +317,8 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead | modes | warm | dynamic) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm dynamic)" >&2; exit 2 ;; esac
+        case $p in setup | tests | capture | bench | overhead | modes | warm | dynamic | gpt2prof) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm dynamic gpt2prof)" >&2; exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"
     phase_setup

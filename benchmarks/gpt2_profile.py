@@ -1,0 +1,128 @@
+"""Where GPT-2's time goes: GPU kernels and host time of one call, torchfuse vs torch.compile.
+
+    python benchmarks/gpt2_profile.py --json benchmarks/results/gpt2_profile_<tag>.json
+
+Needs CUDA and ``transformers``. Measures, for the ``gpt2`` (inference) and ``gpt2_train`` rows
+of ``workloads.py``:
+
+- wall time per call (median of 20, synchronized) and GPU busy time per call (the sum of the
+  CUDA kernel times ``torch.profiler`` records for one call), for eager, torch.compile and
+  torchfuse: wall - busy is what the host adds (launches, guards, glue);
+- the 12 kernels with the most GPU time in one call, per compiler;
+- the lm_head matmul alone: ``[4096, 768] @ [768, 50257]`` in bf16 against the same with N
+  padded to 50264 (a multiple of 8), the hypothesis that an unaligned vocab keeps cuBLAS off
+  its fast paths (``benchmarks/NOTES.md``, "GPT-2 gap", cause 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def _wall_ms(step, n: int = 20) -> float:
+    import torch
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _kernels(step) -> tuple[float, list[tuple[str, float, int]]]:
+    """(GPU busy ms of one call, top kernels as (name, ms, count))."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages():
+        cuda_us = getattr(evt, "device_time_total", None)
+        if cuda_us is None:
+            cuda_us = getattr(evt, "cuda_time_total", 0)
+        if cuda_us and evt.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append((evt.key[:90], cuda_us / 1e3, evt.count))
+    rows.sort(key=lambda r: -r[1])
+    return sum(r[1] for r in rows), rows[:12]
+
+
+def _mm_alignment() -> dict[str, float]:
+    import torch
+
+    out = {}
+    a = torch.randn(4096, 768, device="cuda", dtype=torch.bfloat16)
+    for n in (50257, 50264, 50304):
+        b = torch.randn(768, n, device="cuda", dtype=torch.bfloat16)
+        bt = torch.randn(n, 768, device="cuda", dtype=torch.bfloat16).t()
+        out[f"mm N={n}"] = _wall_ms(lambda b=b: torch.mm(a, b), 50)
+        out[f"mm N={n} (weight transposed)"] = _wall_ms(lambda bt=bt: torch.mm(a, bt), 50)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default="")
+    p.add_argument("--only", default="gpt2,gpt2_train")
+    args = p.parse_args(argv)
+    import torch
+    import torchfuse.capture as tf
+    import workloads
+    from run import make_step
+
+    if not torch.cuda.is_available():
+        print("gpt2_profile: needs CUDA", file=sys.stderr)
+        return 1
+    result: dict[str, Any] = {"mm": _mm_alignment(), "rows": {}}
+    for k, v in result["mm"].items():
+        print(f"{k:36s} {v:.3f} ms")
+    for wl in workloads.select(args.only.split(",")):
+        per: dict[str, Any] = {}
+        for variant in ("eager", "torch_compile", "torchfuse"):
+            case = wl.make_case(torch.device("cuda"), None, "full")
+            if variant == "torch_compile":
+                torch._dynamo.reset()
+                fn = torch.compile(case.fn)
+            elif variant == "torchfuse":
+                tf.reset()
+                fn = tf.compile(case.fn)
+            else:
+                fn = case.fn
+            step = make_step(wl, case, fn)
+            try:
+                wall = _wall_ms(step)
+                busy, top = _kernels(step)
+                per[variant] = {"wall_ms": wall, "gpu_busy_ms": busy, "host_ms": wall - busy, "top": top}
+                print(f"{wl.name:10s} {variant:14s} wall {wall:.3f} ms  GPU busy {busy:.3f} ms")
+                for name, ms, count in top:
+                    print(f"    {ms:8.3f} ms  x{count:<3d} {name}")
+            except Exception as e:
+                per[variant] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                print(f"{wl.name} {variant}: {per[variant]['error']}")
+            case = fn = step = None
+            torch.cuda.empty_cache()
+        result["rows"][wl.name] = per
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
