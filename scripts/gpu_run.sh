@@ -299,7 +299,9 @@ phase_gpt2prof() {
     ((t < 30)) && return 124
     have_cuda || { log "gpt2prof needs CUDA"; return 0; }
     log "benchmarks/gpt2_profile.py (timeout ${t}s)"
-    timeout "$t" "$PY" benchmarks/gpt2_profile.py --json "$DEST/gpt2_profile_$TAG.json" 2>&1 | tee -a "$BENCH_LOG"
+    # shellcheck disable=SC2086
+    timeout "$t" "$PY" benchmarks/gpt2_profile.py --json "$DEST/gpt2_profile_$TAG.json" ${GPT2PROF_ARGS:-} \
+        2>&1 | tee -a "$BENCH_LOG"
     return "${PIPESTATUS[0]}"
 }
 
