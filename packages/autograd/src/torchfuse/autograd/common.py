@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
@@ -9,8 +10,10 @@ import torch
 from torchfuse.graph import printer
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
-from torchfuse.graph.ops import node_inputs, rename_arg, tensor_refs, to_dtype
-from torchfuse.graph.tracing import FakeTensor, Recorder
+from torchfuse.graph.ops import decode_arg, node_inputs, rename_arg, tensor_refs, to_dtype
+from torchfuse.graph.symbolic import SizeEnv, env_from_symbols
+from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder
+from torchfuse.graph.tracing import fake_from_meta as tracing_fake_from_meta
 
 
 class AutogradError(RuntimeError):
@@ -43,7 +46,7 @@ def where(node: S.Node) -> str:
 
 
 def symbol_hints(graph: S.Graph) -> dict[str, int]:
-    """Symbol values used when running a graph on fakes: the hints seen at capture."""
+    """Symbol values used to *measure* a graph (byte sizes for the min-cut): the capture hints."""
     return {s.name: s.hint for s in graph.symbols if s.hint is not None}
 
 
@@ -51,18 +54,78 @@ def concrete(expr: S.Expr, hints: Mapping[str, int]) -> int:
     return expr if isinstance(expr, int) else evaluate(expr, hints)
 
 
-def fake_from_meta(meta: S.TensorMeta, hints: Mapping[str, int], requires_grad: bool = False) -> FakeTensor:
-    """A fake tensor with exactly the metadata recorded in ``meta``."""
-    sizes = [concrete(s, hints) for s in meta.sizes]
-    strides = [concrete(s, hints) for s in meta.strides]
-    offset = concrete(meta.storage_offset, hints)
+def retrace_env(graph: S.Graph) -> SizeEnv | None:
+    """A :class:`~torchfuse.graph.symbolic.SizeEnv` holding ``graph``'s symbols (same names,
+    ranges, hints and sources), for re-running it on fakes with symbolic sizes; None when the
+    graph has no symbols.
+
+    The graph's symbol guards are replayed as facts, so relations the capture already decided
+    are decided again without a new guard; only relations a pass newly depends on are left in
+    ``env.guards`` after the retrace (see :func:`retrace_builder`).
+    """
+    if not graph.symbols:
+        return None
+    env = env_from_symbols(graph.symbols)
+    for g in graph.guards:
+        if isinstance(g, S.SymbolGuard):
+            env.assume(env.to_sympy(g.expr), True)
+    # the replayed guards are the input graph's already; the env still knows them as facts
+    env.guards.clear()
+    return env
+
+
+class _RetraceBuilder(GraphBuilder):
+    def __init__(self, name: str, symbols: tuple[S.Symbol, ...]) -> None:
+        super().__init__(name)
+        self._records = symbols
+
+    def build(self) -> S.Graph:
+        # a retrace makes no symbols: the input graph's records are exact (the env rounds a
+        # range's min up to 2 and invents hints for symbols that have none)
+        return msgspec.structs.replace(super().build(), symbols=self._records)
+
+
+def retrace_builder(graph: S.Graph, name: str) -> tuple[GraphBuilder, SizeEnv | None]:
+    """A builder for a pass that re-runs ``graph``: it carries the graph's symbols, guards and
+    meta, and (for a symbolic graph) the size env whose new guards it appends on ``build``."""
+    builder = _RetraceBuilder(name, graph.symbols)
+    builder.symbols = list(graph.symbols)
+    builder.guards = list(graph.guards)
+    builder.meta = dict(graph.meta)
+    env = builder.size_env = retrace_env(graph)
+    return builder, env
+
+
+def retracing(env: SizeEnv | None) -> contextlib.AbstractContextManager:
+    """Torch code on symbolic fakes needs the Python dispatcher (see ``SizeEnv.tracing``)."""
+    return env.tracing() if env is not None else contextlib.nullcontext()
+
+
+def decode(arg: S.Argument, values: Mapping[str, object], env: SizeEnv | None) -> object:
+    """A format argument as the value a retrace passes to torch: tensors from ``values``;
+    size expressions as ``SymInt``s of ``env`` (not evaluated, so they stay symbolic)."""
+    if isinstance(arg, S.SymRef) and env is not None:
+        return env.parse(arg.expr)
+    if isinstance(arg, S.ListArg):
+        return [decode(a, values, env) for a in arg.items]
+    return decode_arg(arg, values)
+
+
+def fake_from_meta(meta: S.TensorMeta, env: SizeEnv | None, requires_grad: bool = False) -> FakeTensor:
+    """A fake tensor with exactly the metadata recorded in ``meta``: sizes written as
+    expressions become ``SymInt``s of ``env`` (a graph without symbols passes None)."""
     dtype = to_dtype(meta.dtype)
+    rg = requires_grad and (dtype.is_floating_point or dtype.is_complex)
+    if env is not None:
+        return tracing_fake_from_meta(meta, env=env, requires_grad=rg)
+    sizes = [concrete(s, {}) for s in meta.sizes]
+    strides = [concrete(s, {}) for s in meta.strides]
+    offset = concrete(meta.storage_offset, {})
     extent = offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True) if n > 0)
     if 0 in sizes:
         extent = offset
     storage = torch.empty(max(extent, 0), dtype=dtype, device="meta")
     elem = storage.as_strided(sizes, strides, offset)
-    rg = requires_grad and (dtype.is_floating_point or dtype.is_complex)
     return FakeTensor(elem, meta.device, requires_grad=rg)
 
 

@@ -20,6 +20,14 @@ After::
     mul = aten.mul.Tensor(x, sigmoid)
 
 Every entry of :data:`DEFAULT_TABLE` is tested against eager PyTorch on random inputs.
+
+A graph with size symbols stays symbolic: its inputs are fakes with ``SymInt`` sizes, rules
+compute with size expressions (``torch.sum(x, 0) / x.shape[0]`` records a division by ``s0``),
+and the result has the same symbols. A relation a rule branches on that the graph did not
+already guard is appended to the result's guards as a
+:class:`~torchfuse.graph.schema.SymbolGuard` located at the node being decomposed; a rule that
+needs a size as a plain ``int`` specializes it (guard ``s0 == 7``). Callers that must stay
+general compare ``result.guards`` with ``graph.guards``.
 """
 
 from __future__ import annotations
@@ -32,15 +40,16 @@ import torch
 from torchfuse.autograd.common import (
     AutogradError,
     PassRecorder,
+    decode,
     eliminate_dead_code,
     fake_from_meta,
+    retrace_builder,
+    retracing,
     strip_identities,
-    symbol_hints,
     where,
 )
 from torchfuse.graph import schema as S
-from torchfuse.graph.ops import decode_arg, encode_arg, flatten_result, op_name, resolve_op
-from torchfuse.graph.tracing import GraphBuilder
+from torchfuse.graph.ops import encode_arg, flatten_result, op_name, resolve_op
 
 Rule = Callable[..., Any]
 Table = Mapping[str | torch._ops.OpOverload, Rule]
@@ -188,6 +197,19 @@ def var_mean(x, dim=None, *, correction=None, keepdim=False):
     return var, (mean if keepdim else torch.squeeze(mean, dims))
 
 
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
+
+
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return torch.sqrt(var(x, dim, correction=correction, keepdim=keepdim))
+
+
+def std_mean(x, dim=None, *, correction=None, keepdim=False):
+    v, mean = var_mean(x, dim, correction=correction, keepdim=keepdim)
+    return torch.sqrt(v), mean
+
+
 # ----------------------------------------------------------------------------- losses
 
 
@@ -233,7 +255,11 @@ def mse_loss(x, target, reduction=_REDUCTION_MEAN):
 
 
 def mse_loss_backward(grad_output, x, target, reduction):
-    scale = 2 / x.numel() if reduction == _REDUCTION_MEAN else 2
+    n = x.numel()
+    if reduction == _REDUCTION_MEAN and not isinstance(n, int):
+        # 2 / n as a float would pin the sizes; divide by the size expression instead
+        return grad_output * (x - target) * 2 / n
+    scale = 2 / n if reduction == _REDUCTION_MEAN else 2
     return grad_output * (x - target) * scale
 
 
@@ -307,6 +333,16 @@ DEFAULT_TABLE: dict[str, Rule] = {
 }
 """The decompositions autograd applies to joint graphs (and forward-only graphs) by default."""
 
+SYMBOLIC_PRE_AUTOGRAD: dict[str, Rule] = {
+    "aten.var.correction": var,
+    "aten.std.correction": std,
+    "aten.var_mean.correction": var_mean,
+    "aten.std_mean.correction": std_mean,
+}
+"""Ops whose derivative formulas turn sizes into a float (``var``'s ``2 / (n - 1)``), which
+the format can only write by pinning the sizes: in a graph with size symbols the joint graph
+differentiates these rules instead of the ops, and the sizes stay symbolic."""
+
 
 # ----------------------------------------------------------------------------- the pass
 
@@ -336,20 +372,18 @@ def decompose(graph: S.Graph, table: Table = DEFAULT_TABLE, *, max_rounds: int =
 
 
 def _decompose_once(graph: S.Graph, rules: dict[str, Rule]) -> S.Graph:
-    hints = symbol_hints(graph)
-    builder = GraphBuilder(graph.name)
-    builder.symbols = list(graph.symbols)
-    builder.guards = list(graph.guards)
-    builder.meta = dict(graph.meta)
+    builder, sizes = retrace_builder(graph, graph.name)
     rec = PassRecorder(builder)
+    if sizes is not None:  # a guard a rule adds names the node it was decomposing
+        sizes.loc_fn = lambda: rec.loc
     env: dict[str, Any] = {}
-    with rec, torch.no_grad():
+    with retracing(sizes), rec, torch.no_grad():
         for inp in graph.inputs:
-            env[inp.name] = rec.input(fake_from_meta(graph.values[inp.name], hints), name=inp.name,
+            env[inp.name] = rec.input(fake_from_meta(graph.values[inp.name], sizes), name=inp.name,
                                       kind=inp.kind, target=inp.target)
         for node in graph.nodes:
-            args = [decode_arg(a, env, hints) for a in node.args]
-            kwargs = {k: decode_arg(a, env, hints) for k, a in node.kwargs.items()}
+            args = [decode(a, env, sizes) for a in node.args]
+            kwargs = {k: decode(a, env, sizes) for k, a in node.kwargs.items()}
             rule = rules.get(node.op)
             rec.loc, rec.module_path = node.loc, node.module_path
             try:
@@ -367,6 +401,6 @@ def _decompose_once(graph: S.Graph, rules: dict[str, Rule]) -> S.Graph:
     for o in graph.outputs:
         value = o.value
         if isinstance(value, S.TensorRef | S.ListArg):
-            value = encode_arg(decode_arg(value, env, hints), rec.name_of)
+            value = encode_arg(decode(value, env, sizes), rec.name_of)
         builder.add_output(value, kind=o.kind, target=o.target, aliases_input=o.aliases_input)
     return eliminate_dead_code(strip_identities(builder.build()))

@@ -45,14 +45,17 @@ from torchfuse.autograd.common import (
     IDENTITY_OPS,
     AutogradError,
     PassRecorder,
+    decode,
     eliminate_dead_code,
     fake_from_meta,
-    symbol_hints,
+    retrace_builder,
+    retracing,
     where,
 )
 from torchfuse.graph import schema as S
-from torchfuse.graph.ops import decode_arg, flatten_result, op_name, resolve_op
-from torchfuse.graph.tracing import GraphBuilder, Recorder, mutated_arguments
+from torchfuse.graph.ops import flatten_result, op_name, resolve_op
+from torchfuse.graph.symbolic import SizeEnv
+from torchfuse.graph.tracing import Recorder, mutated_arguments
 
 aten = torch.ops.aten
 
@@ -274,21 +277,17 @@ def functionalize(graph: S.Graph) -> S.Graph:
 
     The method (storage roots, view chains, scatters) is in the module docstring.
     """
-    hints = symbol_hints(graph)
-    builder = GraphBuilder(graph.name)
-    builder.symbols = list(graph.symbols)
-    builder.guards = list(graph.guards)
-    builder.meta = dict(graph.meta)
+    builder, env = retrace_builder(graph, graph.name)
     rec = PassRecorder(builder)
     input_names = [i.name for i in graph.inputs]
     st = _State(rec, inputs=set(input_names))
-    with rec:
+    with retracing(env), rec:
         for inp in graph.inputs:
-            fake = rec.input(fake_from_meta(graph.values[inp.name], hints), name=inp.name,
+            fake = rec.input(fake_from_meta(graph.values[inp.name], env), name=inp.name,
                              kind=inp.kind, target=inp.target)
             st.define(inp.name, fake, _Alias(inp.name))
         for node in graph.nodes:
-            _functionalize_node(node, st, hints)
+            _functionalize_node(node, st, env)
     already_written = {o.target for o in graph.outputs if o.kind == "mutated_input"}
     for o in graph.outputs:
         value = o.value
@@ -306,16 +305,16 @@ def functionalize(graph: S.Graph) -> S.Graph:
     return eliminate_dead_code(builder.build())
 
 
-def _decode(args: Sequence[S.Argument], st: _State, hints: dict[str, int]) -> list[Any]:
-    return [_decode_one(a, st, hints) for a in args]
+def _decode(args: Sequence[S.Argument], st: _State, env: SizeEnv | None) -> list[Any]:
+    return [_decode_one(a, st, env) for a in args]
 
 
-def _decode_one(a: S.Argument, st: _State, hints: dict[str, int]) -> Any:
+def _decode_one(a: S.Argument, st: _State, env: SizeEnv | None) -> Any:
     if isinstance(a, S.TensorRef):
         return st.read(a.name)
     if isinstance(a, S.ListArg):
-        return [_decode_one(x, st, hints) for x in a.items]
-    return decode_arg(a, {}, hints)
+        return [_decode_one(x, st, env) for x in a.items]
+    return decode(a, {}, env)
 
 
 def _schema_arg_names(op: torch._ops.OpOverload) -> list[str]:
@@ -334,10 +333,10 @@ def _mutated_refs(node: S.Node, positions: Sequence[int], op: torch._ops.OpOverl
     return out
 
 
-def _functionalize_node(node: S.Node, st: _State, hints: dict[str, int]) -> None:
+def _functionalize_node(node: S.Node, st: _State, env: SizeEnv | None) -> None:
     op = resolve_op(node.op)
-    args = _decode(node.args, st, hints)
-    kwargs = {k: _decode_one(a, st, hints) for k, a in node.kwargs.items()}
+    args = _decode(node.args, st, env)
+    kwargs = {k: _decode_one(a, st, env) for k, a in node.kwargs.items()}
     hidden = HIDDEN_MUTATIONS.get(node.op)
     written = mutated_arguments(op)
     if hidden is not None and _training(node, args):

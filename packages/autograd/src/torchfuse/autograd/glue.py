@@ -10,8 +10,14 @@ The pipeline, per pattern of inputs that require grad::
     bw_compiler    -> on the first backward, with the saved values and tangents
 
 With grad disabled, or when no input requires grad, the *inference path* skips the joint
-graph: functionalize, decompose, and compile the forward only. A graph with size symbols gets
-one plan per distinct set of symbol values (retracing makes sizes concrete).
+graph: functionalize, decompose, and compile the forward only.
+
+A graph with size symbols keeps them through every pass (the retraces run on fakes whose
+sizes are ``SymInt`` objects), so one plan serves every size. A relation between sizes that a
+pass depends on but the capture did not (a decomposition or a derivative formula branching on
+``s0 > 4``) becomes a guard of the plan's graphs; each call checks those guards against the sizes bound
+from its inputs, and when one fails a second plan is built from the call's sizes (the reason
+is logged on the ``aot`` channel). Plans are tried in the order they were built.
 
 A *compiler* is ``compiler(graph, example_inputs) -> callable(*inputs) -> list``; the
 reference one is ``lambda g, ex: functools.partial(torchfuse.graph.run, g)``.
@@ -94,11 +100,12 @@ class Stage:
 
 @dataclass(slots=True)
 class _Plan:
-    """Everything compiled for one requires-grad pattern."""
+    """Everything compiled for one requires-grad pattern (and, for a graph with size symbols,
+    every size that satisfies :attr:`guards`)."""
 
     training: bool
     functional: S.Graph
-    """The functionalized graph this plan was built from (sizes specialized to the call's)."""
+    """The functionalized graph this plan was built from."""
     forward_graph: S.Graph
     forward: Compiled | None = None
     partition: Partition | None = None
@@ -108,6 +115,15 @@ class _Plan:
     grad_of: list[int] = field(default_factory=list)
     """For each backward output: the index of the input it is the gradient of."""
     stages: list[Stage] = field(default_factory=list)
+    guards: tuple[S.SymbolGuard, ...] = ()
+    """Size relations the passes added (the input graph's own guards are the caller's to check)."""
+
+    def failing_guard(self, sizes: dict[str, int]) -> S.SymbolGuard | None:
+        """The first of :attr:`guards` that ``sizes`` violate, else None."""
+        for g in self.guards:
+            if not evaluate(g.expr, sizes):
+                return g
+        return None
 
 
 def _log(title: str, graph: S.Graph, artifact: str | None = None) -> None:
@@ -119,6 +135,15 @@ def _log(title: str, graph: S.Graph, artifact: str | None = None) -> None:
         from torchfuse.graph.printer import to_python
 
         observe.emit(artifact, to_python(graph))
+
+
+def _log_text(text: str) -> None:
+    if config.log_aot:
+        observe.get_logger("aot", force=True).info("%s", text)
+
+
+def _sizes_text(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(sizes.items())) or "(none)"
 
 
 def _verify(stage: str, graph: S.Graph) -> None:
@@ -182,7 +207,14 @@ class AotFunction:
         self.mutated_input_positions = [position[o.target or ""] for o in self.functional.outputs
                                         if o.kind == "mutated_input"]
         self._hints = tuple(sorted((s.name, s.hint) for s in graph.symbols if s.hint is not None))
-        self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._own_guards = {g.expr for g in graph.guards if isinstance(g, S.SymbolGuard)}
+        self._plans: dict[tuple[Any, ...], list[_Plan]] = {}
+
+    @property
+    def num_plans(self) -> int:
+        """How many plans have been built (one per requires-grad pattern and training flag,
+        plus one per set of sizes that failed an earlier plan's guards)."""
+        return sum(len(p) for p in self._plans.values())
 
     # -- building plans
     def sizes_key(self, inputs: Sequence[Any]) -> tuple[tuple[str, int], ...]:
@@ -194,24 +226,53 @@ class AotFunction:
 
     def plan(self, requires_grad: tuple[bool, ...], training: bool,
              sizes: tuple[tuple[str, int], ...] = ()) -> _Plan:
-        """The plan for one requires-grad pattern and one assignment of size symbols.
+        """The plan for one requires-grad pattern whose guards hold for ``sizes`` (the values
+        of the size symbols, from :meth:`sizes_key`; empty: the capture's hints).
 
-        Retracing on fakes makes sizes concrete, so a graph with size symbols gets one plan per
-        distinct set of sizes it is called with (sizes are specialized, never wrong).
+        Sizes stay symbolic through the passes, so the first plan usually serves every size;
+        another is built only when a guard that a pass added fails for ``sizes``.
         """
-        key = (training, requires_grad if training else (), sizes)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._build(requires_grad, training, self._functional_for(sizes))
-            self._plans[key] = plan
+        key = (training, requires_grad if training else ())
+        plans = self._plans.setdefault(key, [])
+        env = dict(sizes or self._hints)
+        for plan in plans:
+            if not plan.guards or plan.failing_guard(env) is None:
+                return plan
+        if not plans:
+            plans.append(self._build(requires_grad, training, self.functional))
+            if plans[0].failing_guard(env) is None:
+                return plans[0]
+        failed = plans[-1].failing_guard(env)
+        assert failed is not None
+        where = f" (added at {failed.loc})" if failed.loc else ""
+        _log_text(f"aot: guard {failed.expr}{where} of the compiled plan fails for sizes "
+                  f"{_sizes_text(env)}; building a plan for these sizes")
+        plan = self._build(requires_grad, training, self._functional_for(env))
+        bad = plan.failing_guard(env)
+        if bad is not None:
+            raise AutogradError(f"graph {self.graph.name!r}: a plan built for sizes "
+                                f"{_sizes_text(env)} has the guard {bad.expr}, which they violate")
+        plans.append(plan)
         return plan
 
-    def _functional_for(self, sizes: tuple[tuple[str, int], ...]) -> S.Graph:
-        if not sizes or sizes == self._hints:
-            return self.functional
-        env = dict(sizes)
-        symbols = tuple(msgspec.structs.replace(s, hint=env.get(s.name, s.hint)) for s in self.graph.symbols)
+    def _functional_for(self, sizes: dict[str, int]) -> S.Graph:
+        """The functional graph with ``sizes`` as the symbols' hints: the passes then decide
+        every relation the way these sizes need."""
+        for sym in self.graph.symbols:
+            n = sizes.get(sym.name)
+            if n is not None and not (max(sym.min, 2) <= n <= (sym.max or n)):
+                hi = "inf" if sym.max is None else sym.max
+                raise AutogradError(f"graph {self.graph.name!r}: size {sym.name}={n} (from "
+                                    f"{sym.source}) is outside the symbol's range "
+                                    f"[{max(sym.min, 2)}, {hi}]; sizes 0 and 1 are specialized by "
+                                    "the capture, which must guard on them")
+        symbols = tuple(msgspec.structs.replace(s, hint=sizes.get(s.name, s.hint))
+                        for s in self.graph.symbols)
         return functionalize(msgspec.structs.replace(self._flat, symbols=symbols))
+
+    def _added_guards(self, graph: S.Graph) -> tuple[S.SymbolGuard, ...]:
+        return tuple(g for g in graph.guards
+                     if isinstance(g, S.SymbolGuard) and g.expr not in self._own_guards)
 
     def _stage(self, plan: _Plan, name: str, fn: Callable[[], S.Graph]) -> S.Graph:
         t0 = time.perf_counter()
@@ -227,6 +288,7 @@ class AotFunction:
             plan = _Plan(training=False, functional=functional, forward_graph=functional)
             plan.forward_graph = self._stage(plan, "decompose",
                                              lambda: decompose(functional, self.decompositions))
+            plan.guards = self._added_guards(plan.forward_graph)
             _log("aot inference graph", plan.forward_graph, "forward.py")
             return plan
         plan = _Plan(training=True, functional=functional, forward_graph=functional)
@@ -242,6 +304,7 @@ class AotFunction:
         _log("aot backward graph", part.backward, "backward.py")
         plan.partition = part
         plan.forward_graph = part.forward
+        plan.guards = self._added_guards(part.forward)
         n_saved = num_saved(part.backward)
         tangents = part.backward.inputs[n_saved:]
         plan.tangent_of = {tangent_index(t.target): k for k, t in enumerate(tangents)}
@@ -369,6 +432,8 @@ class _CompiledFunction(torch.autograd.Function):
         n = len(plan.functional.outputs)
         user, saved = results[:n], results[n:]
         ctx.fn, ctx.plan = fn, plan
+        # a tangent autograd leaves out is made as zeros of the sizes of this call
+        ctx.sizes = bind_symbols(plan.functional.symbols, inputs) if plan.functional.symbols else {}
         # weak: only needed to report double backward, must not keep activations alive
         ctx.input_refs = [weakref.ref(t) for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
         # an input written back after the call must be saved as it was before the write
@@ -393,7 +458,7 @@ class _CompiledFunction(torch.autograd.Function):
             i = tangent_index(t.target)
             g = grads[i]
             if g is None:  # autograd passes None for outputs the loss did not use
-                g = _zeros(part.backward, t.name, device=_device_of(grads, saved))
+                g = _zeros(part.backward, t.name, ctx.sizes, device=_device_of(grads, saved))
             tangents.append(g.contiguous())
             assert plan.tangent_of[i] == k
         create_graph = torch.is_grad_enabled()
@@ -418,10 +483,9 @@ class _CompiledFunction(torch.autograd.Function):
         return (None, None, *result)
 
 
-def _zeros(graph: S.Graph, name: str, device: torch.device) -> torch.Tensor:
+def _zeros(graph: S.Graph, name: str, sizes: dict[str, int], device: torch.device) -> torch.Tensor:
     meta = graph.values[name]
-    hints = {x.name: x.hint for x in graph.symbols if x.hint is not None}
-    return torch.zeros([evaluate(s, hints) for s in meta.sizes], dtype=to_dtype(meta.dtype), device=device)
+    return torch.zeros([evaluate(s, sizes) for s in meta.sizes], dtype=to_dtype(meta.dtype), device=device)
 
 
 def _device_of(grads: Sequence[Any], saved: Sequence[Any]) -> torch.device:

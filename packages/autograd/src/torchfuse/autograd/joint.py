@@ -1,4 +1,4 @@
-"""The joint forward+backward graph, produced by the eager autograd engine on fake tensors.
+r"""The joint forward+backward graph, produced by the eager autograd engine on fake tensors.
 
 The (functionalized) graph is re-run on :class:`~torchfuse.graph.FakeTensor` primals that
 require grad, under a :class:`~torchfuse.graph.Recorder`; then
@@ -17,6 +17,14 @@ with ``allow_unused=True``, and no zeros are materialized.
 Tangents exist only for floating tensor outputs (not for list outputs) that depend on an
 input requiring grad. Their metadata is *contiguous* with the output's shape; callers pass
 contiguous tangents.
+
+Symbolic sizes: the primals of a graph with size symbols are fakes whose sizes are
+``SymInt``\ s of a :class:`~torchfuse.graph.symbolic.SizeEnv` holding the graph's symbols, so
+the derivative formulas compute with size expressions and the joint graph has the same
+symbols. A relation a formula branches on (``prod``'s backward asks whether the reduced dim
+is 2) is appended to the joint graph's guards. Ops whose formulas turn sizes into a float
+(``var``'s ``2 / (n - 1)``) are differentiated through their rules in
+:data:`~torchfuse.autograd.decompositions.SYMBOLIC_PRE_AUTOGRAD` instead.
 """
 
 from __future__ import annotations
@@ -28,16 +36,20 @@ import torch
 from torchfuse.autograd.common import (
     AutogradError,
     PassRecorder,
+    decode,
     eliminate_dead_code,
     fake_from_meta,
+    retrace_builder,
+    retracing,
     strip_identities,
-    symbol_hints,
+    where,
 )
+from torchfuse.autograd.decompositions import SYMBOLIC_PRE_AUTOGRAD
 from torchfuse.autograd.functionalize import functionalize, has_mutations
 from torchfuse.graph import schema as S
-from torchfuse.graph.interpreter import Interpreter
-from torchfuse.graph.ops import encode_arg
-from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder
+from torchfuse.graph.ops import encode_arg, flatten_result, resolve_op
+from torchfuse.graph.symbolic import SizeEnv
+from torchfuse.graph.tracing import FakeTensor, Recorder
 
 NUM_FWD_OUTPUTS = "autograd.num_fwd_outputs"
 """``Graph.meta`` key of a joint graph: how many leading outputs are forward outputs."""
@@ -81,18 +93,14 @@ def joint_graph(graph: S.Graph, requires_grad: Sequence[bool]) -> S.Graph:
         # stamp the real device back (the graph must not also hold genuine cpu values)
         joint = joint_graph(retarget_device(graph, absent, "cpu"), requires_grad)
         return retarget_device(joint, "cpu", absent)
-    hints = symbol_hints(graph)
-    builder = GraphBuilder(f"{graph.name}_joint")
-    builder.symbols = list(graph.symbols)
-    builder.guards = list(graph.guards)
-    builder.meta = dict(graph.meta)
+    builder, env = retrace_builder(graph, f"{graph.name}_joint")
     rec = PassRecorder(builder)
     primals: list[FakeTensor] = []
-    with rec, torch.enable_grad():
+    with retracing(env), rec, torch.enable_grad():
         for inp, rg in zip(graph.inputs, requires_grad, strict=True):
-            fake = fake_from_meta(graph.values[inp.name], hints, requires_grad=rg)
+            fake = fake_from_meta(graph.values[inp.name], env, requires_grad=rg)
             primals.append(rec.input(fake, name=inp.name, kind=inp.kind, target=inp.target))
-        outs = Interpreter(graph).run(*primals)
+        outs = _run(graph, primals, env)
         diff_outs, tangents = [], []
         for i, out in enumerate(outs):
             if isinstance(out, torch.Tensor) and out.requires_grad and _differentiable(out.dtype):
@@ -125,6 +133,23 @@ def joint_graph(graph: S.Graph, requires_grad: Sequence[bool]) -> S.Graph:
             raise AutogradError(f"the backward of {graph.name!r} writes to inputs "
                                 f"{[o.target for o in extra]}; this is not supported")
     return eliminate_dead_code(joint)
+
+
+def _run(graph: S.Graph, inputs: Sequence[torch.Tensor], env: SizeEnv | None) -> list[object]:
+    """Run ``graph`` on fakes, passing size expressions as ``SymInt``s (the reference
+    interpreter would bind symbols to ints read off the inputs, specializing them)."""
+    values: dict[str, object] = {i.name: t for i, t in zip(graph.inputs, inputs, strict=True)}
+    for node in graph.nodes:
+        args = [decode(a, values, env) for a in node.args]
+        kwargs = {k: decode(a, values, env) for k, a in node.kwargs.items()}
+        rule = SYMBOLIC_PRE_AUTOGRAD.get(node.op) if env is not None else None
+        try:
+            flat = flatten_result((rule or resolve_op(node.op))(*args, **kwargs))
+        except Exception as e:
+            raise AutogradError(f"{where(node)} failed on fake inputs: {type(e).__name__}: {e}") from e
+        values.update((name, v) for name, v in zip(node.outputs, flat[: len(node.outputs)], strict=True)
+                      if name)
+    return [decode(o.value, values, env) for o in graph.outputs]
 
 
 def _encode(rec: Recorder, value: object, original: S.Argument) -> S.Argument:

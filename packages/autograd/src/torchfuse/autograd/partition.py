@@ -20,6 +20,14 @@ returned even when the budget cannot be met.
 
 Backward graph inputs are the saved values (kind ``user_input``; their number is in
 ``meta["autograd.num_saved"]``) followed by the tangents.
+
+Symbolic sizes: both halves keep the joint graph's symbols, and each must bind them from its
+own inputs. The forward's inputs are the primals, so the joint graph's sources hold; the
+backward keeps only the symbols it uses, each with the source ``input:<k>.size(<d>)`` of a
+saved value or tangent whose size ``d`` is exactly that symbol. When none is (the backward of
+``x.sum()`` saves nothing but needs ``x``'s sizes), the primal that defines the symbol is
+saved as well, and the cut is taken again with that primal free, so the backward recomputes
+from it what it can. Byte sizes for the cut are evaluated at the symbols' hints.
 """
 
 from __future__ import annotations
@@ -28,12 +36,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
 import networkx as nx
 from torchfuse.autograd.common import AutogradError, nbytes, symbol_hints
 from torchfuse.autograd.joint import num_fwd_outputs as _num_fwd_outputs
 from torchfuse.autograd.opclass import CHEAP, RECOMPUTE_TIERS, OpClass, classify, recomputable
 from torchfuse.graph import schema as S
+from torchfuse.graph.expr import free_symbols
 from torchfuse.graph.ops import node_inputs, tensor_refs
+from torchfuse.graph.verify import SYMBOL_SOURCE
 
 NUM_SAVED = "autograd.num_saved"
 Strategy = Literal["min_cut", "save_all"]
@@ -139,6 +150,11 @@ def partition(
     for tier in RECOMPUTE_TIERS if memory_budget < 1.0 else (CHEAP,):
         saved = _min_cut(info, size, tier)
         result = _build(info, saved, size, "min_cut")
+        carriers = frozenset(v for v, _ in result.saved) - set(saved)
+        if carriers:
+            # primals saved only to carry a size symbol cost nothing more: cut again letting
+            # the backward recompute from them what it can
+            result = _build(info, _min_cut(info, size, tier, carriers), size, "min_cut")
         if best is None or result.saved_bytes < best.saved_bytes:
             best = result
         if best.saved_bytes <= budget:
@@ -147,7 +163,8 @@ def partition(
     return best
 
 
-def _min_cut(info: _Joint, size: dict[str, int], tier: frozenset[OpClass]) -> list[str]:
+def _min_cut(info: _Joint, size: dict[str, int], tier: frozenset[OpClass],
+             free: frozenset[str] = frozenset()) -> list[str]:
     g = info.graph
     order = {v: i for i, v in enumerate(info.primals)}
     for n in g.nodes:
@@ -160,6 +177,8 @@ def _min_cut(info: _Joint, size: dict[str, int], tier: frozenset[OpClass]) -> li
     def capacity(v: str) -> int:
         # bytes dominate; among equal sizes prefer saving later values (less recompute),
         # but never a view over its base (a view is free to recompute)
+        if v in free:
+            return 0
         return size[v] * scale + (count - order[v]) + (count if v in views else 0)
 
     scale = 2 * count * count + 1
@@ -244,13 +263,78 @@ def _build(info: _Joint, saved: list[str], size: dict[str, int], strategy: str) 
     )
     bwd_values = set(saved) | set(info.tangents) | {o for n in bwd_nodes for o in n.outputs if o}
     backward = _with_values(backward, g, bwd_values)
+    used = used_symbols(backward)
+    uncarried = [sym for sym in backward.symbols if sym.name in used and _from_input(sym)
+                 and _carrier(backward, sym.name) is None]
+    if uncarried:
+        # no saved value or tangent has the symbol as a size: save the primal it comes from
+        extra = [v for v in dict.fromkeys(_source_primal(info, sym) for sym in uncarried)
+                 if v not in saved_set]
+        if not extra:
+            raise PartitionError(f"the backward needs size symbols {[x.name for x in uncarried]}, "
+                                 "which none of its inputs has as a size")
+        return _build(info, [*saved, *extra], size, strategy)
+    backward = _bind_symbols(backward)
     recomputed_names = tuple(n.name for n in g.nodes if n.name in recomputed)
     return Partition(forward, backward, tuple((v, size[v]) for v in saved), recomputed_names, strategy)
 
 
-def _with_values(graph: S.Graph, joint: S.Graph, names: set[str]) -> S.Graph:
-    import msgspec
+def used_symbols(graph: S.Graph) -> set[str]:
+    """Names of the size symbols that ``graph``'s values, node arguments and outputs mention."""
+    exprs: list[S.Expr] = []
+    for m in graph.values.values():
+        exprs += [*m.sizes, *m.strides, m.storage_offset]
 
+    def walk(args: Iterable[S.Argument]) -> None:
+        for a in args:
+            if isinstance(a, S.SymRef):
+                exprs.append(a.expr)
+            elif isinstance(a, S.ListArg):
+                walk(a.items)
+
+    for n in graph.nodes:
+        walk([*n.args, *n.kwargs.values()])
+    walk([o.value for o in graph.outputs])
+    return set().union(*(free_symbols(e) for e in exprs if isinstance(e, str)))
+
+
+def _carrier(graph: S.Graph, symbol: str) -> str | None:
+    """``input:<k>.size(<d>)`` of the first input whose size at ``d`` is exactly ``symbol``."""
+    for k, inp in enumerate(graph.inputs):
+        for d, n in enumerate(graph.values[inp.name].sizes):
+            if n == symbol:
+                return f"input:{k}.size({d})"
+    return None
+
+
+def _from_input(sym: S.Symbol) -> bool:
+    return SYMBOL_SOURCE.fullmatch(sym.source or "") is not None
+
+
+def _source_primal(info: _Joint, sym: S.Symbol) -> str:
+    m = SYMBOL_SOURCE.fullmatch(sym.source or "")
+    assert m is not None
+    inputs = [i.name for i in info.graph.inputs]
+    k = int(m.group(1))
+    if k >= len(inputs) or inputs[k] not in info.primals:
+        raise PartitionError(f"the backward needs size symbol {sym.name} (source {sym.source!r}), "
+                             "which no saved value or tangent has as a size and no primal defines")
+    return inputs[k]
+
+
+def _bind_symbols(backward: S.Graph) -> S.Graph:
+    """The backward graph with only the symbols it uses, each bound from one of its own inputs
+    (a graph's symbols must be bindable from its inputs; the joint graph's sources name
+    primals, which the backward does not receive)."""
+    used = used_symbols(backward)
+    # a symbol bound some other way (a hint, no input source) keeps its source
+    symbols = tuple(msgspec.structs.replace(sym, source=_carrier(backward, sym.name))
+                    if _from_input(sym) else sym
+                    for sym in backward.symbols if sym.name in used)
+    return msgspec.structs.replace(backward, symbols=symbols)
+
+
+def _with_values(graph: S.Graph, joint: S.Graph, names: set[str]) -> S.Graph:
     return msgspec.structs.replace(graph, values={k: v for k, v in joint.values.items() if k in names})
 
 

@@ -264,6 +264,15 @@ class SizeEnv:
             return
         if fact is sympy.true:
             return
+        if isinstance(fact, sympy.Or):
+            # the format writes no disjunctions (unflatten asks "s0 == 2 or s0 % 2 == 0"):
+            # guard on a disjunct that holds for the hints, which implies the whole; one
+            # that pins a size to a number last (it would specialize)
+            pins = lambda a: isinstance(a, sympy.Eq) and (a.lhs.is_Number or a.rhs.is_Number)
+            for a in sorted(fact.args, key=pins):
+                if self.hint_of(a) is True:
+                    self.assume(a, True)
+                    return
         if isinstance(fact, sympy.Eq | sympy.Ne) and _side_key(fact.lhs) > _side_key(fact.rhs):
             fact = type(fact)(fact.rhs, fact.lhs, evaluate=False)
         self._check_strict(fact)
@@ -295,7 +304,20 @@ class SizeEnv:
         """Code needs ``expr`` as a plain number: guard ``expr == hint``."""
         if expr.is_Number:
             return
-        self.assume(sympy.Eq(expr, hint), True)
+        try:
+            to_text(self.canonical(expr))
+            integral = float(hint).is_integer()
+        except ValueError:
+            integral = False
+        if integral:
+            self.assume(sympy.Eq(expr, int(hint)), True)
+            return
+        # A float such as 2/(s0 - 1) (a derivative formula's scale) has no text in the
+        # format's grammar, and neither would its guard: pin each of its symbols instead.
+        for s in sorted(self.canonical(expr).free_symbols, key=lambda s: _symbol_order(s.name)):
+            info = self.symbols.get(s.name)
+            if info is not None:
+                self.assume(sympy.Eq(s, info.hint), True)
 
     def _check_strict(self, fact: sympy.Basic) -> None:
         # A fact that pins a strict symbol to one value is a specialization.
@@ -393,6 +415,12 @@ class SymNode:
 
     def has_hint(self) -> bool:
         return True
+
+    @property
+    def _hint(self) -> Any:
+        # torch's statically_known_true (inside Python meta kernels such as
+        # native_layer_norm_backward's) reads the hint under this name
+        return self.hint
 
     def maybe_as_int(self) -> int | None:
         return int(self.expr) if self.expr.is_Integer else None
