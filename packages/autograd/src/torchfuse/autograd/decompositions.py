@@ -355,14 +355,19 @@ def _normalize(table: Table) -> dict[str, Rule]:
     return {k if isinstance(k, str) else op_name(k): v for k, v in table.items()}
 
 
-def decompose(graph: S.Graph, table: Table = DEFAULT_TABLE, *, max_rounds: int = 8) -> S.Graph:
+def decompose(graph: S.Graph, table: Table = DEFAULT_TABLE, *, max_rounds: int = 8,
+              once: bool = False) -> S.Graph:
     """``graph`` with every op found in ``table`` replaced by what its rule records.
 
     Inputs, outputs (kinds, targets, aliases) and their order are unchanged; dead nodes left
     behind are removed. Raises :class:`DecompositionError` when table ops remain after
-    ``max_rounds`` passes (a rule that keeps emitting its own op).
+    ``max_rounds`` passes (a rule that keeps emitting its own op). With ``once`` the rules are
+    rewrites rather than decompositions: one pass, and what they record stays, their own op
+    included (padding a matmul's unaligned dims records a matmul).
     """
     rules = _normalize(table)
+    if once:
+        return _decompose_once(graph, rules) if any(n.op in rules for n in graph.nodes) else graph
     for _ in range(max_rounds):
         if not any(n.op in rules for n in graph.nodes):
             return graph

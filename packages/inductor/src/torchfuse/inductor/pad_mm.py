@@ -1,0 +1,107 @@
+"""Padding matmuls whose leading dimensions are not 16-byte aligned (GPU, 16-bit dtypes).
+
+cuBLAS picks its fast tensor-core kernels only when every matrix's leading dimension (the
+stride of its non-unit-stride dim) and base address are 16-byte aligned. GPT-2's vocabulary,
+50257, is odd, so its logits matmul ``[4096, 768] @ [768, 50257]`` in bf16 writes an output
+whose leading dimension is 50257 elements: on the H200 it ran on a CUTLASS ``align1`` kernel in
+2.53 ms, against 0.505 ms with N padded to 50264 (``benchmarks/gpt2_profile.py``, run
+``gpu_20261130_1350``; 3.36 of our 4.21 ms of GPU time for a whole GPT-2 inference call).
+
+The rewrite, for ``aten.mm(a[M, K], b[K, N])`` with float16/bfloat16 operands on CUDA, static
+sizes, and at least :data:`MIN_FLOPS` of work:
+
+* K unaligned (``a``'s leading dim when ``a`` is row-major, ``b``'s when ``b`` is
+  column-major, as in ``x @ w.t()``): both operands padded along K with zeros, which add
+  nothing to the products;
+* N unaligned (the output's leading dim, and ``b``'s when row-major): ``b`` padded along N;
+* M unaligned while ``a`` is column-major (``dlogits.t() @ h`` in a backward): ``a`` padded
+  along M, which also writes it row-major;
+
+then the product of the padded operands is sliced back to ``[M, N]`` and copied to a
+contiguous tensor, so consumers and graph outputs see eager's layout. The pads are
+``constant_pad_nd`` and the copy a ``clone``: pointwise ops that fuse into the kernels that
+produce the operands (GPT-2's weight cast writes the padded copy at no extra cost) and into the
+kernels that consume the result; only an output or an extern consumer realizes the copy. The
+cost model is simple: a pad writes the padded operand once, which is small next to what an
+``align1`` kernel loses on any matmul big enough to qualify.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchfuse.autograd import decompose
+from torchfuse.graph import schema as S
+
+aten = torch.ops.aten
+
+MIN_FLOPS = 1 << 30
+"""Matmuls with fewer multiply-adds than this are left alone (launch-bound either way)."""
+
+_HALF = {"float16", "bfloat16"}
+_ALIGN_ELEMENTS = 8  # 16 bytes of a 2-byte dtype
+
+
+def _pad_to(n: int) -> int:
+    return -n % _ALIGN_ELEMENTS
+
+
+def _plan(a_meta: S.TensorMeta, b_meta: S.TensorMeta, device_types: tuple[str, ...] = ("cuda",),
+          min_flops: int = MIN_FLOPS) -> tuple[int, int, int] | None:
+    """(pad M, pad K, pad N) for ``mm(a, b)``, or None when nothing needs padding."""
+    if a_meta.dtype not in _HALF or b_meta.dtype not in _HALF:
+        return None
+    if a_meta.device.split(":")[0] not in device_types:
+        return None
+    dims = (*a_meta.sizes, *a_meta.strides, *b_meta.sizes, *b_meta.strides)
+    if len(a_meta.sizes) != 2 or len(b_meta.sizes) != 2 or not all(isinstance(d, int) for d in dims):
+        return None
+    (m, k), (_, n) = a_meta.sizes, b_meta.sizes
+    if m * n * k < min_flops:
+        return None
+    a_column_major = a_meta.strides[0] == 1 and m > 1
+    pad_m = _pad_to(m) if a_column_major else 0
+    pad_k, pad_n = _pad_to(k), _pad_to(n)
+    return (pad_m, pad_k, pad_n) if pad_m or pad_k or pad_n else None
+
+
+def needs_padding(graph: S.Graph, device_types: tuple[str, ...] = ("cuda",),
+                  min_flops: int = MIN_FLOPS) -> bool:
+    """True when some matmul of ``graph`` would be padded (cheap: reads the value table)."""
+    return any(
+        _plan(graph.values[node.args[0].name], graph.values[node.args[1].name], device_types, min_flops)
+        for node in graph.nodes
+        if node.op == "aten.mm.default" and all(isinstance(a, S.TensorRef) for a in node.args[:2])
+    )
+
+
+def _padded_mm(a: torch.Tensor, b: torch.Tensor, device_types: tuple[str, ...],
+               min_flops: int) -> torch.Tensor:
+    from torchfuse.graph.ops import meta_of
+
+    plan = _plan(meta_of(a), meta_of(b), device_types, min_flops)
+    if plan is None:
+        return aten.mm.default(a, b)
+    pad_m, pad_k, pad_n = plan
+    m, n = a.shape[0], b.shape[1]
+    if pad_k:
+        a = aten.constant_pad_nd.default(a, [0, pad_k])
+        b = aten.constant_pad_nd.default(b, [0, 0, 0, pad_k])
+    if pad_m:
+        a = aten.constant_pad_nd.default(a, [0, 0, 0, pad_m])
+    if pad_n:
+        b = aten.constant_pad_nd.default(b, [0, pad_n])
+    out = aten.mm.default(a, b)
+    if pad_m or pad_n:
+        out = aten.slice.Tensor(aten.slice.Tensor(out, 0, 0, m), 1, 0, n)
+        out = aten.clone.default(out, memory_format=torch.contiguous_format)
+    return out
+
+
+def pad_matmuls(graph: S.Graph, *, device_types: tuple[str, ...] = ("cuda",),
+                min_flops: int = MIN_FLOPS) -> S.Graph:
+    """``graph`` with its unaligned half-precision matmuls on ``device_types`` padded (see the
+    module doc); ``graph`` itself when there are none."""
+    if not needs_padding(graph, device_types, min_flops):
+        return graph
+    rules = {"aten.mm.default": lambda a, b: _padded_mm(a, b, device_types, min_flops)}
+    return decompose(graph, rules, once=True)

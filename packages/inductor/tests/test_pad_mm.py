@@ -1,0 +1,67 @@
+"""Padding unaligned half-precision matmuls: the rewrite, its conditions, and eager agreement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchfuse.graph.interpreter import run
+from torchfuse.graph.tracing import trace
+from torchfuse.graph.verify import verify
+from torchfuse.inductor.pad_mm import needs_padding, pad_matmuls
+
+CPU = ("cpu",)  # the rewrite targets CUDA; tests let it apply to CPU graphs
+
+
+def _ops(graph):
+    return [n.op for n in graph.nodes]
+
+
+@pytest.mark.parametrize("case", ["n", "k", "transposed_b", "column_major_a"])
+def test_padded_matmul_matches_eager(case):
+    torch.manual_seed(0)
+    a = torch.randn(24, 40, dtype=torch.float16)
+    b = torch.randn(40, 1001, dtype=torch.float16)
+    fn = lambda a, b: (a @ b).float().relu()
+    if case == "k":
+        a, b = torch.randn(24, 37, dtype=torch.float16), torch.randn(37, 64, dtype=torch.float16)
+    elif case == "transposed_b":  # x @ w.t() with K unaligned and N unaligned
+        a, b = torch.randn(24, 37, dtype=torch.float16), torch.randn(1001, 37, dtype=torch.float16)
+        fn = lambda a, w: (a @ w.t()).float()
+    elif case == "column_major_a":  # dlogits.t() @ h in a backward: M unaligned, a column-major
+        a, b = torch.randn(40, 1001, dtype=torch.float16), torch.randn(40, 64, dtype=torch.float16)
+        fn = lambda g, h: (g.t() @ h).float()
+    graph, _ = trace(fn, a, b)
+    assert needs_padding(graph, CPU, min_flops=1)
+    padded = pad_matmuls(graph, device_types=CPU, min_flops=1)
+    verify(padded)
+    assert "aten.constant_pad_nd.default" in _ops(padded)
+    assert _ops(padded).count("aten.mm.default") == 1
+    mm = next(n for n in padded.nodes if n.op == "aten.mm.default")
+    a_meta, b_meta = (padded.values[x.name] for x in mm.args)
+    out_meta = padded.values[mm.outputs[0]]
+    # every leading dimension of the matmul the graph now runs is a multiple of 8 elements
+    for meta in (a_meta, b_meta, out_meta):
+        lead = max(meta.strides)
+        assert lead % 8 == 0, (case, meta)
+    want = fn(a.float(), b.float())
+    (got,) = run(padded, a, b)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert got.shape == want.shape and got.is_contiguous()
+
+
+def test_aligned_small_float32_and_other_devices_are_left_alone():
+    a, b = torch.randn(24, 40, dtype=torch.float16), torch.randn(40, 64, dtype=torch.float16)
+    graph, _ = trace(lambda a, b: a @ b, a, b)
+    assert not needs_padding(graph, CPU, min_flops=1)  # aligned
+    odd = trace(lambda a, b: a @ b, a, torch.randn(40, 1001, dtype=torch.float16))[0]
+    assert not needs_padding(odd)  # a CPU graph: the default applies to CUDA only
+    assert not needs_padding(odd, CPU)  # too small for the default threshold
+    assert pad_matmuls(odd) is odd
+    f32 = trace(lambda a, b: a @ b, a.float(), torch.randn(40, 1001))[0]
+    assert not needs_padding(f32, CPU, min_flops=1)
+
+
+def test_symbolic_sizes_are_left_alone():
+    a, b = torch.randn(24, 40, dtype=torch.float16), torch.randn(40, 1001, dtype=torch.float16)
+    graph, _ = trace(lambda a, b: a @ b, a, b, dynamic={0: [0]})
+    assert not needs_padding(graph, CPU, min_flops=1)
