@@ -13,6 +13,7 @@ from torchfuse.capture.compiler import CompiledFunction, CompiledModule, compile
 from torchfuse.capture.errors import (
     BackendNotFound,
     CaptureError,
+    DynamicShapeError,
     ExportError,
     GraphBreakInFullgraph,
     RecompileLimitExceeded,
@@ -29,6 +30,7 @@ __all__ = [
     "CaptureError",
     "CompiledFunction",
     "CompiledModule",
+    "DynamicShapeError",
     "Explanation",
     "ExportError",
     "Exported",

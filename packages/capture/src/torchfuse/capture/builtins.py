@@ -21,8 +21,10 @@ import torch
 from torchfuse.capture import operators as O
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
+from torchfuse.capture.dynamic import SYM_TYPES, concrete
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.values import from_py, to_py
+from torchfuse.graph.symbolic import SpecializationError
 
 Handler = Callable[[list[V.Var], dict[str, V.Var]], V.Var]
 
@@ -36,14 +38,24 @@ def _const_args(args: list[V.Var], kwargs: dict[str, V.Var]) -> bool:
 
 
 def _fold(fn: Callable[..., Any]) -> Handler:
+    # text and hashing need the number itself: a symbolic size is specialized first
+    # (str(SymInt) would print the expression, "s0")
+    prep = concrete if fn in _NEEDS_NUMBERS else (lambda v: v)
+
     def h(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         if not _const_args(args, kwargs):
             raise Unsupported(f"{fn.__name__}() on non-constant arguments", current().loc)
         try:
-            return from_py(fn(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()}))
+            return from_py(fn(*[prep(a.python()) for a in args],
+                              **{k: prep(v.python()) for k, v in kwargs.items()}))
+        except SpecializationError:
+            raise
         except Exception as e:  # what eager would raise
             raise UserException(e, current().loc) from e
     return h
+
+
+_NEEDS_NUMBERS = {str, repr, format, hash, chr, bin, hex, oct}
 
 
 def _call(fn: V.Var, *args: V.Var) -> V.Var:
@@ -77,7 +89,10 @@ def _isinstance(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         t = obj.py_type
         return V.ConstVar(issubclass(t, classes))
     if isinstance(obj, V.ConstVar):
-        return V.ConstVar(isinstance(obj.python(), classes))
+        value = obj.python()
+        if isinstance(value, SYM_TYPES):  # a symbolic size is an int to the user's code
+            return V.ConstVar(issubclass(obj.python_type(), classes))
+        return V.ConstVar(isinstance(value, classes))
     return V.ConstVar(issubclass(obj.python_type(), classes))
 
 

@@ -29,6 +29,7 @@ from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, ItemSource, Source
 from torchfuse.capture.values import from_py, to_py
+from torchfuse.graph.symbolic import SpecializationError
 
 CO_VARARGS = inspect.CO_VARARGS
 CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
@@ -331,6 +332,8 @@ def _construct_data_mapping(cls: type, args: list[V.Var], kwargs: dict[str, V.Va
     pkwargs = {k: stand_in(v) for k, v in kwargs.items()}
     try:
         obj = cls(*pargs, **pkwargs)
+    except SpecializationError:
+        raise
     except Exception as e:  # what eager would raise
         from torchfuse.capture.errors import UserException
 

@@ -6,6 +6,12 @@ guards hold runs — flat inputs gathered by generated code, the backend's calla
 effects replayed, the return value rebuilt. A miss captures again (logged under
 ``recompiles`` with the guard that failed); past ``config.recompile_limit`` entries the
 function runs eagerly, with one warning.
+
+Dynamic shapes (``dynamic=``): ``None`` (the default) is *automatic dynamic*: the first
+capture specializes every size; when a miss is due to an input size that changed, that
+(source, dim) is remembered and the recapture makes it a size symbol, so one entry then
+serves every size of it. ``True`` makes every input dim symbolic from the start, ``False``
+never. ``mark_dynamic`` requests apply in every mode. See :mod:`torchfuse.capture.dynamic`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ from torchfuse.capture import config as C
 from torchfuse.capture.backends import Backend, lookup_backend
 from torchfuse.capture.context import InputSlot
 from torchfuse.capture.convert import CaptureResult, capture, make_binder
+from torchfuse.capture.dynamic import (
+    DynamicPolicy,
+    SizeChange,
+    dynamic_requests,
+    mark_dynamic,
+    out_of_range,
+    size_changes,
+)
 from torchfuse.capture.errors import GraphBreakInFullgraph, RecompileLimitExceeded, Unsupported
 from torchfuse.capture.guards import module_version, watch_module_attributes
 from torchfuse.capture.output import compile_side_effects, compile_spec
@@ -140,6 +154,8 @@ class CompiledFunction:
         self.entries = self.cache[fn.__code__]
         self.name = fn.__qualname__
         self.recompiles = 0
+        self.auto_dynamic: dict[str, set[int]] = {}
+        """Automatic dynamic: input dims (by source expression) seen changing size."""
         self.results: list[CaptureResult] = []
         self.root: CompiledFunction = self
         self.resumes: dict[tuple, ResumeFunction] = {}
@@ -175,7 +191,10 @@ class CompiledFunction:
         return self.fn(*args, **kwargs)
 
     def _capture(self, L: tuple[Any, ...], C_: Any) -> CaptureResult:
-        return capture(self.fn, L, self.name)
+        return capture(self.fn, L, self.name, dynamic=self._policy())
+
+    def _policy(self) -> DynamicPolicy:
+        return DynamicPolicy(self.dynamic, self.auto_dynamic)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
@@ -234,6 +253,7 @@ class CompiledFunction:
     # ----------------------------------------------------------------- misses
     def _miss(self, args: tuple[Any, ...], kwargs: Any, L: tuple[Any, ...], C_: Any) -> Any:
         G = self.globals
+        changes: list[SizeChange] = []
         if self.entries:
             failure = self._failure_reason(L, C_)
             if len(self.entries) >= C.config.recompile_limit:
@@ -241,7 +261,20 @@ class CompiledFunction:
             self.recompiles += 1
             C.logger("recompiles").info("recompiling %s (entry %d): guard failed: %s",
                                         self.name, len(self.entries) + 1, failure)
+            if self.dynamic is None:  # automatic dynamic: sizes that changed become symbols
+                changes = size_changes([(e.result.checks.entries, e.result.checks.namespace)
+                                        for e in self.entries], L, G, C_)
+                for ch in changes:
+                    self.auto_dynamic.setdefault(ch.source, set()).add(ch.dim)
         result = self._capture(L, C_)
+        for ch in changes:
+            symbol = result.dynamic_dims.get((ch.source, ch.dim))
+            why = "sizes 0 and 1 are never symbolic" if ch.new < 2 else \
+                "outside its mark_dynamic range, or a layout whose strides cannot be symbolic"
+            how = f"recompiling with it dynamic ({symbol})" if symbol is not None else \
+                f"it stays specialized in the new entry ({why})"
+            C.logger("recompiles").info("%s: %s.size(%d) changed %d -> %d; %s", self.name,
+                                        ch.display, ch.dim, ch.old, ch.new, how)
         self._record(result)
         if result.error is not None and result.plan is None:
             entry = Entry(result, None)
@@ -287,7 +320,8 @@ class CompiledFunction:
         if failed is None:
             return "no entry matched"
         loc = failed.record.loc
-        text = describe_guard(failed.record)
+        text = describe_guard(failed.record) + out_of_range(failed, e.result.checks.namespace, L,
+                                                            self.globals, C_)
         self._last_failure = text
         if loc is None:
             return text
@@ -317,6 +351,7 @@ class CompiledFunction:
         self.callees.clear()
         self._logged_breaks.clear()
         self.recompiles = 0
+        self.auto_dynamic.clear()
         self._warned = False
 
 
@@ -373,6 +408,7 @@ class ResumeFunction(CompiledFunction):
         self.cache = {code: self.entries}
         self.name = code.co_qualname
         self.recompiles = 0
+        self.auto_dynamic = {}
         self.results = []
         self.root = root
         self.resumes = {}
@@ -390,7 +426,7 @@ class ResumeFunction(CompiledFunction):
 
     def _capture(self, L: tuple[Any, ...], C_: Any) -> CaptureResult:
         fn = codegen.make_function(self.code, self.globals, C_)
-        return capture(fn, L, self.name, wrap_arg=wrap_resume_arg)
+        return capture(fn, L, self.name, wrap_arg=wrap_resume_arg, dynamic=self._policy())
 
 
 def _log_graph(result: CaptureResult) -> None:
@@ -499,6 +535,13 @@ def compile(fn_or_module: Any = None, *, backend: str | Backend = "inductor", fu
     calls whose guards hold reuse it. ``fullgraph=True`` turns graph breaks into
     :class:`~torchfuse.capture.errors.GraphBreakInFullgraph`.
 
+    ``dynamic`` chooses which input sizes are symbolic: ``None`` (default, automatic
+    dynamic) specializes every size first and makes a dimension symbolic when a call with
+    another size recompiles; ``True`` makes every dimension of size >= 2 of every input
+    tensor symbolic from the first call; ``False`` never (one entry per size, up to
+    ``config.recompile_limit``). Parameters and buffers are always static; sizes 0 and 1
+    are always specialized; :func:`mark_dynamic` requests apply in every mode.
+
     >>> f = compile(lambda x: x.sin() + 1, backend="eager")   # doctest: +SKIP
     """
     kw = {"backend": backend, "fullgraph": fullgraph, "dynamic": dynamic, "mode": mode,
@@ -527,24 +570,5 @@ def reset() -> None:
         cf.reset()
 
 
-def mark_dynamic(tensor: torch.Tensor, dim: int, min: int | None = None, max: int | None = None) -> None:
-    """Ask for dimension ``dim`` of ``tensor`` to be symbolic. Recorded; v1 still specializes.
-
-    The request lives on the tensor (``tensor._torchfuse_dynamic``), like a tensor
-    attribute: it travels with the object and dies with it.
-    """
-    if not -tensor.dim() <= dim < tensor.dim():
-        raise IndexError(f"mark_dynamic: dim {dim} out of range for a {tensor.dim()}-d tensor")
-    requests = getattr(tensor, "_torchfuse_dynamic", None)
-    if requests is None:
-        requests = {}
-        tensor._torchfuse_dynamic = requests
-    requests[dim % tensor.dim()] = (min, max)
-
-
-def dynamic_requests(tensor: torch.Tensor) -> dict[int, tuple[int | None, int | None]]:
-    """The ``mark_dynamic`` requests recorded for ``tensor``."""
-    return dict(getattr(tensor, "_torchfuse_dynamic", None) or {})
-
-
-__all__ = ["CompiledFunction", "CompiledModule", "Unsupported", "compile", "mark_dynamic", "reset"]
+__all__ = ["CompiledFunction", "CompiledModule", "Unsupported", "compile", "dynamic_requests",
+           "mark_dynamic", "reset"]

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 from torchfuse.capture import variables as V
+from torchfuse.capture.dynamic import DynamicPolicy, symbolic_dims
 from torchfuse.capture.errors import Unsupported
-from torchfuse.capture.guards import GuardSet
+from torchfuse.capture.guards import GuardSet, SymbolBinding
 from torchfuse.capture.source import (
     GlobalSource,
     ItemSource,
@@ -28,6 +29,7 @@ from torchfuse.capture.source import (
     qualified_name,
 )
 from torchfuse.graph import schema as S
+from torchfuse.graph.symbolic import SizeEnv, SpecializationError
 from torchfuse.graph.tracing import DataDependentError, FakeTensor, GraphBuilder, Recorder
 
 _STACK: list[Capture] = []
@@ -53,8 +55,17 @@ class InputSlot:
 class Capture:
     """Everything one compiled frame accumulates."""
 
-    def __init__(self, name: str, f_globals: dict[str, Any], closure: tuple[Any, ...] | None) -> None:
+    def __init__(self, name: str, f_globals: dict[str, Any], closure: tuple[Any, ...] | None,
+                 dynamic: DynamicPolicy | None = None) -> None:
         self.rec = Recorder(GraphBuilder(name))
+        self.size_env = SizeEnv(loc_fn=lambda: self.loc)
+        """The size symbols of this graph; guards and specialization errors name ``self.loc``."""
+        self.rec.builder.size_env = self.size_env
+        self.dynamic = dynamic or DynamicPolicy()
+        self.symbol_reads: dict[str, str] = {}
+        """Symbol name -> the Python expression reading it on a call (``L[0].size(1)``)."""
+        self.dynamic_dims: dict[tuple[str, int], str] = {}
+        """(source expression, dim) -> the symbol made for it."""
         self.f_globals = f_globals
         self.closure = closure or ()
         self.loc: S.SourceLoc | None = None
@@ -90,8 +101,12 @@ class Capture:
                    what: str = "") -> Any:
         """Call ``fn`` on fakes under the recorder, at the current source location."""
         try:
-            with self.rec, self.rec.location(self.loc, self.module_path):
+            # torch's Python meta kernels see symbolic sizes only under the Python dispatcher
+            with self.rec, self.rec.location(self.loc, self.module_path), \
+                    self.size_env.tracing() if self.size_env.symbols else contextlib.nullcontext():
                 return fn(*args, **kwargs)
+        except SpecializationError:
+            raise  # a mark_dynamic size made constant: the user's error, not a graph break
         except DataDependentError as e:
             raise Unsupported(f"data-dependent operation {what or _name(fn)}: {e}", self.loc,
                               "keep values on tensors (use torch.where instead of if/else on "
@@ -182,8 +197,9 @@ class Capture:
             kind, target, hint = "user_input", None, _arg_hint(source)
         else:
             kind, target, hint = "constant", source.expr(), _arg_hint(source)
-        self.guards.tensor(source, t)
-        fake = self.rec.input(t, name=hint, kind=kind, target=target)  # type: ignore[arg-type]
+        sizes, bindings = self._input_sizes(source, t) if kind == "user_input" else (None, None)
+        fake = self.rec.input(t, name=hint, kind=kind, target=target, sizes=sizes)  # type: ignore[arg-type]
+        self.guards.tensor(source, t, fake, bindings)
         name = self.rec.names[id(fake)]
         self.rec.bind(t, name)  # torch code that sees the real tensor (nn.Linear) finds it too
         self.inputs.append(InputSlot(name, kind, source))
@@ -192,6 +208,30 @@ class Capture:
         self.tensor_vars[id(fake)] = var
         self._keep.append(t)
         return var
+
+    def _input_sizes(self, source: Source, t: torch.Tensor) -> tuple[list[Any] | None, dict | None]:
+        """The sizes an input tensor is captured with: symbols for the dims the dynamic
+        policy asks for (when they can be symbolic), ints for the rest."""
+        src = source.expr()
+        dims = symbolic_dims(t, self.dynamic.dims(src, t))
+        if not dims:
+            return None, None
+        k = len(self.rec.builder.inputs)  # the graph input this tensor is about to become
+        sizes: list[Any] = []
+        bindings: dict[int, SymbolBinding] = {}
+        for d, n in enumerate(t.shape):
+            req = dims.get(d)
+            if req is None:
+                sizes.append(int(n))
+                continue
+            sym = self.size_env.symbol(int(n), source=f"input:{k}.size({d})", min=req.min or 2,
+                                       max=req.max, strict=req.strict)
+            info = self.size_env.symbols[sym.node.expr.name]
+            bindings[d] = SymbolBinding(info.name, info.min, info.max)
+            self.symbol_reads[info.name] = f"{src}.size({d})"
+            self.dynamic_dims[(src, d)] = info.name
+            sizes.append(sym)
+        return sizes, bindings
 
     def _fake_for_constant(self, t: torch.Tensor) -> FakeTensor:
         fake = FakeTensor.like(t)

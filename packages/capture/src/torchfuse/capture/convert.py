@@ -23,12 +23,14 @@ import msgspec
 import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import Capture, InputSlot
-from torchfuse.capture.errors import Unsupported
+from torchfuse.capture.dynamic import DynamicPolicy, bind_size_arguments
+from torchfuse.capture.errors import DynamicShapeError, Unsupported
 from torchfuse.capture.frame import Frame
 from torchfuse.capture.guards import CheckFunctions, autocast_state
 from torchfuse.capture.output import OutputBuilder, Spec
 from torchfuse.capture.source import ClosureSource, LocalSource
 from torchfuse.graph import schema as S
+from torchfuse.graph.symbolic import SpecializationError
 
 
 @dataclasses.dataclass
@@ -50,6 +52,8 @@ class CaptureResult:
     resumes: ``graph`` is then the graph up to the break."""
     part: bool = False
     """Captured from a resume function or a function called at a break (not the whole call)."""
+    dynamic_dims: dict[tuple[str, int], str] = dataclasses.field(default_factory=dict)
+    """(source expression, dim) -> the size symbol that input dim was captured as."""
 
 
 def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:
@@ -105,18 +109,32 @@ def def_location(fn: types.FunctionType) -> S.SourceLoc:
 
 
 def capture(fn: types.FunctionType, L: tuple[Any, ...], name: str, *,
-            wrap_arg: Callable[..., V.Var] | None = None) -> CaptureResult:
+            wrap_arg: Callable[..., V.Var] | None = None,
+            dynamic: DynamicPolicy | None = None) -> CaptureResult:
     """Interpret ``fn`` on the bound arguments ``L``; never raises Unsupported.
 
     A graph break that can resume yields the graph up to it plus a resume plan
     (:mod:`torchfuse.capture.resume`); ``wrap_arg(ctx, value, source)`` replaces
-    ``ctx.wrap`` for the arguments (resume functions receive iterators, exits...)."""
+    ``ctx.wrap`` for the arguments (resume functions receive iterators, exits...).
+    ``dynamic`` says which input sizes are symbolic (default: only ``mark_dynamic`` ones).
+    Raises :class:`~torchfuse.capture.errors.DynamicShapeError` when the code makes a
+    ``mark_dynamic`` size constant."""
+    try:
+        return _capture(fn, L, name, wrap_arg, dynamic)
+    except SpecializationError as e:
+        if isinstance(e, DynamicShapeError):
+            raise
+        raise DynamicShapeError(e, getattr(e, "loc", None)) from e
+
+
+def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
+             wrap_arg: Callable[..., V.Var] | None, dynamic: DynamicPolicy | None) -> CaptureResult:
     t0 = time.perf_counter()
     code = fn.__code__
     grad = torch.is_grad_enabled()
     stop: tuple[int, Unsupported] | None = None
     while True:  # twice when a break resumes: the second run stops cleanly before it
-        ctx = Capture(name, fn.__globals__, fn.__closure__)
+        ctx = Capture(name, fn.__globals__, fn.__closure__, dynamic)
         out_spec = None
         effects: list[tuple] = []
         graph = None
@@ -131,6 +149,8 @@ def capture(fn: types.FunctionType, L: tuple[Any, ...], name: str, *,
                 wrap = ctx.wrap if wrap_arg is None else (lambda v, src, c=ctx: wrap_arg(c, v, src))
                 local_vars = {nm: wrap(v, LocalSource(i, nm))
                               for i, (nm, v) in enumerate(zip(code.co_varnames, L, strict=False))}
+                if wrap_arg is not None:  # a resume function: sizes computed before the break
+                    bind_size_arguments(ctx, local_vars)
                 cells = {}
                 for i, (nm, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or (), strict=True)):
                     try:
@@ -172,7 +192,7 @@ def capture(fn: types.FunctionType, L: tuple[Any, ...], name: str, *,
     return CaptureResult(name=name, graph=graph, inputs=ctx.inputs, out_spec=out_spec,
                          side_effects=effects, checks=ctx.guards.build(), error=error,
                          seconds=time.perf_counter() - t0, uses_modules=ctx.uses_modules,
-                         plan=plan)
+                         plan=plan, dynamic_dims=dict(ctx.dynamic_dims))
 
 
 def _finish(ctx: Capture, name: str) -> S.Graph:
@@ -180,6 +200,8 @@ def _finish(ctx: Capture, name: str) -> S.Graph:
     tensor_args = [s.source for s in ctx.inputs if s.kind == "user_input" and s.source is not None]
     if len(tensor_args) > 1:
         ctx.guards.distinct(tensor_args)
+    for g in ctx.size_env.guard_records():  # after every tensor guard: they bind the symbols
+        ctx.guards.symbol(g)
     graph = ctx.rec.builder.build()
     return msgspec.structs.replace(graph, name=name, guards=ctx.guards.records())
 

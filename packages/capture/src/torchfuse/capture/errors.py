@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchfuse.graph.schema import SourceLoc
+from torchfuse.graph.symbolic import SpecializationError
 
 
 def where(loc: SourceLoc | None) -> str:
@@ -97,6 +98,22 @@ class ExportError(CaptureError):
         lines.append("  fix: rewrite these lines with torch operations, or move them out of the "
                      "exported function")
         super().__init__("\n".join(lines))
+
+
+class DynamicShapeError(CaptureError, SpecializationError):
+    """The captured code made a size constant that ``mark_dynamic`` asked to keep symbolic.
+
+    Raised from the call that captures, naming the line that needed a plain number
+    (``int(x.shape[0])``, ``range(x.shape[0])``, a Python list indexed by a size …). Fix
+    the line to compute with the size (``x.new_ones(x.shape[0])``, tensor ops instead of a
+    Python loop), or drop the ``mark_dynamic`` request for that dimension.
+    """
+
+    def __init__(self, cause: SpecializationError, loc: SourceLoc | None = None) -> None:
+        self.cause = cause
+        self.loc = loc
+        super().__init__(f"{cause}\n  fix: keep the size symbolic on that line (compute with it "
+                         "through torch ops), or do not mark the dimension dynamic")
 
 
 class BackendNotFound(CaptureError, LookupError):

@@ -92,10 +92,12 @@ def explain(fn: Callable[..., Any]) -> Callable[..., Explanation]:
     from torchfuse.capture.compiler import CompiledFunction, CompiledModule
 
     bound_self = None
+    dynamic: bool | None = None
     if isinstance(fn, CompiledModule):
+        dynamic = fn._compiled.dynamic
         fn = fn._orig_mod
     if isinstance(fn, CompiledFunction):
-        bound_self, fn = fn.bound_self, fn.fn
+        bound_self, fn, dynamic = fn.bound_self, fn.fn, fn.dynamic
     if isinstance(fn, torch.nn.Module):
         bound_self, fn = fn, type(fn).forward
     elif isinstance(fn, types.MethodType):
@@ -105,7 +107,7 @@ def explain(fn: Callable[..., Any]) -> Callable[..., Explanation]:
     func: types.FunctionType = fn
 
     def run(*args: Any, **kwargs: Any) -> Explanation:
-        results = collect(func, bound_self, args, kwargs)
+        results = collect(func, bound_self, args, kwargs, dynamic)
         from torchfuse.capture.compiler import counts_as_graph
 
         graphs = [r.graph for r in results if counts_as_graph(r)]
@@ -116,14 +118,18 @@ def explain(fn: Callable[..., Any]) -> Callable[..., Explanation]:
 
 
 def collect(func: types.FunctionType, bound_self: Any, args: tuple[Any, ...],
-            kwargs: dict[str, Any]) -> list[Any]:
-    """Run ``func`` once through a fresh eager-backend compile; every capture it made."""
+            kwargs: dict[str, Any], dynamic: bool | None = None) -> list[Any]:
+    """Run ``func`` once through a fresh eager-backend compile; every capture it made.
+    ``dynamic`` is the ``compile`` setting (a compiled function's own, when explained)."""
     from torchfuse.capture.compiler import CompiledFunction
+    from torchfuse.capture.errors import DynamicShapeError
 
-    cf = CompiledFunction(func, backend="eager", fullgraph=False, dynamic=None, mode=None,
+    cf = CompiledFunction(func, backend="eager", fullgraph=False, dynamic=dynamic, mode=None,
                           options=None, bound_self=bound_self)
     try:
         cf(*args, **kwargs)
+    except DynamicShapeError:
+        raise  # capture's own answer about this call, not the user's error: say it
     except Exception:  # the user's own error: report what was captured up to it
         pass
     results = list(cf.results)

@@ -23,6 +23,7 @@ from torchfuse.capture.context import Capture
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.versions import exception_table, instructions
 from torchfuse.graph.schema import SourceLoc
+from torchfuse.graph.symbolic import SpecializationError
 
 _FRAMES: list[Frame] = []
 
@@ -161,6 +162,10 @@ class Frame:
                     e.break_chain.append(BreakState(self, index, inst, before, dict(self.locals),
                                                      mark, kw, steps))
                     raise
+                except SpecializationError as e:
+                    if getattr(e, "loc", None) is None:
+                        e.loc = ctx.loc  # type: ignore[attr-defined]
+                    raise  # a mark_dynamic size made constant: reported to the user as is
                 except Exception as e:
                     # a bug in capture must not break the user's program: run eagerly, say why
                     err = Unsupported(f"internal capture error on {inst.opname}: "

@@ -11,6 +11,13 @@ has: ``fast`` guards (argument tensors, constants, globals, grad mode) run on ev
 :data:`module_version` moved, i.e. when some module attribute was assigned since the last
 check (``m.eval()``, ``m.weight = …``). In-place updates of parameters do not move it, and
 need not: parameters are graph inputs, read fresh on every call.
+
+A tensor with symbolic sizes (:mod:`torchfuse.capture.dynamic`) is guarded on its static
+sizes only (``None`` in the record for a symbolic one); its condition binds each size
+symbol to a local of the check function and checks the symbol's range, e.g.
+``2 <= (s0 := _z2[0])``, and its strides as expressions over those symbols. The graph's
+symbol guards (``s0 == s1``, ``s0 > 4``) come after every tensor guard, so every symbol they
+read is bound.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from typing import Any
 import torch
 from torchfuse.capture.source import Source
 from torchfuse.graph import schema as S
+from torchfuse.graph.expr import to_python as expr_to_python
 from torchfuse.graph.ops import device_name, dtype_name
+from torchfuse.graph.symbolic import size_text
 
 # ----------------------------------------------------------------------------- module version
 
@@ -89,11 +98,24 @@ def _config() -> Any:
 # ----------------------------------------------------------------------------- guard set
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SymbolBinding:
+    """A symbolic dim of an input tensor: the symbol its size binds and the symbol's range."""
+
+    name: str
+    min: int
+    max: int | None
+
+
 @dataclasses.dataclass(slots=True)
 class GuardEntry:
     record: S.Guard
     condition: str
     module_group: bool
+    source: Source | None = None
+    """Where the guarded value is read from (for tensor guards: automatic dynamic)."""
+    symbols: dict[int, SymbolBinding] | None = None
+    """A tensor guard's symbolic dims (for saying which range failed)."""
 
 
 def global_state() -> tuple[bool, tuple[bool, ...]]:
@@ -124,31 +146,70 @@ class GuardSet:
             self._names[id(obj)] = name
         return name
 
-    def _add(self, key: tuple[str, str], record: S.Guard, condition: str, module_group: bool) -> None:
+    def _add(self, key: tuple[str, str], record: S.Guard, condition: str, module_group: bool,
+             source: Source | None = None, symbols: dict[int, SymbolBinding] | None = None) -> None:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.entries.append(GuardEntry(record, condition, module_group))
+        self.entries.append(GuardEntry(record, condition, module_group, source, symbols))
 
     # -- kinds
-    def tensor(self, source: Source, t: torch.Tensor) -> None:
+    def tensor(self, source: Source, t: torch.Tensor, fake: torch.Tensor | None = None,
+               symbols: dict[int, SymbolBinding] | None = None) -> None:
+        """``t`` read through ``source`` has this dtype, device, layout and requires_grad.
+
+        ``symbols`` are its symbolic dims: each binds its size symbol (a local of the check
+        function, read by the symbol guards after it) and checks the symbol's range; the
+        strides are then checked as the expressions ``fake`` (the input's symbolic fake)
+        has for them."""
         src = source.expr()
         dev = t.fake_device if hasattr(t, "fake_device") else t.device
+        symbols = symbols or {}
+        if symbols:
+            assert fake is not None
+            strides: tuple[S.Expr, ...] = tuple(size_text(s) for s in fake.stride())
+        else:
+            strides = tuple(int(s) for s in t.stride())
         rec = S.TensorGuard(source=src, dtype=dtype_name(t.dtype), device=device_name(dev),
-                            sizes=tuple(int(s) for s in t.shape),
-                            strides=tuple(int(s) for s in t.stride()),
-                            requires_grad=bool(t.requires_grad), loc=self._loc_of())
+                            sizes=tuple(None if d in symbols else int(s) for d, s in enumerate(t.shape)),
+                            strides=strides, requires_grad=bool(t.requires_grad), loc=self._loc_of())
         cls = torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else type(t)
         v = f"_t{len(self.entries)}"
         if source.is_module_state and not _config().check_parameter_metadata:
-            self._add(("tensor", src), rec, "True", True)
+            self._add(("tensor", src), rec, "True", True, source)
             return
-        cond = (f"type({v} := {src}) is {self._obj(cls, 'T')} and {v}.dtype is {self._obj(t.dtype, 'D')}"
-                f" and {v}.device == {self._obj(dev, 'V')}"
-                f" and {v}.shape == {tuple(int(s) for s in t.shape)!r}"
-                f" and {v}.stride() == {tuple(int(s) for s in t.stride())!r}"
+        head = (f"type({v} := {src}) is {self._obj(cls, 'T')} and {v}.dtype is {self._obj(t.dtype, 'D')}"
+                f" and {v}.device == {self._obj(dev, 'V')}")
+        if not symbols:
+            shape = f" and {v}.shape == {tuple(int(s) for s in t.shape)!r}"
+        else:
+            z = f"_z{len(self.entries)}"
+            parts = [f"len({z} := {v}.shape) == {t.dim()}"]
+            for d, n in enumerate(t.shape):
+                b = symbols.get(d)
+                if b is None:
+                    parts.append(f"{z}[{d}] == {int(n)}")
+                else:  # bind the symbol, then its range
+                    hi = f" <= {b.max}" if b.max is not None else ""
+                    parts.append(f"{b.min} <= ({b.name} := {z}[{d}]){hi}")
+            shape = " and " + " and ".join(parts)
+        stride_text = "(" + "".join(f"{expr_to_python(e)}, " for e in strides) + ")"
+        cond = (f"{head}{shape}"
+                f" and {v}.stride() == {stride_text}"
                 f" and {v}.requires_grad is {bool(t.requires_grad)}")
-        self._add(("tensor", src), rec, cond, source.is_module_state)
+        self._add(("tensor", src), rec, cond, source.is_module_state, source, symbols or None)
+
+    def size_value(self, source: Source, cls: type, text: str) -> None:
+        """An argument holding sizes equals these size expressions (``L[2] == s0``,
+        ``L[3] == (s0, 16)``); the symbols are bound by the tensor guards before it."""
+        src = source.expr()
+        rec = S.ConstantGuard(source=src, value=text, loc=self._loc_of())
+        self._add(("constant", src), rec, f"type({src}) is {self._obj(cls, 'T')} and {src} == {text}",
+                  source.is_module_state, source)
+
+    def symbol(self, record: S.SymbolGuard) -> None:
+        """A relation over size symbols, checked after every tensor guard has bound them."""
+        self._add(("symbol", record.expr), record, expr_to_python(record.expr), False)
 
     def constant(self, source: Source, value: Any) -> None:
         src = source.expr()
@@ -242,10 +303,15 @@ class CheckFunctions:
         return CheckFunctions(ffn, mfn, fsrc + "\n" + msrc, fast + module, ns)
 
     def first_failure(self, L: Any, G: Any, C: Any) -> GuardEntry | None:
-        """The first guard that does not hold (slow; for the recompile log)."""
-        for e in self.entries:
-            _, fn = _compile_check("one", [e.condition], self.namespace)
-            if not fn(L, G, C):
-                return e
-        return None
+        """The first guard that does not hold (slow; for the recompile log). The guards run
+        in order in one function, as in the check itself: symbol guards need the symbols
+        the tensor guards before them bound."""
+        lines = ["def first(L, G, C):", "    i = 0", "    try:"]
+        for i, e in enumerate(self.entries):
+            lines += [f"        i = {i}", f"        if not ({e.condition}):", f"            return {i}"]
+        lines += ["    except Exception:", "        return i", "    return -1"]
+        ns = dict(self.namespace)
+        exec(compile("\n".join(lines) + "\n", "<torchfuse guards first_failure>", "exec"), ns)
+        index = ns["first"](L, G, C)
+        return None if index < 0 else self.entries[index]
 

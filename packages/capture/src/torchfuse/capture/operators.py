@@ -17,6 +17,7 @@ from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.source import ItemSource, ModuleStateSource
 from torchfuse.capture.values import contains_tensor, from_py, python_override, to_py
+from torchfuse.graph.symbolic import SpecializationError
 
 BINARY: dict[str, Any] = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
@@ -76,6 +77,8 @@ def fold(fn: Any, *vars_: V.Var) -> V.Var:
     vals = [v.python() for v in vars_]
     try:
         out = fn(*vals)
+    except SpecializationError:
+        raise
     except Exception as e:  # what eager would raise here, with these constants
         raise UserException(e, current().loc) from e
     return from_py(out)

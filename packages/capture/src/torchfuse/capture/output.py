@@ -10,6 +10,8 @@ Spec grammar::
     ("t", i)                       the graph's i-th output
     ("c", value)                   a Python constant
     ("s", expr)                    an object from the caller's world, by source expression
+    ("e", expr)                    a size computed from the call's inputs (``L[0].size(0)*2``):
+                                   symbolic sizes are never baked in as constants
     ("seq", cls, [spec, ...])      list / tuple / namedtuple / structseq
     ("dict", cls, keys, [spec])    dict
     ("obj", cls, {name: spec})     an instance of a user class created inside the frame
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import Capture
+from torchfuse.capture.dynamic import concrete, contains_symbolic, read_expr
 from torchfuse.capture.errors import Unsupported
 
 Spec = tuple
@@ -48,6 +51,8 @@ class OutputBuilder:
         if isinstance(var, V.ConstVar):
             if var.source is not None:  # the caller's value, read again: no guard baked in
                 return ("s", var.source.expr())
+            if contains_symbolic(var.value):
+                return self.size_spec(var.value)
             return ("c", var.value)
         if var.source is not None and (isinstance(var, V.DictVar | V.SetVar) or
                                        (isinstance(var, V.ListVar) and not var.is_tuple)):
@@ -67,6 +72,15 @@ class OutputBuilder:
         if isinstance(var, V.ModuleVar):
             return ("c", var.value)
         raise Unsupported(f"returning {var.describe()} from a compiled function", self.ctx.loc)
+
+    def size_spec(self, value: Any) -> Spec:
+        """A value holding symbolic sizes: each ``SymInt`` computed from the inputs on every
+        call; a ``SymBool``/``SymFloat`` (or a value with no spec, a slice) specialized."""
+        if isinstance(value, torch.SymInt) and contains_symbolic(value):
+            return ("e", read_expr(value, self.ctx.symbol_reads))
+        if type(value) in (tuple, list, torch.Size):
+            return ("seq", type(value), [self.size_spec(v) for v in value])
+        return ("c", concrete(value))
 
     def side_effects(self) -> list[tuple]:
         ops: list[tuple] = []
@@ -108,8 +122,8 @@ def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], 
                 return repr(s[1])
             consts.append(s[1])
             return f"_K[{len(consts) - 1}]"
-        if tag == "s":
-            return s[1]
+        if tag in ("s", "e"):
+            return s[1] if tag == "s" else f"({s[1]})"
         if tag == "seq":
             items = ", ".join(expr(i) for i in s[2])
             if s[1] is tuple:

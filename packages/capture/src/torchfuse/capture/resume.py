@@ -388,7 +388,7 @@ def build_fn(spec: Spec, ns: dict[str, Any]) -> Builder:
     if tag == "c":
         value = spec[1]
         return lambda o, L, G, C, m: value
-    if tag == "s":
+    if tag in ("s", "e"):  # a source, or a size expression over sources
         fn = eval(f"lambda L, G, C: {spec[1]}", dict(ns))
         return lambda o, L, G, C, m: fn(L, G, C)
     if tag == "seq":

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
+from torchfuse.capture.dynamic import concrete
 from torchfuse.capture.errors import Unsupported
 from torchfuse.graph.user_kernels import dumps
 
@@ -153,7 +154,8 @@ def _constexpr_call(fn: Any) -> Handler:
 def _constant(var: V.Var, what: str) -> Any:
     ctx = current()
     if isinstance(var, V.ConstVar | V.ListVar):
-        return var.python()
+        # a launch records plain numbers (arguments, grid): a symbolic size is specialized
+        return concrete(var.python())
     raise Unsupported(f"{what}: {var.describe()} is not a constant", ctx.loc)
 
 

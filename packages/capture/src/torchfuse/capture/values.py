@@ -1,7 +1,7 @@
 """Converting between Vars and the Python/fake values torch calls take and return.
 
-:func:`size_of` is the one place a tensor size becomes a Python value: shapes are concrete
-in v1; dynamic shapes will return symbolic sizes from here.
+:func:`size_of` is the one place a tensor size becomes a Python value: an ``int``, or a
+``SymInt`` for a symbolic size (see :mod:`torchfuse.capture.dynamic`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ from typing import Any
 import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
+from torchfuse.capture.dynamic import SYM_TYPES, plain
 from torchfuse.capture.errors import Unsupported
 
 
 def size_of(var: V.TensorVar) -> torch.Size:
-    """The sizes of a tensor as capture-time Python values (the dynamic-shapes seam)."""
-    return torch.Size(int(s) for s in var.fake.shape)
+    """The sizes of a tensor as capture-time Python values (the dynamic-shapes seam): ints,
+    and ``SymInt`` s for symbolic sizes (Python arithmetic on them builds expressions; a
+    branch on them adds a guard; ``int()`` of one specializes)."""
+    return torch.Size(plain(s) for s in var.fake.shape)
 
 
 def to_py(var: V.Var) -> Any:
@@ -51,6 +54,8 @@ def from_py(value: Any) -> V.Var:
         ctx.tensor_vars[id(value)] = var
         ctx._keep.append(value)
         return var
+    if isinstance(value, SYM_TYPES):
+        return V.ConstVar(plain(value))
     if V.is_constant(value):
         return V.ConstVar(value)
     if isinstance(value, tuple | list):

@@ -6,7 +6,8 @@ its value installs a guard), and carries enough to be computed on symbolically:
 
 ==================  ===================================================================
 ``ConstVar``        an immutable Python value (int, float, str, None, tuple of those,
-                    ``torch.Size``, dtype, device, slice…): folded at capture time
+                    ``torch.Size``, dtype, device, slice…): folded at capture time; a
+                    size may be a ``SymInt`` (arithmetic on it builds an expression)
 ``TensorVar``       a :class:`~torchfuse.graph.tracing.FakeTensor` bound to a graph value
 ``ListVar``         list / tuple / namedtuple / structseq of Vars
 ``DictVar``         dict with constant keys; ``SetVar`` a set (tensors by identity)
@@ -25,12 +26,15 @@ import types
 from typing import Any
 
 import torch
+from torchfuse.capture.dynamic import python_type as size_python_type
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import Source
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   type(NotImplemented), torch.dtype, torch.device, torch.layout,
-                  torch.memory_format, slice, range, frozenset, types.CodeType)
+                  torch.memory_format, slice, range, frozenset, types.CodeType,
+                  # sizes: symbolic ones are expressions over the inputs' sizes
+                  torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def is_constant(value: Any) -> bool:
@@ -92,7 +96,7 @@ class ConstVar(Var):
         return self.value
 
     def python_type(self) -> type:
-        return type(self.value)
+        return size_python_type(self.value)
 
     def describe(self) -> str:
         return f"constant {self.value!r}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torchfuse.capture import operators as O
 from torchfuse.capture import variables as V
+from torchfuse.capture.dynamic import concrete
 from torchfuse.capture.errors import Unsupported, UserException
 
 
@@ -45,7 +46,7 @@ def format_value(frame, inst) -> None:
     value = frame.pop()
     if isinstance(value, V.TensorVar):
         raise Unsupported("formatting a tensor as text reads its values")
-    py = value.python()
+    py = concrete(value.python())  # text needs the number: a symbolic size is specialized
     conv = flags & 0x03
     py = {0: lambda x: x, 1: str, 2: repr, 3: ascii}[conv](py)
     frame.push(V.ConstVar(format(py, spec)))
