@@ -1,0 +1,195 @@
+"""The graph pass: matmuls and their epilogues replaced by template launches.
+
+Before (``relu(x @ w.t() + b)``, decomposed)::
+
+    t = aten.t.default(w)
+    mm = aten.mm.default(x, t)
+    add = aten.add.Tensor(mm, b)
+    relu = aten.relu.default(add)
+
+After::
+
+    t = aten.t.default(w)
+    relu_buf = aten.empty_strided.default([33, 40], [40, 1], dtype=float32, device=cuda:0)
+    relu = torchfuse.triton_kernel.default('{"entry":"triton_tem_fused_mm_add_relu",...}',
+                                           [x, t, b, relu_buf], [3])
+
+The template's node defines the epilogue's last value under its own name, so everything
+reading it (graph outputs included) is untouched. It sits where that value was defined:
+every input it reads is defined before it, and :func:`~.epilogue.grow_epilogue` stops a
+region at any node that may write memory, so moving the matmul's reads there is safe.
+Inductor lowers the node as an opaque launch (:mod:`torchfuse.inductor.user_kernels`),
+realizing ``t`` with the strides the graph records, and writes ``relu_buf`` in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+import torch
+from torchfuse.graph import schema as S
+from torchfuse.graph.torchfuse_ops import TORCHFUSE_OPSET, TRITON_KERNEL
+from torchfuse.graph.user_kernels import dumps
+from torchfuse.graph.verify import verify
+from torchfuse.inductor.templates.choose import Bench, DecisionCache, choose, cuda_bench, default_cache_dir
+from torchfuse.inductor.templates.epilogue import grow_epilogue, value_uses
+from torchfuse.inductor.templates.matmul import (
+    DEFAULT_CONFIGS,
+    MATMULS,
+    Matmul,
+    MMConfig,
+    fit_configs,
+    interpreting,
+    kernel_source,
+    kernel_spec,
+    match_matmul,
+    with_epilogue,
+)
+
+POLICIES = ("auto", "always", "never")
+"""``auto``: benchmark per shape and keep the faster; ``always``: the template with its first
+config, no benchmark; ``never``: leave the graph as it is."""
+
+EMPTY_STRIDED = "aten.empty_strided.default"
+
+
+def find_matmuls(graph: S.Graph, device_ok: Callable[[str], bool]) -> list[Matmul]:
+    """Every matmul the template can compute, with its epilogue (regions never overlap)."""
+    uses = value_uses(graph)
+    claimed: set[int] = set()
+    found: list[Matmul] = []
+    for i, node in enumerate(graph.nodes):
+        if node.op not in MATMULS:
+            continue
+        ops = match_matmul(graph, node, device_ok)
+        if ops is None:
+            continue
+        epi = grow_epilogue(graph, i, ops.domain, ops.device, bias=ops.bias, claimed=frozenset(claimed),
+                            uses=uses)
+        if epi is None:
+            continue
+        claimed.update(epi.nodes)
+        found.append(with_epilogue(ops, i, epi))
+    return found
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
+def rewrite(graph: S.Graph, chosen: Sequence[tuple[Matmul, MMConfig]], *,
+            fp32_precision: str = "ieee") -> S.Graph:
+    """``graph`` with each chosen matmul and its epilogue replaced by an output allocation and
+    one ``torchfuse.triton_kernel`` launch of the template with that config."""
+    if not chosen:
+        return graph
+    taken = {n.name for n in graph.nodes} | set(graph.values) | {i.name for i in graph.inputs}
+    values = dict(graph.values)
+    placed: dict[int, tuple[S.Node, S.Node]] = {}
+    dropped: set[int] = set()
+    for mm, cfg in chosen:
+        epi = mm.epilogue
+        anchor = graph.nodes[mm.index]
+        upcast = mm.dtype == "bfloat16" and interpreting()
+        source = kernel_source(mm, fp32_precision=fp32_precision, upcast_dot=upcast)
+        spec = dumps(kernel_spec(mm, source, cfg))
+        meta = msgspec.structs.replace(epi.out_meta, requires_grad=False)
+        buf = _fresh(f"{epi.out}_buf", taken)
+        alloc = S.Node(
+            name=buf, op=EMPTY_STRIDED,
+            args=(S.ListArg(items=tuple(S.Int(value=int(s)) for s in meta.sizes)),
+                  S.ListArg(items=tuple(S.Int(value=int(s)) for s in meta.strides))),
+            kwargs={"dtype": S.DtypeArg(name=meta.dtype), "device": S.DeviceArg(name=meta.device)},
+            outputs=(buf,), loc=anchor.loc, module_path=anchor.module_path)
+        tensors = [*mm.tensors(), buf]
+        call = S.Node(
+            name=_fresh(f"{epi.out}_template", taken), op=TRITON_KERNEL,
+            args=(S.Str(value=spec), S.ListArg(items=tuple(S.TensorRef(name=t) for t in tensors)),
+                  S.ListArg(items=(S.Int(value=len(tensors) - 1),))),
+            outputs=(epi.out,), loc=anchor.loc, module_path=anchor.module_path)
+        region = (mm.index, *epi.nodes)
+        placed[region[-1]] = (alloc, call)
+        dropped.update(region)
+        for j in region:
+            for o in graph.nodes[j].outputs:
+                if o and o != epi.out:
+                    values.pop(o, None)
+        values[buf] = msgspec.structs.replace(meta, storage_offset=0)
+        values[epi.out] = meta
+    nodes: list[S.Node] = []
+    for j, node in enumerate(graph.nodes):
+        if j in placed:
+            nodes.extend(placed[j])
+        elif j not in dropped:
+            nodes.append(node)
+    opsets = {**graph.opsets, "torchfuse": graph.opsets.get("torchfuse", TORCHFUSE_OPSET)}
+    return msgspec.structs.replace(graph, nodes=tuple(nodes), values=values, opsets=opsets)
+
+
+def _fp32_precision() -> str:
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def apply_mm_templates(
+    graph: S.Graph,
+    *,
+    device: str,
+    policy: str = "auto",
+    cache_dir: Path | None = None,
+    bench: Bench | None = None,
+    configs: Sequence[MMConfig] = DEFAULT_CONFIGS,
+    margin: float = 0.02,
+    check: bool = True,
+) -> S.Graph:
+    """Replace static-shape matmuls (``mm``, ``addmm``, ``bmm``) and their pointwise epilogues
+    by Triton template launches (see the module doc for the before/after).
+
+    ``device`` is the device the graph will run on. ``policy`` (:data:`POLICIES`): ``"auto"``
+    benchmarks each new shape against the extern (cuBLAS) path and keeps the template only
+    when it is faster by more than ``margin``; it considers CUDA matmuls, or any device when
+    a ``bench`` timer is given (default :func:`~.choose.cuda_bench`). Decisions are cached in
+    ``<cache_dir>/mm_choices.json`` (default: the runtime's ``TORCHFUSE_CACHE_DIR``).
+    ``"always"`` takes the template with the first of ``configs`` that fits, on any device,
+    without measuring; ``"never"`` returns ``graph`` unchanged. Symbolic sizes are left
+    alone. ``check`` runs :func:`~torchfuse.graph.verify.verify` on the result.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown mm template policy {policy!r}; use one of {', '.join(POLICIES)}")
+    if policy == "never":
+        return graph
+    measured = policy == "auto"
+    if measured and bench is None and not device.startswith("cuda"):
+        return graph  # nothing to measure against without a GPU timer
+
+    def device_ok(d: str) -> bool:
+        return policy == "always" or bench is not None or d.startswith("cuda")
+
+    found = find_matmuls(graph, device_ok)
+    if not found:
+        return graph
+    precision = _fp32_precision()
+    chosen: list[tuple[Matmul, MMConfig]] = []
+    if measured:
+        store = DecisionCache(cache_dir if cache_dir is not None else default_cache_dir())
+        timer = bench or cuda_bench
+        for mm in found:
+            cfg, _ = choose(graph, mm, configs=configs, bench=timer, cache=store, margin=margin,
+                            fp32_precision=precision)
+            if cfg is not None:
+                chosen.append((mm, cfg))
+    else:
+        chosen = [(mm, fit_configs(configs, mm)[0]) for mm in found]
+    out = rewrite(graph, chosen, fp32_precision=precision)
+    if check and chosen:
+        verify(out)
+    return out
+
+
+__all__ = ["EMPTY_STRIDED", "POLICIES", "apply_mm_templates", "find_matmuls", "rewrite"]
