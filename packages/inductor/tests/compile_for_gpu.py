@@ -5,7 +5,8 @@ code that the CPU interpreter accepts but the compiler rejects. Usage:
 ``python compile_for_gpu.py [--benchmarks]`` prints one ``OK <kernel>`` / ``FAIL <kernel>
 <error>`` line per kernel and exits 1 on any failure, 77 when the toolchain is unavailable.
 ``--benchmarks`` compiles the kernels of the benchmark workloads at their full sizes (every
-launch config) instead of the op and snapshot tables.
+launch config) instead of the op and snapshot tables; ``--dynamic`` the same workloads with
+symbolic sizes.
 """
 
 from __future__ import annotations
@@ -81,6 +82,34 @@ def benchmark_programs() -> list:
     return programs
 
 
+def dynamic_programs() -> list:
+    """Every forward benchmark workload at its full size traced with each dim of 2 or more
+    symbolic (what ``dynamic=True`` captures), plus split reductions over a symbolic row:
+    kernels with size arguments, 64-bit indices and the persistent-or-looped branch."""
+    from pathlib import Path
+
+    from torchfuse.graph import trace
+    from torchfuse.inductor import compile_graph
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    import workloads
+
+    programs = []
+    for wl in workloads.select(None):
+        if wl.fn is None or wl.training:
+            continue
+        case = wl.make_case("cpu", scale="full")
+        dynamic = {i: [d for d, n in enumerate(t.shape) if n >= 2] for i, t in enumerate(case.inputs)
+                   if isinstance(t, torch.Tensor) and t.dim()}
+        graph, _ = trace(case.fn, *case.inputs, dynamic=dynamic)
+        programs.append(compile_graph(graph))
+    split = {"split_min_rnumel": 32, "split_target": 4, "outer_split_programs": 8, "outer_split_min_chunk": 2}
+    for fn in (lambda x: x.sum(), lambda x: x.amax(0), lambda x: (x.argmax(-1), x.sum(-1))):
+        graph, _ = trace(fn, torch.randn(37, 9), dynamic={0: [0, 1]})
+        programs.append(compile_graph(graph, options=split))
+    return programs
+
+
 def main() -> int:
     import test_codegen_snapshots as snaps
     import test_op_lowerings as ops
@@ -88,6 +117,8 @@ def main() -> int:
     programs = []
     if "--benchmarks" in sys.argv:
         programs = benchmark_programs()
+    elif "--dynamic" in sys.argv:
+        programs = dynamic_programs()
     else:
         for case in ops.CASES + ops.BF16_CASES:
             programs.append(compile_fn(case.fn, *ops._inputs(case), options=case.options))

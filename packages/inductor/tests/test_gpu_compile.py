@@ -33,3 +33,12 @@ def test_benchmark_kernels_compile_for_sm90():
     if not (Path(__file__).resolve().parents[3] / "benchmarks" / "workloads.py").exists():
         pytest.skip("benchmarks/ is not next to this package")
     assert _compile("--benchmarks").count("OK ") >= 30
+
+
+def test_symbolic_kernels_compile_for_sm90():
+    """The benchmark workloads with every size symbolic: size arguments, 64-bit indices, the
+    persistent-or-looped branch and masked split reductions compile for the GPU."""
+    if not (Path(__file__).resolve().parents[3] / "benchmarks" / "workloads.py").exists():
+        pytest.skip("benchmarks/ is not next to this package")
+    out = _compile("--dynamic")
+    assert out.count("OK ") >= 15

@@ -8,10 +8,15 @@ Three kernel shapes:
   (``RBLOCK >= rnumel``) in registers, every node computed once, one read of each input;
 * ``triton_red_*`` -- looped reductions: rows too long for registers are walked in chunks
   of ``RBLOCK``; a kernel makes one pass per *phase* (e.g. max, then sum of exp, then the
-  normalized output), recomputing cheap pointwise values instead of storing them.
+  normalized output), recomputing cheap pointwise values instead of storing them. Over a
+  symbolic row length the kernel also holds the persistent form, taken when the call's
+  ``rnumel <= RBLOCK`` (``if rnumel <= RBLOCK: … else: <loop>``).
 
 Values are computed in float32 for half inputs and cast back on store. Index arithmetic is
-32-bit unless a tensor has 2^31 or more elements.
+32-bit unless a tensor may have 2^31 or more elements (a symbolic size without an upper bound
+may). Sizes that are symbols are kernel arguments (``xnumel``, ``rnumel`` and the symbols an
+index uses, e.g. ``s0`` in ``s0*x1 + x0``); block sizes come from the symbols' hints, a
+persistent ``RBLOCK`` from their bounds (:mod:`torchfuse.inductor.sizes`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.ir import VOp
 from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
+from torchfuse.inductor.sizes import size_info
 
 _LOG2E = 1.4426950408889634
 """log2(e): ``exp(v) = exp2(v * log2(e))``, one FFMA before the ex2 instead of a sub and a mul."""
@@ -111,10 +117,6 @@ _INFIX = {
 SCALAR, ROWS, FULL = 0, 1, 2
 
 
-def _is_static_int(e) -> bool:
-    return bool(sympy.sympify(e).is_Integer)
-
-
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -134,7 +136,8 @@ def const_text(value, dtype: str) -> str:
 
 def format_expr(e: sympy.Expr) -> str:
     """A sympy index expression in the format's expression grammar (for grids, sizes)."""
-    return ir.print_index(e, {}, fmt=True)
+    text = ir.print_index(e, {}, fmt=True)
+    return text[1:-1] if isinstance(e, sympy.Add | sympy.Mul) else text  # the outer parentheses
 
 
 @dataclass
@@ -162,6 +165,7 @@ class KernelWriter:
         self.count = 0
         self.size_syms: set[sympy.Symbol] = set()
         self.bounds = {XI: group.xnumel, RI: group.rnumel}
+        self.sizes = size_info(tuple(prog.symbols))
         self.two_d = group.kind != GroupKind.POINTWISE
         self.loop_at: int | None = None
         self.accs: dict[str, tuple[str, str]] = {}
@@ -483,6 +487,23 @@ class KernelWriter:
                 self.store(n, self.row_values[n.name])
             rows_after(phase)
 
+    def body_dual(self) -> None:
+        """A looped reduction over a symbolic row with a persistent path: one branch per call
+        (the row length is the same for every program), so short rows are read once."""
+        self.line("if rnumel <= RBLOCK:")
+        self.indent += 1
+        self.line("rindex = tl.arange(0, RBLOCK)[None, :]")
+        self.line("rmask = rindex < rnumel")
+        self.line("mask = xmask & rmask")
+        self.body_persistent()
+        self.indent -= 1
+        # nothing computed in one branch is visible in the other
+        self.scopes, self.full_values, self.row_values, self.accs = [{}], [{}], {}, {}
+        self.line("else:")
+        self.indent += 1
+        self.body_looped()
+        self.indent -= 1
+
     def online_partner_of(self, node: ir.Reduction) -> ir.Node | None:
         return next((n for n in self.g.nodes if self.g.placement(n.name).online_with == node.name), None)
 
@@ -568,6 +589,8 @@ class KernelWriter:
             self.body_pointwise()
         elif kind == GroupKind.PERSISTENT:
             self.body_persistent()
+        elif self.g.fits:
+            self.body_dual()
         else:
             self.body_looped()
         body = self.lines[body_start:]
@@ -601,7 +624,8 @@ class KernelWriter:
         idx_kind = "i64" if wide else "i32"
         params = [S.KernelParam(name=p, kind="ptr", dtype=self.prog.buffers[b].dtype) for b, p in ptr_params]
         params += [S.KernelParam(name=n, kind=idx_kind) for n in scalar_names]
-        params += [S.KernelParam(name=s.name, kind="i64") for s in sym_params]
+        params += [S.KernelParam(name=s.name, kind="i32" if self.sizes.fits_int32(s) else "i64")
+                   for s in sym_params]
         constexprs_v, configs = self.configs()
         grid = (f"({format_expr(self.g.xnumel)} + XBLOCK - 1) // XBLOCK", 1, 1)
         meta = {
@@ -621,14 +645,12 @@ class KernelWriter:
         )
 
     def needs_int64(self) -> bool:
-        limit = 2**31
+        """64-bit index math unless every tensor the kernel indexes, and its domain, provably
+        hold fewer than 2**31 elements at every allowed size (see :mod:`.sizes`)."""
         for spec in self.prog.buffers.values():
-            n = ir.product(spec.sizes)
-            if not n.is_Integer or int(n) >= limit:
-                if spec.name in self.params:
-                    return True
-        total = self.g.xnumel * self.g.rnumel
-        return not total.is_Integer or int(total) >= limit
+            if spec.name in self.params and not self.sizes.fits_int32(ir.product(spec.sizes)):
+                return True
+        return not self.sizes.fits_int32(self.g.xnumel * self.g.rnumel)
 
     def pointwise_block(self, numel: int) -> tuple[int, int]:
         """(XBLOCK, num_warps) of a pointwise kernel over ``numel`` elements."""
@@ -640,7 +662,11 @@ class KernelWriter:
 
     def configs(self) -> tuple[dict, tuple[S.LaunchConfig, ...]]:
         x = self.g.xnumel
-        xh = int(x) if x.is_Integer else 1 << 20
+        xh = self.sizes.hint(x)  # block sizes are a performance choice: from hints
+        # Blocks are capped by the largest x can be, so that a small x wastes no lanes; a
+        # symbolic x is capped by its bound only (its hint says nothing about other calls).
+        most = self.sizes.upper(x)
+        xcap = next_pow2(most) if most is not None else 1 << 30
         kind = self.g.kind
         if kind == GroupKind.POINTWISE:
             # One config, no tuning: a pointwise kernel is memory- or launch-bound and the
@@ -648,12 +674,20 @@ class KernelWriter:
             # a cold start (0.1-1.8 s, the largest part of a first call). Tiny tensors: one
             # element per thread (compiles fastest: sin/cos unrolled 8x took 1.8 s); big
             # ones: 16 elements per thread, two 16-byte bf16 loads in flight per thread.
-            xb, warps = self.pointwise_block(xh)
-            return {}, (S.LaunchConfig(meta={"XBLOCK": min(xb, max(16, next_pow2(xh)))}, num_warps=warps),)
-        if kind == GroupKind.PERSISTENT:
-            rb = next_pow2(int(self.g.rnumel))
+            # A symbolic size that may grow past the launch-bound range never takes the
+            # one-element-per-thread block, whatever its hint.
+            small = self.config.pointwise_small_numel
+            grows = not x.is_Integer and (most is None or most > small)
+            xb, warps = self.pointwise_block(max(xh, small + 1) if grows else xh)
+            return {}, (S.LaunchConfig(meta={"XBLOCK": min(xb, max(16, xcap))}, num_warps=warps),)
+        if kind == GroupKind.PERSISTENT or self.g.fits:
+            if self.g.fits:  # the persistent path's block is also the loop's chunk
+                rb = self.g.fits
+            else:
+                longest = self.sizes.upper(self.g.rnumel)  # the scheduler made it persistent: bounded
+                assert longest is not None, self.g.rnumel
+                rb = next_pow2(longest)
             warps = 16 if rb >= 8192 else 8 if rb >= 2048 else 4
-            xcap = next_pow2(xh)
             first = min(max(1, 8192 // rb), xcap)
             # (rows per program, warps): the default first, then one row per program. Two
             # candidates only: every candidate is a Triton compile on a cold start, and the
@@ -665,19 +699,26 @@ class KernelWriter:
             out = [S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=w) for xb, w in dict.fromkeys(cands)]
             return {"RBLOCK": rb}, tuple(out)
         if self.g.outer:
-            xb = min(64, next_pow2(xh))
+            xb = min(64, xcap)
             return {}, (
                 S.LaunchConfig(meta={"XBLOCK": xb, "RBLOCK": 64}, num_warps=8),
-                S.LaunchConfig(meta={"XBLOCK": min(128, next_pow2(xh)), "RBLOCK": 32}, num_warps=8),
+                S.LaunchConfig(meta={"XBLOCK": min(128, xcap), "RBLOCK": 32}, num_warps=8),
             )
         rb = self.config.looped_rblock
         cands = [(1, rb, 8), (1, 4096, 16), (4, 1024, 8)]
-        if _is_static_int(self.g.rnumel) and int(self.g.rnumel) >= 16384:
+        if self.sizes.hint(self.g.rnumel) >= 16384:
             # long rows (a 32000-class cross_entropy): 16 elements per thread per chunk, so
             # each thread has two 16-byte loads in flight (the loop is not software-pipelined)
             # and a per-chunk row reduction is amortized over more elements; two candidates
             # only (each is a compile on a cold start)
             cands = [(1, 4096, 8), (1, 8192, 16)]
+        rh = self.sizes.hint(self.g.rnumel)
+        if not self.g.rnumel.is_Integer and rh < rb:
+            # a symbolic row, looped because it has no bound, but short for the example sizes:
+            # first a chunk that fits the hinted row, several rows per program (~2048 elements)
+            rbh = max(16, next_pow2(rh))
+            xb = min(max(1, rb // rbh), xcap)
+            cands.insert(0, (xb, rbh, 4 if xb * rbh <= 1024 else 8))
         return {}, tuple(
             S.LaunchConfig(meta={"XBLOCK": xb, "RBLOCK": r}, num_warps=w) for xb, r, w in dict.fromkeys(cands)
         )

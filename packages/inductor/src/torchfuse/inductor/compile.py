@@ -56,12 +56,57 @@ class CompileResult:
         return write_debug(self.program, directory)
 
 
+DECOMPOSE_NOTE = "inductor.decompose"
+"""``Graph.meta`` key under which :func:`_decompose` says why a symbolic graph was compiled
+undecomposed (it ends up in ``fallbacks.txt``)."""
+
+
 def _decompose(graph: S.Graph, cfg: InductorConfig) -> S.Graph:
-    symbolic = graph.symbols or any(isinstance(s, str) for m in graph.values.values() for s in m.sizes)
-    if not cfg.decompose or symbolic:  # retracing on fakes would specialize the sizes
+    if not cfg.decompose:
         return graph
     # autograd owns the one retracing decompose(); the table of inductor's primitives is ours
-    return decompose(graph, DECOMPOSITIONS)
+    if not _is_symbolic(graph):
+        return decompose(graph, DECOMPOSITIONS)
+    try:
+        out = decompose(graph, DECOMPOSITIONS)
+    except Exception as e:  # the graph as captured is a correct fallback (see below)
+        why = f"decompose failed on symbolic sizes ({type(e).__name__}: {e})"
+    else:
+        why = _lost_generality(graph, out)
+        if why is None:
+            return out
+    # The undecomposed graph is right at every size (ops without a lowering are extern
+    # calls); a decomposed one that specialized a size, or that needs a relation nobody
+    # checks at run time, would be wrong at other sizes. Said in fallbacks.txt, and logged.
+    observe.get_logger("schedule").warning("graph %s compiled without decomposition: %s", graph.name, why)
+    return msgspec.structs.replace(graph, meta={**graph.meta, DECOMPOSE_NOTE: why})
+
+
+def _is_symbolic(graph: S.Graph) -> bool:
+    return bool(graph.symbols) or any(isinstance(s, str) for m in graph.values.values() for s in m.sizes)
+
+
+def _lost_generality(before: S.Graph, after: S.Graph) -> str | None:
+    """Why ``after`` (a decomposition of symbolic ``before``) is not valid at every size
+    ``before`` is, or None when it is: the same symbols and ranges, the same input and output
+    sizes, and no size guard of its own (nothing would check it when the Program runs)."""
+    def ranges(g: S.Graph) -> set[tuple]:
+        return {(s.name, s.min, s.max, s.source) for s in g.symbols}
+
+    if ranges(before) != ranges(after):
+        return f"the symbols changed from {sorted(ranges(before))} to {sorted(ranges(after))}"
+    pairs = [(i.name, j.name) for i, j in zip(before.inputs, after.inputs, strict=True)]
+    pairs += [(o.value.name, p.value.name) for o, p in zip(before.outputs, after.outputs, strict=True)
+              if isinstance(o.value, S.TensorRef) and isinstance(p.value, S.TensorRef)]
+    for name, new_name in pairs:  # outputs may be renamed; they keep their positions
+        was, now = before.values[name], after.values[new_name]
+        if (was.sizes, was.strides) != (now.sizes, now.strides):
+            return f"{name} changed from {(was.sizes, was.strides)} to {(now.sizes, now.strides)}"
+    old = {g.expr for g in before.guards if isinstance(g, S.SymbolGuard)}
+    new = sorted(g.expr for g in after.guards if isinstance(g, S.SymbolGuard) and g.expr not in old)
+    if new:
+        return f"it added size guards {new}"
+    return None
 
 
 def _codegen(sched, prog: ir.LoopProgram, cfg: InductorConfig) -> dict[int, S.Kernel]:
@@ -104,6 +149,9 @@ def compile_graph_stages(
     code = output_code(program)
     timings = "\n".join(f"{s.name:12s} {s.seconds * 1000:9.2f} ms" for s in stages)
     meta = dict(program.meta)
+    note = state["decompose"].meta.get(DECOMPOSE_NOTE)
+    if note:
+        meta["fallbacks"] = "\n".join(x for x in (f"decompose: {note}", meta.get("fallbacks", "")) if x)
     meta.update(
         {
             "ir_pre_fusion.txt": pre,

@@ -51,7 +51,14 @@ def exact_div(t: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
         elif f in tf:
             tf.remove(f)
         else:
-            return None
+            # a power of the factor: s0**2 / s0 is s0
+            base, exp = f.as_base_exp()
+            p = next((x for x in tf if x.is_Pow and x.base == base and x.exp.is_Integer
+                      and exp.is_Integer and int(x.exp) >= int(exp)), None)
+            if p is None:
+                return None
+            tf.remove(p)
+            tf.append(base ** (int(p.exp) - int(exp)))
     return sympy.Mul(*tf)
 
 
@@ -149,11 +156,93 @@ def upper_bound(e: sympy.Expr, bounds: Mapping[sympy.Symbol, sympy.Expr]) -> int
         parts = [upper_bound(a, bounds) for a in e.args]
         return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
     if isinstance(e, sympy.Mul):
-        coeff, rest = e.as_coeff_Mul()
-        if coeff.is_Integer and int(coeff) >= 0:
-            ub = upper_bound(rest, bounds)
-            return None if ub is None else int(coeff) * ub
+        # a product of non-negative factors (indices, sizes, non-negative constants): the
+        # product of their upper bounds bounds it
+        out = 1
+        for f in e.args:
+            if f.is_nonnegative is not True:
+                return None
+            ub = upper_bound(f, bounds)
+            if ub is None:
+                return None
+            out *= ub
+        return out
     return None
+
+
+def _non_negative(e: sympy.Expr) -> bool:
+    """True when ``e`` is an expression that is ``>= 0`` for every value of its size symbols
+    (positive integers) and index functions (non-negative): after expansion, no negative
+    term, and the constant covered by the terms that are at least 1."""
+    const, least = 0, 0
+    for term in sympy.Add.make_args(sympy.expand(e)):
+        coeff, rest = term.as_coeff_Mul()
+        if not coeff.is_Integer:
+            return False
+        if rest == 1:
+            const += int(coeff)
+            continue
+        if coeff < 0:
+            return False
+        factors = sympy.Mul.make_args(rest)
+        if not all(_is_size(f) or isinstance(f, FloorDiv | ModIdx) for f in factors):
+            return False
+        if all(_is_size(f) for f in factors):
+            least += int(coeff)  # a product of sizes is at least 1
+    return const + least >= 0
+
+
+def _is_size(f: sympy.Expr) -> bool:
+    base = f.base if f.is_Pow and f.exp.is_Integer and int(f.exp) > 0 else f
+    return bool(base.is_Symbol and base.is_positive)
+
+
+def symbolic_upper(e: sympy.Expr, bounds: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Expr | None:
+    """An inclusive upper bound of a non-negative index expression written over the size
+    symbols (a loop variable ``v`` is below ``bounds[v]``, a size symbol bounds itself), or
+    None. With symbolic sizes, ``(x2 + s0*x1) // s0`` is ``x1`` because ``x2 < s0``: this is
+    how such facts are proved."""
+    if e.is_Integer:
+        return e
+    if e.is_Symbol:
+        if e in bounds:
+            return sympy.sympify(bounds[e]) - 1
+        return e if e.is_positive else None
+    if isinstance(e, ModIdx):
+        inner = symbolic_upper(e.args[0], bounds)
+        top = e.args[1] - 1
+        return inner if inner is not None and _non_negative(top - inner) else top
+    if isinstance(e, FloorDiv):
+        inner = symbolic_upper(e.args[0], bounds)
+        if inner is None:
+            return None
+        q = exact_div(sympy.expand(inner + 1), e.args[1])  # a < q*b: a // b <= q - 1
+        return q - 1 if q is not None else FloorDiv(inner, e.args[1])
+    if isinstance(e, sympy.Add):
+        parts = [symbolic_upper(a, bounds) for a in e.args]
+        return None if any(p is None for p in parts) else sympy.Add(*parts)
+    if isinstance(e, sympy.Mul):
+        coeff, rest = e.as_coeff_Mul()
+        factors = sympy.Mul.make_args(rest)
+        if not coeff.is_Integer or any(f.is_nonnegative is not True for f in factors):
+            return None  # bounds of products hold for non-negative factors only
+        if int(coeff) < 0:
+            return sympy.Integer(0)  # -c*t with t >= 0 is at most 0
+        parts = [symbolic_upper(f, bounds) for f in factors]
+        return None if any(p is None for p in parts) else coeff * sympy.Mul(*parts)
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+        base = symbolic_upper(e.base, bounds)
+        return None if base is None else base ** e.exp
+    return None
+
+
+def _below(a: sympy.Expr, b: sympy.Expr, bounds: Mapping[sympy.Symbol, sympy.Expr]) -> bool:
+    """True when ``0 <= a < b`` holds at every index in range and every size."""
+    ub = upper_bound(a, bounds)
+    if ub is not None and b.is_Integer:
+        return ub < int(b)
+    sub = symbolic_upper(a, bounds)
+    return sub is not None and _non_negative(b - 1 - sub)
 
 
 def _by_range(e: sympy.Expr, bounds: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
@@ -162,8 +251,7 @@ def _by_range(e: sympy.Expr, bounds: Mapping[sympy.Symbol, sympy.Expr]) -> sympy
         return e
     if isinstance(e, FloorDiv | ModIdx):
         a, b = _by_range(e.args[0], bounds), e.args[1]
-        ub = upper_bound(a, bounds)
-        if ub is not None and b.is_Integer and ub < int(b):
+        if _below(a, b, bounds):
             return sympy.Integer(0) if isinstance(e, FloorDiv) else a
         return e.func(a, b) if a is not e.args[0] else e
     new = [_by_range(x, bounds) for x in e.args]
@@ -181,27 +269,41 @@ def _simplify_cached(e: sympy.Expr, bounds_items: tuple) -> sympy.Expr:
     bounds = dict(bounds_items)
     for _ in range(8):
         before = e
-        e = sympy.expand(_by_range(e, bounds))
-        terms = list(sympy.Add.make_args(e))
-        changed = True
-        while changed:
-            changed = False
-            for t in terms:
-                coeff, mods = t.as_coeff_Mul()
-                if not isinstance(mods, ModIdx):
-                    continue
-                inner, b = mods.args
-                partner = sympy.expand(coeff * b * FloorDiv(inner, b))
-                if partner in terms:
-                    terms.remove(t)
-                    terms.remove(partner)
-                    terms.append(sympy.expand(coeff * inner))
-                    changed = True
-                    break
-        e = sympy.expand(sympy.Add(*terms))
+        e = _fold(sympy.expand(_by_range(e, bounds)))
         if e == before:
             break
     return e
+
+
+def _fold(e: sympy.Expr) -> sympy.Expr:
+    """Fold ``c*b*(e // b) + c*(e % b)`` into ``c*e`` in every sum of ``e`` (``c`` may hold
+    size symbols: ``s0*(x // s0) + x % s0`` is ``x``)."""
+    if not e.args:
+        return e
+    new = [_fold(a) for a in e.args]
+    if any(n is not o for n, o in zip(new, e.args, strict=True)):
+        e = e.func(*new)
+    if not isinstance(e, sympy.Add):
+        return e
+    terms = list(e.args)
+    changed = True
+    while changed:
+        changed = False
+        for t in terms:
+            factors = sympy.Mul.make_args(t)
+            k = next((i for i, f in enumerate(factors) if isinstance(f, ModIdx)), None)
+            if k is None:
+                continue
+            coeff = sympy.Mul(*factors[:k], *factors[k + 1:])
+            inner, b = factors[k].args
+            partner = sympy.expand(coeff * b * FloorDiv(inner, b))
+            if partner in terms:
+                terms.remove(t)
+                terms.remove(partner)
+                terms.append(sympy.expand(coeff * inner))
+                changed = True
+                break
+    return sympy.expand(sympy.Add(*terms))
 
 
 def print_index(e: sympy.Expr, names: Mapping | None = None, fmt: bool = False) -> str:

@@ -15,6 +15,8 @@ becomes an :class:`~torchfuse.inductor.ir.Extern` call of the ATen op.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.ops import node_inputs, tensor_refs
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
+from torchfuse.inductor.sizes import size_info
 
 Loader = Callable[[Sequence[sympy.Expr]], ir.Value]
 
@@ -58,10 +61,40 @@ class TensorValue:
 
 
 def expr_of(e: S.Expr) -> sympy.Expr:
+    """A size expression of the format as a sympy index expression: ``//`` and ``%`` become
+    :class:`~torchfuse.inductor.ir.FloorDiv` and :class:`~torchfuse.inductor.ir.ModIdx`
+    (sizes are non-negative), so they print and simplify like every other index."""
     if isinstance(e, int):
         return sympy.Integer(e)
-    tree = sympy.sympify(e.replace("//", " // "), locals={})
-    return tree.subs({s: ir.size_symbol(s.name) for s in tree.free_symbols})
+    return _expr_cached(e)
+
+
+@functools.lru_cache(maxsize=4096)
+def _expr_cached(text: str) -> sympy.Expr:
+    from torchfuse.graph import expr as E
+
+    def conv(a: E.Ast) -> sympy.Expr:
+        if isinstance(a, E.Num):
+            return sympy.Integer(a.value)
+        if isinstance(a, E.Name):
+            return ir.size_symbol(a.name)
+        if isinstance(a, E.Call):
+            args = [conv(x) for x in a.args]
+            return sympy.Max(*args) if a.fn == "max" else sympy.Min(*args)
+        lhs, rhs = conv(a.lhs), conv(a.rhs)
+        if a.op == "+":
+            return lhs + rhs
+        if a.op == "-":
+            return lhs - rhs
+        if a.op == "*":
+            return lhs * rhs
+        if a.op == "//":
+            return ir.FloorDiv(lhs, rhs)
+        if a.op == "%":
+            return ir.ModIdx(lhs, rhs)
+        raise LoweringError(f"size expression {text!r}: {a.op!r} is not a size operation")
+
+    return conv(E.parse(text))
 
 
 def strided_loader(layout: Layout, dtype: str) -> Loader:
@@ -74,14 +107,18 @@ def strided_loader(layout: Layout, dtype: str) -> Loader:
     return load
 
 
-def memory_order(sizes: Sequence[sympy.Expr], strides: Sequence[sympy.Expr]) -> list[int]:
+def memory_order(sizes: Sequence[sympy.Expr], strides: Sequence[sympy.Expr],
+                 hint: Callable[[sympy.Expr], int] | None = None) -> list[int]:
     """The dims of a buffer from the largest stride to the smallest: a node that writes a
     transposed result (``h.t()`` handed to a matmul) loops in the order of its memory, so
-    its store, and the loads of inputs laid out like it, stay coalesced. Logical order when
-    a stride is symbolic."""
+    its store, and the loads of inputs laid out like it, stay coalesced. Symbolic strides
+    are ordered by their ``hint`` (a loop order is a performance choice, right in any order);
+    logical order when a stride is symbolic and there is no ``hint``."""
     nd = len(sizes)
     if not all(sympy.sympify(s).is_Integer for s in strides):
-        return list(range(nd))
+        if hint is None:
+            return list(range(nd))
+        strides = [sympy.Integer(hint(s)) for s in strides]
     # size-1 dims keep their place relative to the rest (their stride means nothing)
     keyed = [(int(strides[d]) if sizes[d] != 1 else None, d) for d in range(nd)]
     real = sorted((k for k in keyed if k[0] is not None), key=lambda k: -k[0])
@@ -115,6 +152,7 @@ class Lowering:
     def __init__(self, graph: S.Graph, config: InductorConfig) -> None:
         self.graph = graph
         self.config = config
+        self.sizes = size_info(tuple(graph.symbols))
         self.env: dict[str, object] = {}
         self.buffers: dict[str, ir.BufferSpec] = {}
         self.nodes: list[ir.Node] = []
@@ -159,7 +197,7 @@ class Lowering:
         if hit is not None and hit[0] is tv:
             return hit[1]
         name = self.fresh()
-        order = memory_order(tv.sizes, strides)
+        order = memory_order(tv.sizes, strides, self.sizes.hint)
         ys = [ir.loop_var("x", i) for i in range(len(tv.sizes))]
         xs: list[sympy.Expr] = [sympy.Integer(0)] * len(tv.sizes)
         for y, d in zip(ys, order, strict=True):
@@ -294,19 +332,19 @@ class Lowering:
             res = TensorValue(ranges, out_dtype, load_one, None, origins, x.ops + 1)
             return self._keep_dims(self.realize(res), nd, dims, keepdim)
         name = self.fresh()
-        split = self._split_factor(ranges, rranges, rop)
-        lead = self._outer_split_factor(ranges, rranges, rop, dims, kept)
+        split, split_exact = self._split_factor(ranges, rranges, rop)
+        lead, lead_exact = self._outer_split_factor(ranges, rranges, rop, dims, kept)
         if lead:
             # a reduction over leading dims with few columns (a weight gradient: 16384 rows
             # of 4096) walks each column tile with one program; split the rows into ``lead``
             # chunks (stage 1: partials[lead, cols], one program per column tile and chunk),
             # then add the partials (stage 2, tiny)
-            chunk = int(rnumel) // lead
+            chunk = _chunk(rnumel, lead, lead_exact)
             part = self.fresh()
             s = ir.loop_var("x", 0)
             ys = [ir.loop_var("x", i + 1) for i in range(len(ranges))]
             r = ir.loop_var("r", 0)
-            body1 = value_at(ys, ir.unflatten(s * chunk + r, rranges))
+            body1 = _chunk_value(value_at, ys, s, chunk, rranges, rop, acc, lead_exact)
             pranges = (sympy.Integer(lead), *ranges)
             pstrides = ir.contiguous_strides(pranges)
             pstore = sympy.expand(
@@ -314,18 +352,18 @@ class Lowering:
             )
             self.add_buffer(ir.BufferSpec(part, acc, pranges, tuple(pstrides)))
             self.nodes.append(
-                ir.Reduction(part, pranges, (sympy.Integer(chunk),), body1, rop, acc, pstore, origins)
+                ir.Reduction(part, pranges, (chunk,), body1, rop, acc, pstore, origins)
             )
             cstrides = ir.contiguous_strides(ranges)
             xflat = sympy.expand(sum((v * st for v, st in zip(xs, cstrides, strict=True)), sympy.Integer(0)))
             body = ir.Load(part, sympy.expand(r * ir.product(ranges) + xflat), acc)
             rranges2: tuple[sympy.Expr, ...] = (sympy.Integer(lead),)
         elif split:
-            chunk = int(rnumel) // split
+            chunk = _chunk(rnumel, split, split_exact)
             part = self.fresh()
             s = ir.loop_var("x", len(ranges))
             r = ir.loop_var("r", 0)
-            body1 = value_at(xs, ir.unflatten(s * chunk + r, rranges))
+            body1 = _chunk_value(value_at, xs, s, chunk, rranges, rop, acc, split_exact)
             pranges = (*ranges, sympy.Integer(split))
             pstore = sympy.expand(
                 sum(
@@ -335,7 +373,7 @@ class Lowering:
             )
             self.add_buffer(ir.BufferSpec(part, acc, pranges, tuple(ir.contiguous_strides(pranges))))
             self.nodes.append(
-                ir.Reduction(part, pranges, (sympy.Integer(chunk),), body1, rop, acc, pstore, origins)
+                ir.Reduction(part, pranges, (chunk,), body1, rop, acc, pstore, origins)
             )
             xflat = sympy.expand(
                 sum(
@@ -358,36 +396,45 @@ class Lowering:
         res = TensorValue(ranges, out_dtype, strided_loader(layout, out_dtype), layout)
         return self._keep_dims(res, nd, dims, keepdim)
 
-    def _split_factor(self, ranges, rranges, rop) -> int:
+    def _split_factor(self, ranges, rranges, rop) -> tuple[int, bool]:
+        """``(k, exact)``: cut each row into ``k`` chunks (0: no split); ``exact`` when ``k``
+        divides the row length for every size (else the chunks are ``ceil(n/k)`` long and the
+        tail is masked). Decided from hints: it is a performance choice (see :mod:`.sizes`)."""
         xnumel, rnumel = ir.product(ranges), ir.product(rranges)
-        if rop not in ir.SPLITTABLE or not (xnumel.is_Integer and rnumel.is_Integer):
-            return 0
-        if int(xnumel) > self.config.split_max_outputs or int(rnumel) < self.config.split_min_rnumel:
-            return 0
-        n = int(rnumel)
+        if rop not in ir.SPLITTABLE:
+            return 0, False
+        symbolic = not (xnumel.is_Integer and rnumel.is_Integer)
+        x, n = self.sizes.hint(xnumel), self.sizes.hint(rnumel)
+        if x > self.config.split_max_outputs or n < self.config.split_min_rnumel:
+            return 0, False
         target = self.config.split_target
-        best = 0
-        for cand in range(16, 4 * target + 1):
-            if n % cand == 0 and (best == 0 or abs(cand - target) < abs(best - target)):
-                best = cand
-        return best
+        cands = sorted(range(16, 4 * target + 1), key=lambda c: (abs(c - target), c))
+        exact = next((c for c in cands if ir.exact_div(rnumel, sympy.Integer(c)) is not None), 0)
+        if exact or not symbolic:
+            return exact, True
+        return target, False
 
-    def _outer_split_factor(self, ranges, rranges, rop, dims, kept) -> int:
-        """How many row chunks a reduction over leading dims is split into (0: none)."""
+    def _outer_split_factor(self, ranges, rranges, rop, dims, kept) -> tuple[int, bool]:
+        """How many row chunks a reduction over leading dims is split into (0: none), and
+        whether they divide the rows exactly (see :meth:`_split_factor`)."""
         xnumel, rnumel = ir.product(ranges), ir.product(rranges)
-        if rop not in ir.SPLITTABLE or not kept or not (xnumel.is_Integer and rnumel.is_Integer):
-            return 0
+        if rop not in ir.SPLITTABLE or not kept:
+            return 0, False
         if max(dims) > min(kept):  # not a leading-dim reduction
-            return 0
-        x, n = int(xnumel), int(rnumel)
+            return 0, False
+        symbolic = not (xnumel.is_Integer and rnumel.is_Integer)
+        x, n = self.sizes.hint(xnumel), self.sizes.hint(rnumel)
         tiles = max(1, x // 64)  # column tiles of the outer kernel (XBLOCK 64)
         want = -(-self.config.outer_split_programs // tiles)
+        most = n // self.config.outer_split_min_chunk
         if want < 2 or n < 2 * self.config.outer_split_min_chunk:
-            return 0
-        for cand in range(want, n // self.config.outer_split_min_chunk + 1):
-            if n % cand == 0:
-                return cand
-        return 0
+            return 0, False
+        for cand in range(want, most + 1):
+            if ir.exact_div(rnumel, sympy.Integer(cand)) is not None:
+                return cand, True
+        if not symbolic:
+            return 0, False
+        return min(want, most), False
 
     def _keep_dims(self, tv: TensorValue, nd: int, dims: Sequence[int], keepdim: bool) -> TensorValue:
         if not keepdim or not dims:
@@ -495,6 +542,41 @@ class Lowering:
             device=self.device,
             meta={"fallbacks": "\n".join(self.fallbacks)},
         )
+
+
+def _chunk(rnumel: sympy.Expr, k: int, exact: bool) -> sympy.Expr:
+    """The length of each of ``k`` chunks of a row of ``rnumel`` elements."""
+    if exact:
+        q = ir.exact_div(rnumel, sympy.Integer(k))
+        assert q is not None
+        return q
+    return ir.FloorDiv(rnumel + (k - 1), sympy.Integer(k))
+
+
+def _chunk_value(value_at, xs, s, chunk, rranges, rop: ir.ReduceOp, acc: str, exact: bool) -> ir.Value:
+    """Element ``r`` of chunk ``s`` of a row: the first stage of a split reduction. Chunks of
+    ``ceil(n/k)`` run past the row's end in the last chunk(s): there the loads are masked off
+    and the value is the reduction's identity, so the partial results are right for any ``n``."""
+    pos = s * chunk + ir.loop_var("r", 0)
+    v = value_at(xs, ir.unflatten(pos, rranges))
+    if exact:
+        return v
+    inside = ir.Call(ir.VOp.LT, (ir.IndexValue(pos), ir.IndexValue(ir.product(rranges))), "bool")
+    return ir.Call(ir.VOp.WHERE, (inside, ir.guard(v, inside), ir.Const(_identity(rop, acc), acc)), acc)
+
+
+def _identity(rop: ir.ReduceOp, dtype: str) -> float | int | bool:
+    if rop in (ir.ReduceOp.ANY, ir.ReduceOp.ALL):
+        return rop == ir.ReduceOp.ALL
+    if rop == ir.ReduceOp.SUM:
+        return 0.0 if dtype in ir.FLOAT_DTYPES else 0
+    if rop == ir.ReduceOp.PROD:
+        return 1.0 if dtype in ir.FLOAT_DTYPES else 1
+    lowest = rop == ir.ReduceOp.MAX
+    if dtype in ir.FLOAT_DTYPES:
+        return -math.inf if lowest else math.inf
+    info = torch.iinfo(getattr(torch, dtype))
+    return info.min if lowest else info.max
 
 
 def _short(op: str) -> str:

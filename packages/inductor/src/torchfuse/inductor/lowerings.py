@@ -463,6 +463,13 @@ def _arange(L, node):
     sizes, out = out_meta(L, node)
     start = b.get("start") or 0
     step = b.get("step") or 1
+    symbolic = any(isinstance(v, sympy.Expr) and not v.is_Integer for v in (start, step))
+    if symbolic and out in ir.FLOAT_DTYPES:
+        raise Fallback("floating arange from a symbolic size")
+    if symbolic:  # arange(s0, 2*s0): the value is the index expression itself
+        first, stride = sympy.sympify(start), sympy.sympify(step)
+        return TensorValue(sizes, out, lambda idx: cast(ir.IndexValue(first + stride * idx[0]), out), None,
+                           ("arange",), 0)
     if out in ir.FLOAT_DTYPES or any(
         isinstance(v, float) and not float(v).is_integer() for v in (start, step)
     ):

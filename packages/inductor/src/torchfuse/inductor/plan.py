@@ -28,21 +28,27 @@ def _scalar(e: sympy.Expr) -> S.Argument:
     return S.Int(value=int(e)) if e.is_Integer else S.SymRef(expr=format_expr(e))
 
 
-def _nbytes(spec: ir.BufferSpec) -> int | None:
+def _nbytes(spec: ir.BufferSpec) -> int | sympy.Expr | None:
+    """The bytes a buffer spans: an int, or a sympy expression when sizes are symbols (two
+    buffers can share storage when their expressions are equal: equal at every size)."""
     n = ir.product(spec.sizes)
-    if not n.is_Integer:
-        return None
-    extent = (
-        1
-        + sum(
-            (int(s) - 1) * int(st)
-            for s, st in zip(spec.sizes, spec.strides, strict=True)
-            if sympy.sympify(st).is_Integer and int(s) > 0
+    if n.is_Integer:
+        extent = (
+            1
+            + sum(
+                (int(s) - 1) * int(st)
+                for s, st in zip(spec.sizes, spec.strides, strict=True)
+                if sympy.sympify(st).is_Integer and int(s) > 0
+            )
+            if int(n)
+            else 0
         )
-        if int(n)
-        else 0
-    )
-    return extent * to_dtype(spec.dtype).itemsize
+        return extent * to_dtype(spec.dtype).itemsize
+    if any(sympy.sympify(s).is_Integer and int(s) == 0 for s in spec.sizes):
+        return 0
+    # symbols are >= 2, so every symbolic dim is non-empty; size-1 dims add nothing
+    extent = 1 + sum(((s - 1) * st for s, st in zip(spec.sizes, spec.strides, strict=True)), sympy.S.Zero)
+    return sympy.expand(extent * to_dtype(spec.dtype).itemsize)
 
 
 def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Kernel]) -> S.Program:

@@ -17,6 +17,11 @@ Fusion is greedy over nodes in program order. A node joins an existing kernel wh
   looped reduction needs at most ``max_loop_phases`` passes;
 * it saves memory traffic (the cost model: bytes of reads shared with the kernel).
 
+With symbolic sizes (``s0``) every "same domain" and "same point" question above is sympy
+equality, never a comparison of hints; a reduction is persistent only when its row has an
+upper bound that fits, and a looped one over a row as short as its hint keeps a persistent
+path for such rows (``KernelGroup.fits``). The rules: :mod:`torchfuse.inductor.sizes`.
+
 Example, ``softmax`` over rows of 8: ``amax`` (REDUCE), ``exp(x - amax)`` (FULL), ``sum``
 (REDUCE), ``exp / sum`` (FULL) all land in one kernel over domain ``(rows, 8)``; only the
 last value is stored.
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 import sympy
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
+from torchfuse.inductor.sizes import size_info
 
 log = logging.getLogger("torchfuse.inductor.schedule")
 
@@ -82,6 +88,10 @@ class KernelGroup:
     phases: int = 1
     outer: bool = False
     """A reduction over a strided (leading) dim: launched with wide ``XBLOCK`` tiles."""
+    fits: int = 0
+    """A looped reduction over a symbolic row length: rows of at most ``fits`` elements (the
+    hint's power of two) take a persistent path in the same kernel, longer rows the loop.
+    0: no such path."""
 
     def placement(self, name: str) -> Placement:
         return dict(self.placements)[name]
@@ -143,14 +153,11 @@ def _role(node: ir.Node, xnumel, rnumel) -> Role | None:
     return None
 
 
-def _is_static_int(e: sympy.Expr) -> bool:
-    return bool(sympy.sympify(e).is_Integer)
-
-
 class _Builder:
     def __init__(self, prog: ir.LoopProgram, config: InductorConfig) -> None:
         self.prog = prog
         self.config = config
+        self.sizes = size_info(tuple(prog.symbols))
         self.producer: dict[str, int] = {}  # buffer -> group index
         self.groups: list[dict] = []
         self.group_deps: list[set[int]] = []
@@ -164,11 +171,10 @@ class _Builder:
         spec = self.prog.buffers.get(buf)
         if spec is None:
             return 0
-        n = ir.product(spec.sizes)
-        n = int(n) if _is_static_int(n) else 4096
         from torchfuse.graph.ops import to_dtype
 
-        return n * to_dtype(spec.dtype).itemsize
+        # a cost, not a correctness question: symbolic sizes count with their hints
+        return self.sizes.hint(ir.product(spec.sizes)) * to_dtype(spec.dtype).itemsize
 
     def deps(self, gi: int) -> set[int]:
         return self.group_deps[gi]
@@ -305,7 +311,9 @@ class _Builder:
         return shared, X, R, placed
 
     def _persistent(self, rnumel) -> bool:
-        return _is_static_int(rnumel) and int(rnumel) <= self.config.persistent_rnumel_max
+        # the whole row sits in registers: it needs a bound on the longest row (see .sizes)
+        ub = self.sizes.upper(rnumel)
+        return ub is not None and ub <= self.config.persistent_rnumel_max
 
     def new_group(self, node: ir.Node) -> None:
         if isinstance(node, ir.Extern | ir.View):
@@ -375,7 +383,8 @@ class _Builder:
         if len(ga["nodes"]) + len(gb["nodes"]) > self.config.max_fusion_size:
             return False
         reads_a = {x for m in ga["nodes"] for x in ir.reads(m)} | {m.name for m in ga["nodes"]}
-        small = _is_static_int(X * R) and int(X * R) <= self.config.merge_small_numel
+        most = self.sizes.upper(X * R)
+        small = most is not None and most <= self.config.merge_small_numel
         if not small and not any(x in reads_a for m in gb["nodes"] for x in ir.reads(m)):
             return False  # nothing shared: two kernels cost no more traffic than one
         # merging must not close a cycle through a third kernel
@@ -455,6 +464,13 @@ class _Builder:
                 outer = self._outer(g) and phases <= self.config.max_loop_phases
                 if outer:  # rows are strided in memory: tiles of many rows, short chunks of r
                     kind = GroupKind.LOOPED
+            fits = 0
+            if kind == GroupKind.LOOPED and not outer and not g["rnumel"].is_Integer:
+                # unbounded, so looped; but rows as long as the hint's fit in registers: the
+                # kernel checks the row length per call and keeps such rows persistent
+                hint = self.sizes.hint(g["rnumel"])
+                if hint <= self.config.persistent_rnumel_max:
+                    fits = max(16, 1 << max(0, hint - 1).bit_length())
             stores = frozenset(
                 m.name
                 for m in g["nodes"]
@@ -471,6 +487,7 @@ class _Builder:
                     stores,
                     phases,
                     outer,
+                    fits,
                 )
             )
         return tuple(out)
