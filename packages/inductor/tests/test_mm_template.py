@@ -442,3 +442,17 @@ def test_auto_on_cuda_matches_eager(tmp_path):
     assert_matches(list(load(program)(x, w, b)), linear_gelu(x, w, b), **TOL[torch.float16])
     forced = apply_mm_templates(graph, device="cuda", policy="always")
     assert_matches(interpret(forced, x, w, b), linear_gelu(x, w, b), **TOL[torch.float16])
+
+
+def test_max_autotune_mode_runs_the_template_pass():
+    """compile_graph(mode="max-autotune") puts the template in; default mode does not."""
+    a, w, b = torch.randn(33, 17), torch.randn(40, 17), torch.randn(40)
+    graph, _ = trace(lambda a, w, b: F.relu(F.linear(a, w, b)), a, w, b)
+    tuned = compile_graph(graph, mode="max-autotune", options={"mm_templates": "always"})
+    plain = compile_graph(graph, options={"mm_templates": "always"})
+    assert any("tl.dot" in k.source for k in tuned.kernels)
+    assert not any("tl.dot" in k.source for k in plain.kernels)
+    assert any(isinstance(s, S.ExternStep) and "mm" in s.op for s in plain.steps)
+    want = F.relu(F.linear(a, w, b))
+    (got,) = run_runtime(tuned, (a, w, b))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -7,6 +7,9 @@ Environment variables (all optional):
 * ``TORCHFUSE_DEBUG=1`` -- write the debug artifacts of every compiled graph under
   ``TORCHFUSE_DEBUG_DIR`` (default ``torchfuse_debug``).
 * ``TORCHFUSE_UPDATE_SNAPSHOTS=1`` -- snapshot tests rewrite their golden files.
+* ``TORCHFUSE_PAD_MM=0`` -- leave unaligned half-precision matmuls unpadded.
+* ``TORCHFUSE_MM_TEMPLATES=auto|always|never`` -- the Triton matmul template under
+  ``mode="max-autotune"`` (default ``auto``: benchmarked against cuBLAS per shape).
 * ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
   Programs and autograd plans (:mod:`torchfuse.inductor.cache`; default on). Where they live
   is the runtime's ``TORCHFUSE_CACHE_DIR``.
@@ -55,6 +58,13 @@ class InductorConfig:
     memory_order: bool = True
     """Order ready kernels so that the one freeing the most memory runs first."""
     decompose: bool = True
+    pad_mm: bool = True
+    """Pad float16/bfloat16 CUDA matmuls whose leading dimensions are not 16-byte aligned
+    (:mod:`torchfuse.inductor.pad_mm`)."""
+    mm_templates: str = "auto"
+    """``mode="max-autotune"`` only: ``"auto"`` (the Triton matmul template against cuBLAS,
+    benchmarked per shape and cached in ``<cache dir>/mm_choices.json``), ``"always"`` (the
+    template, first config, no benchmark), ``"never"``."""
     logs: frozenset[str] = field(default_factory=frozenset)
     debug: bool = False
     debug_dir: str = "torchfuse_debug"
@@ -75,6 +85,8 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         debug_dir=env.get("TORCHFUSE_DEBUG_DIR", "torchfuse_debug"),
         update_snapshots=env.get("TORCHFUSE_UPDATE_SNAPSHOTS", "") not in ("", "0"),
         cache=env.get("TORCHFUSE_COMPILE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off"),
+        pad_mm=env.get("TORCHFUSE_PAD_MM", "1").strip().lower() not in ("0", "false", "no", "off"),
+        mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
     )
 
 
