@@ -29,15 +29,15 @@ sys.path.insert(0, str(HERE))
 
 
 def _shrunk(inputs: list[Any]) -> list[Any]:
-    """The inputs with the batch (the first input's leading dimension, in every input of 2 or
-    more dims that has it) cut to 3/4; weights and biases keep their sizes."""
+    """The inputs with the batch (the first input's leading dimension, in every input that has
+    it: cross_entropy's targets too) cut to 3/4; weights and biases keep their sizes."""
     import torch
 
     first = inputs[0]
     if not isinstance(first, torch.Tensor) or first.dim() < 2 or first.shape[0] < 4:
         return list(inputs)
     batch, n = first.shape[0], max(2, first.shape[0] * 3 // 4)
-    return [t[:n].clone() if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == batch else t
+    return [t[:n].clone() if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == batch else t
             for t in inputs]
 
 

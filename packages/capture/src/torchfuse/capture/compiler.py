@@ -476,6 +476,10 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled(*args, **kwargs)
 
+    def graph_count(self) -> int:
+        """Graphs captured so far for ``forward`` (see :meth:`CompiledFunction.graph_count`)."""
+        return self._compiled.graph_count()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_orig_mod"], name)
 
