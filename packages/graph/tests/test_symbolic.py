@@ -103,3 +103,14 @@ def test_text_round_trip_matches_sympy():
         text = to_text(e)
         for v0, v1 in [(9, 4), (13, 2), (64, 7)]:
             assert evaluate(text, {"s0": v0, "s1": v1}) == int(e.subs({s0: v0, s1: v1}))
+
+
+def test_a_negated_disjunction_becomes_two_guards():
+    env = SizeEnv()
+    s0 = env.symbol(8)
+    half = s0 // 2
+    rel = node_of(half == 1).expr | node_of((s0 - half) == 1).expr  # what chunk() asks
+    env.assume(rel, False)
+    assert sorted(g for g, _ in env.guards) == ["s0 - (s0//2) != 1", "s0//2 != 1"]
+    for g, _ in env.guards:  # written in the grammar, true for the hint
+        assert evaluate(g, {"s0": 8}) is True

@@ -55,8 +55,8 @@ def run_sizes(fn, make, dynamic, *, sizes=SIZES, tol=None, **kw):
 
 
 def size_params(program: S.Program) -> list[list[str]]:
-    """The scalar (size) parameters of each kernel."""
-    return [[p.name for p in k.signature if p.kind != "ptr"] for k in program.kernels]
+    """The scalar (size) parameters of each kernel (INDEX32, the index-width switch, aside)."""
+    return [[p.name for p in k.signature if p.kind != "ptr" and p.name != "INDEX32"] for k in program.kernels]
 
 
 def kinds(program: S.Program) -> list[str]:
@@ -390,10 +390,15 @@ def test_simplify_index_of_random_permuted_reshapes_is_exact(seed):
     assert simple == ir.simplify_index(direct, {XI: X, RI: Rn})
 
 
-def test_symbolic_pointwise_never_takes_the_tiny_block():
+def test_symbolic_pointwise_block_follows_the_hint():
+    """Block sizes are a performance choice: from the hint (a small hint takes the small
+    block; a bound, when there is one, caps it)."""
     graph, _ = trace(lambda x: x * 2.0, R(3, 4), dynamic={0: [0]})
     (k,) = compile_graph(graph, options={"cache": False}).kernels
-    assert k.configs[0].meta["XBLOCK"] >= 1024  # hinted at 12 elements, but s0 may grow
+    assert k.configs[0].meta["XBLOCK"] == 128  # hinted at 12 elements
+    big, _ = trace(lambda x: x * 2.0, R(1024, 128), dynamic={0: [0]})
+    (k,) = compile_graph(big, options={"cache": False}).kernels
+    assert k.configs[0].meta["XBLOCK"] == 1024  # hinted at 131072 elements
     (k,) = compile_graph(with_range(graph, "s0", max=8), options={"cache": False}).kernels
     assert k.configs[0].meta["XBLOCK"] == 32  # at most 32 elements, ever
 
@@ -497,3 +502,31 @@ def test_upper_bound_of_a_product_of_indices():
     bounds = {x0: sympy.Integer(4), x1: sympy.Integer(5)}
     assert ir.upper_bound(x0 * x1, bounds) == 12
     assert ir.upper_bound(x0 * ir.size_symbol("s0"), bounds) is None
+
+
+def test_unbounded_sizes_pick_32_or_64_bit_indices_per_call():
+    """A kernel over unbounded symbols takes INDEX32 from the call's sizes: 1 (32-bit index
+    math) while every extent fits, 0 beyond; both variants compute the same thing."""
+    import msgspec
+    from torchfuse.graph.expr import evaluate
+    from torchfuse.inductor import compile_graph
+    from torchfuse.runtime import load
+
+    def f(x):
+        return x[..., : x.shape[-1] // 2] * 2 + x[..., x.shape[-1] // 2 :]
+
+    x = torch.randn(3, 5, 8)
+    graph, _ = trace(f, x, dynamic={0: [0, 1, 2]})
+    prog = compile_graph(graph)
+    (step,) = [s for s in prog.steps if isinstance(s, S.LaunchStep)]
+    kernel = next(k for k in prog.kernels if k.name == step.kernel)
+    assert "if INDEX32:" in kernel.source
+    expr = step.args[-1].expr
+    assert evaluate(expr, {"s0": 3, "s1": 5, "s2": 8}) == 1
+    assert evaluate(expr, {"s0": 1 << 12, "s1": 1 << 12, "s2": 1 << 8}) == 0
+    for index32 in (1, 0):
+        forced = msgspec.structs.replace(step, args=(*step.args[:-1], S.Int(value=index32)))
+        p = msgspec.structs.replace(prog, steps=tuple(forced if s is step else s for s in prog.steps))
+        for shape in [(3, 5, 8), (4, 7, 10)]:
+            y = torch.randn(shape)
+            torch.testing.assert_close(load(p, device="cpu")(y)[0], f(y))

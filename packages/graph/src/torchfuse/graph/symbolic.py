@@ -372,6 +372,13 @@ def _negate(rel: sympy.Basic) -> sympy.Basic:
         return sympy.Le(rel.lhs, rel.rhs)
     if isinstance(rel, sympy.Ge):
         return sympy.Lt(rel.lhs, rel.rhs)
+    # De Morgan, so that a negated "a or b" is two guards the grammar can write
+    if isinstance(rel, sympy.Or):
+        return sympy.And(*(_negate(a) for a in rel.args))
+    if isinstance(rel, sympy.And):
+        return sympy.Or(*(_negate(a) for a in rel.args))
+    if isinstance(rel, sympy.Not):
+        return rel.args[0]
     return sympy.Not(rel)
 
 

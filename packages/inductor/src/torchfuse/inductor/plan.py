@@ -89,7 +89,8 @@ def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Ke
             if g.kind != GroupKind.POINTWISE:
                 args.append(_scalar(g.rnumel))
             for p in kern.signature[len(args) :]:
-                args.append(S.SymRef(expr=p.name))
+                # INDEX32 is computed per call from the sizes (see codegen.index32_expr)
+                args.append(S.SymRef(expr=kern.meta["index32"] if p.name == "INDEX32" else p.name))
             steps.append(S.LaunchStep(kernel=kern.name, args=tuple(args)))
         elif g.kind == GroupKind.EXTERN:
             node = g.nodes[0]
