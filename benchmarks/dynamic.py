@@ -29,16 +29,20 @@ sys.path.insert(0, str(HERE))
 
 
 def _shrunk(inputs: list[Any]) -> list[Any]:
-    """The inputs with the batch (the first input's leading dimension, in every input that has
-    it: cross_entropy's targets too) cut to 3/4; weights and biases keep their sizes."""
+    """The inputs with the batch (the first input's leading dimension) cut to 3/4 in the first
+    input, in inputs of its shape (attention's q, k, v) and in inputs of fewer dims that start
+    with it (cross_entropy's targets); weights keep their sizes even when a dim coincides."""
     import torch
 
     first = inputs[0]
     if not isinstance(first, torch.Tensor) or first.dim() < 2 or first.shape[0] < 4:
         return list(inputs)
     batch, n = first.shape[0], max(2, first.shape[0] * 3 // 4)
-    return [t[:n].clone() if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == batch else t
-            for t in inputs]
+    def batched(t: Any) -> bool:  # same shape as the first input, or fewer dims (targets)
+        return (isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == batch
+                and (t.shape == first.shape or t.dim() < first.dim()))
+
+    return [t[:n].clone() if batched(t) else t for t in inputs]
 
 
 def main(argv: list[str] | None = None) -> int:
