@@ -124,6 +124,9 @@ def main() -> int:
             programs.append(compile_fn(case.fn, *ops._inputs(case), options=case.options))
         for fn, inputs, options in snaps.CASES.values():
             programs.append(compile_fn(fn, *inputs, options=options))
+        # a 0-d read inside a padded region (what pad_mm makes of GPT-2's backward)
+        programs.append(compile_fn(lambda x, s: torch.nn.functional.pad(x * s, (0, 3)),
+                                   torch.randn(4, 5), torch.tensor(2.0)))
     try:
         compile_kernel(programs[0].kernels[0])
     except Exception as e:  # no usable nvidia toolchain here

@@ -46,7 +46,9 @@ def test_padded_matmul_matches_eager(case):
     want = fn(a.float(), b.float())
     (got,) = run(padded, a, b)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-    assert got.shape == want.shape and got.is_contiguous()
+    assert got.shape == want.shape
+    if case in ("n", "transposed_b", "column_major_a"):  # the result is a view of the padded product
+        assert "aten.slice.Tensor" in _ops(padded)
 
 
 def test_aligned_small_float32_and_other_devices_are_left_alone():

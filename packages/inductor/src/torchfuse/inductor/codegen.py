@@ -314,6 +314,11 @@ class KernelWriter:
             shapes.append(t.shape)
         text, shape = self.index(ld.index, placement, extra)
         guard = self.emit(ld.mask, node) if ld.mask is not None else None
+        if guard is not None and shape == SCALAR and not shapes:
+            # One element at a fixed index (a 0-d buffer: a loss scale, a count) is always
+            # in bounds: the load needs no guard, and Triton rejects a block mask on a scalar
+            # pointer (a 0-d read inside a padded region, GPT-2's backward with pad_mm).
+            guard = None
         if guard is not None:
             shapes.append(guard.shape)
         shape = max([shape, *shapes])
