@@ -67,3 +67,27 @@ def test_symbolic_sizes_are_left_alone():
     a, b = torch.randn(24, 40, dtype=torch.float16), torch.randn(40, 1001, dtype=torch.float16)
     graph, _ = trace(lambda a, b: a @ b, a, b, dynamic={0: [0]})
     assert not needs_padding(graph, CPU, min_flops=1)
+
+
+def test_forward_half_of_training_keeps_the_layouts_the_backward_expects():
+    """Outputs of a forward graph feed a backward compiled for their recorded strides: a
+    padded product that is such an output is copied back to that layout."""
+    import msgspec
+
+    a, b = torch.randn(24, 40, dtype=torch.float16), torch.randn(40, 1001, dtype=torch.float16)
+    graph, _ = trace(lambda a, b: a @ b, a, b)
+    saved = msgspec.structs.replace(graph, outputs=(*graph.outputs, msgspec.structs.replace(
+        graph.outputs[0], kind="saved_value")))
+    padded = pad_matmuls(saved, device_types=CPU, min_flops=1)
+    verify(padded)
+    for before, after in zip(saved.outputs, padded.outputs, strict=True):
+        assert padded.values[after.value.name].strides == saved.values[before.value.name].strides
+    assert "aten.clone.default" in _ops(padded)
+    got = run(padded, a, b)
+    for g in got:
+        assert g.is_contiguous()
+        torch.testing.assert_close(g, (a.float() @ b.float()).half(), rtol=2e-2, atol=2e-2)
+    # an inference graph's output stays a view of the padded product
+    plain = pad_matmuls(graph, device_types=CPU, min_flops=1)
+    assert "aten.clone.default" not in _ops(plain)
+    assert plain.values[plain.outputs[0].value.name].strides == (1008, 1)

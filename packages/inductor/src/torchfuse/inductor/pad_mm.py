@@ -19,16 +19,19 @@ sizes, and at least :data:`MIN_FLOPS` of work:
 
 then the product of the padded operands is sliced back to ``[M, N]``: a view whose rows are
 ``N + pad`` elements apart. Kernels read it in place and so does cuBLAS (its leading dimension
-is now aligned); a graph output keeps that layout rather than eager's contiguous one. Copying
-it contiguous was measured first: GPT-2's logits then existed twice (peak 810 MB against
-eager's 587, run ``gpu_20261130_1425``). The pads are ``constant_pad_nd``, pointwise ops that
-fuse into the kernels producing the operands (GPT-2's weight cast writes the padded copy at no
-extra cost). The cost model is simple: a pad writes the padded operand once, which is small
-next to what an ``align1`` kernel loses on any matmul big enough to qualify.
+is now aligned); an inference graph's output keeps that layout rather than eager's contiguous
+one. (The forward half of a training graph copies a changed output back to the layout the
+backward was compiled for.) Copying every output contiguous was measured first: GPT-2's
+logits then existed twice (peak 810 MB against eager's 587, run ``gpu_20261130_1425``).
+The pads are ``constant_pad_nd``, pointwise ops that fuse into the kernels producing the
+operands (GPT-2's weight cast writes the padded copy at no extra cost). The cost model is
+simple: a pad writes the padded operand once, which is small next to what an ``align1``
+kernel loses on any matmul big enough to qualify.
 """
 
 from __future__ import annotations
 
+import msgspec
 import torch
 from torchfuse.autograd import decompose
 from torchfuse.graph import schema as S
@@ -104,4 +107,31 @@ def pad_matmuls(graph: S.Graph, *, device_types: tuple[str, ...] = ("cuda",),
     if not needs_padding(graph, device_types, min_flops):
         return graph
     rules = {"aten.mm.default": lambda a, b: _padded_mm(a, b, device_types, min_flops)}
-    return decompose(graph, rules, once=True)
+    return _keep_output_layouts(graph, decompose(graph, rules, once=True))
+
+
+def _keep_output_layouts(before: S.Graph, after: S.Graph) -> S.Graph:
+    """``after`` with a contiguous copy for each output whose layout the padding changed, when
+    something else was compiled against that layout: every output of a forward half of a
+    training graph (its saved values are the backward's inputs, with the strides the partition
+    recorded). The outputs of an inference graph go to the caller, who takes the view."""
+    if not any(o.kind == "saved_value" for o in before.outputs):
+        return after
+    nodes, values, outputs = list(after.nodes), dict(after.values), []
+    for old, new in zip(before.outputs, after.outputs, strict=True):
+        if not (isinstance(old.value, S.TensorRef) and isinstance(new.value, S.TensorRef)):
+            outputs.append(new)
+            continue
+        want, got = before.values[old.value.name], after.values[new.value.name]
+        if (want.sizes, want.strides) == (got.sizes, got.strides):
+            outputs.append(new)
+            continue
+        name = f"{new.value.name}_contiguous"
+        while name in values:
+            name += "_"
+        values[name] = want
+        nodes.append(S.Node(name=name, op="aten.clone.default", args=(new.value,),
+                            kwargs={"memory_format": S.MemoryFormatArg(name="contiguous_format")},
+                            outputs=(name,)))
+        outputs.append(msgspec.structs.replace(new, value=S.TensorRef(name=name)))
+    return msgspec.structs.replace(after, nodes=tuple(nodes), values=values, outputs=tuple(outputs))
