@@ -158,3 +158,17 @@ def test_a_body_under_no_grad_compiles_for_inference(backend):
     assert got.requires_grad is ref.requires_grad is False
     assert got.grad_fn is None
     torch.testing.assert_close(got, ref)
+
+
+def test_max_autotune_mode_reaches_the_inductor():
+    """compile(mode="max-autotune") reaches the inductor: the matmul becomes a Triton
+    template kernel (forced with the mm_templates option on the CPU), equal to eager."""
+    import torch.nn.functional as F
+    from torchfuse.graph import observe
+
+    a, w = torch.randn(33, 17), torch.randn(40, 17)
+    fn = lambda a, w: F.relu(a @ w.t())
+    with observe.collect() as art:
+        f = tfc.compile(fn, mode="max-autotune", options={"mm_templates": "always", "cache": False})
+        torch.testing.assert_close(f(a, w), fn(a, w))
+    assert "tl.dot" in (art.get("output_code.py") or "")

@@ -33,3 +33,34 @@ def test_a_missing_backend_is_looked_up_each_time(monkeypatch):
         with pytest.raises(BackendNotFound, match="no torchfuse backend named 'nope'"):
             backends.lookup_backend("nope")
     assert len(scans) >= 2  # not cached: installing it later must work
+
+
+def test_mode_and_options_reach_a_backend_that_takes_them():
+    import torch
+    import torchfuse.capture as tfc
+    from torchfuse.graph.interpreter import Interpreter
+
+    seen = []
+
+    def backend(graph, examples, *, mode="default", options=None):
+        seen.append((mode, options))
+        return Interpreter(graph).run
+
+    f = tfc.compile(lambda x: x * 2, backend=backend, mode="max-autotune", options={"k": 1})
+    x = torch.randn(3)
+    torch.testing.assert_close(f(x), x * 2)
+    assert seen == [("max-autotune", {"k": 1})]
+
+
+def test_a_backend_without_mode_gets_none_and_a_warning():
+    import torch
+    import torchfuse.capture as tfc
+    from torchfuse.graph.interpreter import Interpreter
+
+    def backend(graph, examples):
+        return Interpreter(graph).run
+
+    f = tfc.compile(lambda x: x + 1, backend=backend, mode="reduce-overhead")
+    x = torch.randn(3)
+    with pytest.warns(RuntimeWarning, match="takes no mode; ignoring mode='reduce-overhead'"):
+        torch.testing.assert_close(f(x), x + 1)

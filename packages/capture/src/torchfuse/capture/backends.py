@@ -1,6 +1,7 @@
 """Backends: what turns a captured Graph into something callable.
 
-A backend is ``backend(graph, example_inputs) -> callable(*flat_inputs) -> list``. Named
+A backend is ``backend(graph, example_inputs) -> callable(*flat_inputs) -> list``; one that
+also takes ``mode=`` and/or ``options=`` keywords receives what was given to ``compile``. Named
 backends are found through the entry-point group ``torchfuse.backends``; this package
 registers ``eager`` (the reference interpreter). ``inductor`` comes from torchfuse-inductor.
 """
@@ -23,6 +24,20 @@ def eager(graph: S.Graph, example_inputs: Sequence[torch.Tensor]) -> Callable[..
     """Run the graph with :func:`torchfuse.graph.run`'s interpreter (no compilation)."""
     interp = Interpreter(graph)
     return interp.run
+
+
+def backend_parameters(backend: Backend) -> frozenset[str] | None:
+    """The keyword parameters a backend accepts (``None``: any, it takes ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(backend).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                          inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
 
 def list_backends() -> list[str]:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torchfuse.capture import codegen
 from torchfuse.capture import config as C
-from torchfuse.capture.backends import Backend, lookup_backend
+from torchfuse.capture.backends import Backend, backend_parameters, lookup_backend
 from torchfuse.capture.context import InputSlot
 from torchfuse.capture.convert import CaptureResult, capture, make_binder
 from torchfuse.capture.dynamic import (
@@ -154,6 +154,7 @@ class CompiledFunction:
         self.entries = self.cache[fn.__code__]
         self.name = fn.__qualname__
         self.recompiles = 0
+        self._warned_kwargs = False
         self.auto_dynamic: dict[str, set[int]] = {}
         """Automatic dynamic: input dims (by source expression) seen changing size."""
         self.results: list[CaptureResult] = []
@@ -312,7 +313,23 @@ class CompiledFunction:
 
         # Every stage the backend runs (aot, inductor, ...) files its artifacts under this graph.
         with observe.compiling(_debug_name(result)):
-            return self._backend_fn(result.graph, examples)
+            return self._backend_fn(result.graph, examples, **self._backend_kwargs())
+
+    def _backend_kwargs(self) -> dict[str, Any]:
+        """``mode`` and ``options`` for the backend, when the user gave them and the backend
+        takes them (a backend without them gets neither, and a warning says they were ignored)."""
+        given = {k: v for k, v in (("mode", self.mode), ("options", self.options)) if v}
+        if not given:
+            return {}
+        accepted = backend_parameters(self._backend_fn)
+        taken = {k: v for k, v in given.items() if accepted is None or k in accepted}
+        ignored = sorted(set(given) - set(taken))
+        if ignored and not self._warned_kwargs:
+            self._warned_kwargs = True
+            warnings.warn(f"torchfuse: backend {self.backend!r} takes no {' or '.join(ignored)}; "
+                          f"ignoring {', '.join(f'{k}={given[k]!r}' for k in ignored)}",
+                          RuntimeWarning, stacklevel=_user_stacklevel())
+        return taken
 
     def _failure_reason(self, L: tuple[Any, ...], C_: Any) -> str:
         e = self.entries[-1]
