@@ -164,49 +164,13 @@ class SizeEnv:
     # -- deciding relations
     def bounds(self, e: sympy.Basic) -> tuple[float, float]:
         """An interval that holds every value ``e`` takes within the symbols' ranges."""
-        if e.is_Integer:
-            return int(e), int(e)
-        if e.is_Number:
-            return float(e), float(e)
-        if e.is_Symbol:
-            info = self.symbols.get(e.name)
-            if info is None:
-                return -INF, INF
-            return info.min, (info.max if info.max is not None else INF)
-        if e.is_Add:
-            lo = hi = 0.0
-            for a in e.args:
-                alo, ahi = self.bounds(a)
-                lo, hi = lo + alo, hi + ahi
-            return lo, hi
-        if e.is_Mul:
-            lo, hi = 1.0, 1.0
-            for a in e.args:
-                alo, ahi = self.bounds(a)
-                cands = [_mul(x, y) for x in (lo, hi) for y in (alo, ahi)]
-                lo, hi = min(cands), max(cands)
-            return lo, hi
-        if isinstance(e, sympy.floor):
-            lo, hi = self.bounds(e.args[0])
-            return math.floor(lo) if lo != -INF else lo, math.floor(hi) if hi != INF else hi
-        if isinstance(e, sympy.Mod):
-            blo, bhi = self.bounds(e.args[1])
-            alo, ahi = self.bounds(e.args[0])
-            if blo > 0 and alo >= 0:
-                if ahi < blo:  # (1 % s0) with s0 >= 2 is 1
-                    return alo, ahi
-                return 0, bhi - 1
+        return interval(e, self._range_of)
+
+    def _range_of(self, s: sympy.Symbol) -> tuple[float, float]:
+        info = self.symbols.get(s.name)
+        if info is None:
             return -INF, INF
-        if isinstance(e, sympy.Max | sympy.Min):
-            bs = [self.bounds(a) for a in e.args]
-            pick = max if isinstance(e, sympy.Max) else min
-            return pick(b[0] for b in bs), pick(b[1] for b in bs)
-        if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
-            lo, hi = self.bounds(e.args[0])
-            n = int(e.args[1])
-            if lo >= 0:
-                return lo ** n, hi ** n
-        return -INF, INF
+        return info.min, (info.max if info.max is not None else INF)
 
     def canonical(self, e: sympy.Basic) -> sympy.Basic:
         """``e`` with the replacements applied."""
@@ -351,6 +315,57 @@ def _side_key(e: sympy.Basic) -> tuple[bool, str]:
 def _symbol_order(name: str) -> tuple[int, str]:
     digits = name.lstrip("s")
     return (int(digits), name) if digits.isdigit() else (1 << 30, name)
+
+
+def interval(e: sympy.Basic, range_of: Callable[[sympy.Symbol], tuple[float, float]],
+             extra: Callable[[sympy.Basic, Callable], tuple[float, float] | None] | None = None,
+             ) -> tuple[float, float]:
+    """``(lo, hi)`` holding every value of the integer expression ``e`` when each symbol ``s``
+    lies in ``range_of(s)`` (interval arithmetic: loose, never wrong). ``extra(e, recurse)``
+    bounds node types this function does not know (the inductor's index functions), or
+    returns None."""
+
+    def rec(x: sympy.Basic) -> tuple[float, float]:
+        return interval(x, range_of, extra)
+
+    if e.is_Integer:
+        return int(e), int(e)
+    if e.is_Number:
+        return float(e), float(e)
+    if e.is_Symbol:
+        return range_of(e)
+    if e.is_Add:
+        lo = hi = 0.0
+        for a in e.args:
+            alo, ahi = rec(a)
+            lo, hi = lo + alo, hi + ahi
+        return lo, hi
+    if e.is_Mul:
+        lo, hi = 1.0, 1.0
+        for a in e.args:
+            alo, ahi = rec(a)
+            cands = [_mul(x, y) for x in (lo, hi) for y in (alo, ahi)]
+            lo, hi = min(cands), max(cands)
+        return lo, hi
+    if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
+        lo, hi = rec(e.args[0])
+        if lo >= 0:
+            return lo ** int(e.args[1]), hi ** int(e.args[1])
+        return -INF, INF
+    if isinstance(e, sympy.floor):
+        lo, hi = rec(e.args[0])
+        return math.floor(lo) if lo != -INF else lo, math.floor(hi) if hi != INF else hi
+    if isinstance(e, sympy.Mod):
+        (alo, ahi), (blo, bhi) = rec(e.args[0]), rec(e.args[1])
+        if alo >= 0 and blo > 0:
+            return (alo, ahi) if ahi < blo else (0, min(ahi, bhi - 1))  # 1 % s0 with s0 >= 2 is 1
+        return -INF, INF
+    if isinstance(e, sympy.Max | sympy.Min):
+        parts = [rec(a) for a in e.args]
+        pick = max if isinstance(e, sympy.Max) else min
+        return pick(p[0] for p in parts), pick(p[1] for p in parts)
+    found = extra(e, rec) if extra is not None else None
+    return found if found is not None else (-INF, INF)
 
 
 def _mul(x: float, y: float) -> float:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import sympy
 from torchfuse.graph import schema as S
+from torchfuse.graph.symbolic import interval
 from torchfuse.inductor import ir
 
 INT32_LIMIT = 2**31
@@ -80,47 +81,23 @@ class SizeInfo:
         return ub is not None and ub < INT32_LIMIT
 
     def interval(self, e: sympy.Expr) -> tuple[float, float]:
-        """``(lo, hi)`` holding every value of ``e`` (interval arithmetic; loose, never wrong)."""
-        if e.is_Integer:
-            return int(e), int(e)
-        if e.is_Symbol:
-            return self.ranges.get(e, (-math.inf, math.inf))
-        if e.is_Add:
-            lo = hi = 0.0
-            for a in e.args:
-                alo, ahi = self.interval(a)
-                lo, hi = lo + alo, hi + ahi
-            return lo, hi
-        if e.is_Mul:
-            lo, hi = 1.0, 1.0
-            for a in e.args:
-                alo, ahi = self.interval(a)
-                cands = [_mul(x, y) for x in (lo, hi) for y in (alo, ahi)]
-                lo, hi = min(cands), max(cands)
-            return lo, hi
-        if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
-            lo, hi = self.interval(e.base)
-            if lo >= 0:
-                return lo ** int(e.exp), hi ** int(e.exp)
-        if isinstance(e, ir.FloorDiv | sympy.floor):
-            num, den = (e.args[0], e.args[1]) if isinstance(e, ir.FloorDiv) else (e.args[0], sympy.S.One)
-            (alo, ahi), (blo, bhi) = self.interval(num), self.interval(den)
-            if alo >= 0 and blo > 0:
-                return math.floor(alo / bhi) if bhi != math.inf else 0, (
+        """``(lo, hi)`` holding every value of ``e`` (interval arithmetic; loose, never wrong):
+        the format package's :func:`~torchfuse.graph.symbolic.interval`, taught the loop IR's
+        ``FloorDiv`` and ``ModIdx``."""
+        return interval(e, lambda s: self.ranges.get(s, (-math.inf, math.inf)), _index_functions)
+
+
+def _index_functions(e: sympy.Basic, rec) -> tuple[float, float] | None:
+    if isinstance(e, ir.FloorDiv):
+        (alo, ahi), (blo, bhi) = rec(e.args[0]), rec(e.args[1])
+        if alo >= 0 and blo > 0:
+            return (math.floor(alo / bhi) if bhi != math.inf else 0,
                     math.floor(ahi / blo) if ahi != math.inf else math.inf)
-        if isinstance(e, ir.ModIdx | sympy.Mod):
-            (alo, ahi), (_, bhi) = self.interval(e.args[0]), self.interval(e.args[1])
-            if alo >= 0:
-                return 0, min(ahi, bhi - 1)
-        if isinstance(e, sympy.Max | sympy.Min):
-            parts = [self.interval(a) for a in e.args]
-            pick = max if isinstance(e, sympy.Max) else min
-            return pick(p[0] for p in parts), pick(p[1] for p in parts)
-        return -math.inf, math.inf
-
-
-def _mul(x: float, y: float) -> float:
-    return 0.0 if x == 0 or y == 0 else x * y
+        return None
+    if isinstance(e, ir.ModIdx):
+        (alo, ahi), (_, bhi) = rec(e.args[0]), rec(e.args[1])
+        return (0, min(ahi, bhi - 1)) if alo >= 0 else None
+    return None
 
 
 @functools.lru_cache(maxsize=256)
