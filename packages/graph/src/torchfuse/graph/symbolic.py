@@ -199,23 +199,14 @@ class SizeEnv:
             else:
                 out = True if True in parts else (False if all(p is False for p in parts) else None)
         elif isinstance(rel, sympy.Rel):
-            diff = sympy.expand(rel.lhs - rel.rhs)
-            lo, hi = self.bounds(diff)
-            if lo == -INF or hi == INF:  # s0*s1 - s0 has no bounds; s0*(s1 - 1) has
-                flo, fhi = self.bounds(sympy.factor(diff))
-                lo, hi = max(lo, flo), min(hi, fhi)
-            if isinstance(rel, sympy.Eq):
-                out = False if lo > 0 or hi < 0 else (True if lo == hi == 0 else None)
-            elif isinstance(rel, sympy.Ne):
-                out = True if lo > 0 or hi < 0 else (False if lo == hi == 0 else None)
-            elif isinstance(rel, sympy.Lt):
-                out = True if hi < 0 else (False if lo >= 0 else None)
-            elif isinstance(rel, sympy.Le):
-                out = True if hi <= 0 else (False if lo > 0 else None)
-            elif isinstance(rel, sympy.Gt):
-                out = True if lo > 0 else (False if hi <= 0 else None)
-            elif isinstance(rel, sympy.Ge):
-                out = True if lo >= 0 else (False if hi < 0 else None)
+            # cheapest form first: the difference as built, then expanded, then factored
+            # (s0*s1 - s0 has no bounds; s0*(s1 - 1) has); looser bounds are never wrong
+            diff = rel.lhs - rel.rhs
+            for form in (lambda d: d, sympy.expand, sympy.factor):
+                diff = form(diff)
+                out = _settle(type(rel), *self.bounds(diff))
+                if out is not None:
+                    break
         self._decided[rel] = out
         return out
 
@@ -306,6 +297,23 @@ class SizeEnv:
         """Run torch code on symbolic sizes: Python meta kernels need the Python dispatcher."""
         with torch._C._EnablePythonDispatcher():
             yield self
+
+
+def _settle(kind: type, lo: float, hi: float) -> bool | None:
+    """The truth of ``d <kind> 0`` for every ``d`` in ``[lo, hi]``, or None."""
+    if kind is sympy.Eq:
+        return False if lo > 0 or hi < 0 else (True if lo == hi == 0 else None)
+    if kind is sympy.Ne:
+        return True if lo > 0 or hi < 0 else (False if lo == hi == 0 else None)
+    if kind is sympy.Lt:
+        return True if hi < 0 else (False if lo >= 0 else None)
+    if kind is sympy.Le:
+        return True if hi <= 0 else (False if lo > 0 else None)
+    if kind is sympy.Gt:
+        return True if lo > 0 else (False if hi <= 0 else None)
+    if kind is sympy.Ge:
+        return True if lo >= 0 else (False if hi < 0 else None)
+    return None
 
 
 def _side_key(e: sympy.Basic) -> tuple[bool, str]:
@@ -546,10 +554,19 @@ class SymNode:
         return self._new(-self.expr, -self.hint)
 
     def sym_max(self, o: SymNode) -> SymNode:
-        return self._new(sympy.Max(self.expr, o.expr), max(self.hint, o.hint), _num_type(self, o))
+        return self._extreme(o, sympy.Max, max, sympy.Ge)
 
     def sym_min(self, o: SymNode) -> SymNode:
-        return self._new(sympy.Min(self.expr, o.expr), min(self.hint, o.hint), _num_type(self, o))
+        return self._extreme(o, sympy.Min, min, sympy.Le)
+
+    def _extreme(self, o: SymNode, fn: type, pick: Callable, wins: type) -> SymNode:
+        # max(s0, 1) is s0 by the ranges: settle it there before sympy's slower Max does
+        a, b = self.expr, o.expr
+        if a == b or self.env.decide(wins(a, b, evaluate=False)) is True:
+            return self._new(a, pick(self.hint, o.hint), _num_type(self, o))
+        if self.env.decide(wins(b, a, evaluate=False)) is True:
+            return self._new(b, pick(self.hint, o.hint), _num_type(self, o))
+        return self._new(fn(a, b), pick(self.hint, o.hint), _num_type(self, o))
 
     def sym_sum(self, others: list[SymNode]) -> SymNode:
         expr, hint = sympy.Integer(0), 0
@@ -574,7 +591,14 @@ class SymNode:
 
     # -- relations and logic
     def _rel(self, o: SymNode, op: str) -> SymNode:
-        return self._new(_REL[op](self.expr, o.expr), _PY_REL[op](self.hint, o.hint), bool)
+        hint = _PY_REL[op](self.hint, o.hint)
+        a, b = self.expr, o.expr
+        if (a.is_Number and b.is_Number) or a == b:
+            # two constants, or one expression against itself: the answer is the hint's
+            return self._new(sympy.true if hint else sympy.false, hint, bool)
+        # built unevaluated: sympy's own evaluation of a relation costs more than deciding
+        # it from the ranges (decide), and most relations meta kernels build are never asked
+        return self._new(_REL[op](a, b, evaluate=False), hint, bool)
 
     def eq(self, o: SymNode) -> SymNode:
         return self._rel(o, "eq")
@@ -595,9 +619,17 @@ class SymNode:
         return self._rel(o, "ge")
 
     def sym_and(self, o: SymNode) -> SymNode:
+        if self.expr is sympy.true or o.expr is sympy.false:
+            return o
+        if o.expr is sympy.true or self.expr is sympy.false:
+            return self
         return self._new(sympy.And(self.expr, o.expr), bool(self.hint and o.hint), bool)
 
     def sym_or(self, o: SymNode) -> SymNode:
+        if self.expr is sympy.false or o.expr is sympy.true:
+            return o
+        if o.expr is sympy.false or self.expr is sympy.true:
+            return self
         return self._new(sympy.Or(self.expr, o.expr), bool(self.hint or o.hint), bool)
 
     def sym_not(self) -> SymNode:
