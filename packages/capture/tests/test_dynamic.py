@@ -366,8 +366,8 @@ def test_parameters_and_sizes_of_one_stay_static():
     assert [s.source for s in g.symbols] == ["input:0.size(1)", "input:0.size(2)"]
     tensor_guards = {t.source: t for t in g.guards if isinstance(t, S.TensorGuard)}
     x_guard = tensor_guards["L[1]"]
-    assert x_guard.sizes == (1, None, None)
-    assert all(None not in t.sizes for src, t in tensor_guards.items() if src != "L[1]")
+    assert x_guard.sizes == (1, "s0", "s1")
+    assert all(isinstance(n, int) for src, t in tensor_guards.items() if src != "L[1]" for n in t.sizes)
 
 
 def test_dynamic_false_never_makes_symbols():
@@ -475,8 +475,8 @@ def test_symbolic_guards_print_and_explain():
     cf(torch.randn(6, 3))
     g = backend.graphs[0]
     tg = next(t for t in g.guards if isinstance(t, S.TensorGuard))
-    assert tg.sizes == (None, None) and tg.strides == ("s1", 1)
-    assert "size=[None, None]" in describe_guard(tg)
+    assert tg.sizes == ("s0", "s1") and tg.strides == ("s1", 1)
+    assert "size=[s0, s1], stride=[s1, 1]" in describe_guard(tg)
     sg = next(t for t in g.guards if isinstance(t, S.SymbolGuard))
     assert eval(guard_to_python(sg), {"s0": 6}) and not eval(guard_to_python(sg), {"s0": 3})
     assert "s0 = x.size(0)" in to_python(g)

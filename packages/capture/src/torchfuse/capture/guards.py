@@ -170,8 +170,9 @@ class GuardSet:
             strides: tuple[S.Expr, ...] = tuple(size_text(s) for s in fake.stride())
         else:
             strides = tuple(int(s) for s in t.stride())
-        rec = S.TensorGuard(source=src, dtype=dtype_name(t.dtype), device=device_name(dev),
-                            sizes=tuple(None if d in symbols else int(s) for d, s in enumerate(t.shape)),
+        # a symbolic dim is written as its symbol: the check binds it (and checks its range)
+        sizes = tuple(symbols[d].name if d in symbols else int(s) for d, s in enumerate(t.shape))
+        rec = S.TensorGuard(source=src, dtype=dtype_name(t.dtype), device=device_name(dev), sizes=sizes,
                             strides=strides, requires_grad=bool(t.requires_grad), loc=self._loc_of())
         cls = torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else type(t)
         v = f"_t{len(self.entries)}"

@@ -338,9 +338,11 @@ def describe_guard(guard: S.Guard) -> str:
     'len(L[0]) == 3'
     """
     if isinstance(guard, S.TensorGuard):
+        # sizes and strides as the grammar writes them: a symbol (s0) is a size that binds
+        size = ", ".join("?" if e is None else str(e) for e in guard.sizes)
+        stride = ", ".join("?" if e is None else str(e) for e in guard.strides or ())
         return (f"{guard.source}: Tensor(dtype={guard.dtype}, device={guard.device}, "
-                f"size={list(guard.sizes)}, stride={list(guard.strides or ())}, "
-                f"requires_grad={guard.requires_grad})")
+                f"size=[{size}], stride=[{stride}], requires_grad={guard.requires_grad})")
     if isinstance(guard, S.TypeGuard):
         return f"type({guard.source}) is {guard.type_name}"
     if isinstance(guard, S.IdentityGuard):
