@@ -96,3 +96,26 @@ def test_workload_table_matches_benchmarks_md() -> None:
         else:
             outs = out if isinstance(out, tuple) else (out,)
             assert all(torch.isfinite(o.float()).all() for o in outs)
+
+
+def test_dynamic_benchmark_runs_and_reuses_one_entry(tmp_path: Path) -> None:
+    """benchmarks/dynamic.py on tiny CPU shapes: both columns measured, one compile serves
+    the second batch size, the table written."""
+    proc = _run(str(BENCH / "dynamic.py"), "--device", "cpu", "--small", "--only", "softmax,cross_entropy",
+                "--tag", "smoke", "--out", str(tmp_path), "--rep-ms", "5", "--warmup-ms", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "dynamic_smoke.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["softmax", "cross_entropy"]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["static_ms"] > 0 and r["dynamic_ms"] > 0 and r["recompiled_for_other_size"] is False
+    assert "| softmax |" in (tmp_path / "dynamic_smoke.md").read_text()
+
+
+def test_warm_start_benchmark_measures_cold_and_warm(tmp_path: Path) -> None:
+    out = tmp_path / "warm.json"
+    proc = _run(str(BENCH / "warm_start.py"), "--device", "cpu", "--small", "--only", "softmax", "--top", "5",
+                "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["errors"] == {} and row["cold_s"] > 0 and row["warm_s"] > 0 and "cumulative" in row["profile"]
