@@ -277,3 +277,25 @@ def test_layout_follows_the_installed_triton(monkeypatch):
     for version, layout in (("3.6.0", "args"), ("3.9.1", "tuple"), ("3.7.0", "generic"), ("4.0", "generic")):
         monkeypatch.setattr(triton, "__version__", version)
         assert launchers.triton_layout() == layout
+
+
+def test_a_symbol_no_expression_uses_is_not_bound():
+    """Two inputs whose sizes a guard made equal: the second input's symbol (s1) appears in
+    no expression, so the call function neither binds nor keys on it; the first's check covers
+    the second input's size, and a mismatching size is still refused."""
+    import torch
+    from torchfuse.graph import trace
+    from torchfuse.inductor import compile_graph
+    from torchfuse.runtime.codegen import used_symbols
+
+    graph, _ = trace(lambda x, y: x * y, torch.randn(5), torch.randn(5), dynamic={0: [0], 1: [0]})
+    prog = compile_graph(graph, options={"cache": False})
+    assert [s.name for s in prog.symbols] == ["s0", "s1"]
+    assert used_symbols(prog) == {"s0"}
+    fn = load(prog)
+    gen = generate(prog, device_type="cpu", kernels=fn.kernels, configs=fn._default_configs())
+    assert "s1" not in gen.source
+    x, y = torch.randn(7), torch.randn(7)
+    torch.testing.assert_close(fn(x, y)[0], x * y)
+    with pytest.raises(Exception, match="input"):
+        fn(torch.randn(7), torch.randn(6))

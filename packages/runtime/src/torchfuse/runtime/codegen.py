@@ -226,6 +226,25 @@ class _Ctx:
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
+def used_symbols(program: S.Program) -> frozenset[str]:
+    """The size symbols some expression of ``program`` uses (buffers, steps, grids, outputs).
+
+    A symbol that only names an input's size which the buffer table writes as another
+    expression (``s2`` once a guard made it ``s0``) is left out of the call function: the
+    input check ``_sh1[0] != s0`` already covers it, and binding, range-checking and keying
+    on it would cost every call for nothing.
+    """
+    import msgspec
+
+    bare = msgspec.structs.replace(
+        program, symbols=(), meta={},
+        kernels=tuple(msgspec.structs.replace(k, source="", meta={}) for k in program.kernels))
+    text = msgspec.json.encode(bare).decode()
+    # a range of its own (a max, a min above 2) is a check only the symbol itself can make
+    return frozenset(s.name for s in program.symbols
+                     if s.max is not None or s.min > 2 or re.search(rf"\b{re.escape(s.name)}\b", text))
+
+
 def _prologue(ctx: _Ctx, out: list[str]) -> None:
     """Argument count, symbol binding and the one combined input check."""
     p = ctx.program
@@ -245,7 +264,8 @@ def _prologue(ctx: _Ctx, out: list[str]) -> None:
     ranks = " or ".join(f"len(_sh{i}) != {len(buffers[b].sizes)}" for i, b in enumerate(p.inputs))
     out.append(f"        if {ranks}:")
     out.append("            raise _bad_inputs(args)")
-    for sym in p.symbols:
+    symbols = [sym for sym in p.symbols if sym.name in ctx.sym_names]
+    for sym in symbols:
         src = symbol_source(sym)
         py = ctx.sym_names[sym.name]
         if src is not None:
@@ -253,7 +273,7 @@ def _prologue(ctx: _Ctx, out: list[str]) -> None:
             bound[src] = sym.name
         else:
             out.append(f"        {py} = {sym.hint}")
-    big_symbols = {sym.name for sym in p.symbols if sym.min >= 2}
+    big_symbols = {sym.name for sym in symbols if sym.min >= 2}
     conds: list[str] = []
     for i, (bname, py) in enumerate(zip(p.inputs, params, strict=True)):
         buf = buffers[bname]
@@ -275,7 +295,7 @@ def _prologue(ctx: _Ctx, out: list[str]) -> None:
         if stride_conds:
             out.append(f"        _st{i} = {py}.stride()")
             conds.extend(stride_conds)
-    for sym in p.symbols:
+    for sym in symbols:
         py = ctx.sym_names[sym.name]
         if sym.max is not None:
             conds.append(f"not {sym.min} <= {py} <= {sym.max}")
@@ -421,7 +441,8 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     from torchfuse.runtime.kernels import param_names
 
     names = _Names()
-    sym_names = {s.name: names.bind_local(s.name) for s in program.symbols}
+    used = used_symbols(program)
+    sym_names = {s.name: names.bind_local(s.name) for s in program.symbols if s.name in used}
     ctx = _Ctx(program, names, device_type, sym_names)
     kmap = {k.name: k for k in program.kernels}
     g = names.globals
@@ -619,7 +640,7 @@ def _quick_launch(layout: str, i: int, grid: str, ordered: Sequence[str]) -> str
 
 def _key_src(program: S.Program, sym_names: Mapping[str, str], names: _Names) -> str:
     """Source of the fast-launch key: symbol values, and whether every input is 16-byte aligned."""
-    parts = [sym_names[s.name] for s in program.symbols]
+    parts = [sym_names[s.name] for s in program.symbols if s.name in sym_names]
     ptrs = [f"{names[i]}.data_ptr()" for i in program.inputs]
     if ptrs:
         parts.append(f"(({' | '.join(ptrs)}) & 15) == 0")
