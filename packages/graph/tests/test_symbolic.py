@@ -114,3 +114,14 @@ def test_a_negated_disjunction_becomes_two_guards():
     assert sorted(g for g, _ in env.guards) == ["s0 - (s0//2) != 1", "s0//2 != 1"]
     for g, _ in env.guards:  # written in the grammar, true for the hint
         assert evaluate(g, {"s0": 8}) is True
+
+
+def test_new_symbols_never_reuse_a_name():
+    from torchfuse.graph import schema as S
+    from torchfuse.graph.symbolic import env_from_symbols
+
+    env = env_from_symbols((S.Symbol(name="s0", hint=4), S.Symbol(name="s2", hint=6)))
+    fresh = node_of(env.symbol(5)).expr
+    assert fresh.name not in ("s0", "s2")
+    with pytest.raises(ValueError, match="exists already"):
+        env.symbol(3, name="s0")

@@ -87,7 +87,13 @@ class SizeEnv:
             min = 2
         if max is not None and not min <= hint <= max:
             raise ValueError(f"size {hint} is outside the requested range [{min}, {max}]")
-        name = name or f"s{len(self.symbols)}"
+        if name is None:
+            i = len(self.symbols)
+            while f"s{i}" in self.symbols:  # an env rebuilt from a graph may skip numbers
+                i += 1
+            name = f"s{i}"
+        elif name in self.symbols:
+            raise ValueError(f"size symbol {name!r} exists already")
         sym = sympy.Symbol(name, integer=True, positive=True)
         self.symbols[name] = SymbolInfo(name, sym, hint, min, max, source, strict)
         return torch.SymInt(SymNode(sym, hint, int, self))
