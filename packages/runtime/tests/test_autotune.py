@@ -56,7 +56,7 @@ def test_tuning_picks_the_fastest_and_persists_it(bench, cache_dir):
     (stored,) = (cache_dir / "autotune").iterdir()
     entries = json.loads(stored.read_text())
     ((key, cfg),) = entries.items()
-    assert key.endswith("|s0=100") and cfg["meta"] == {"XBLOCK": 128}
+    assert key.endswith("|s0<=128") and cfg["meta"] == {"XBLOCK": 128}  # s0 = 100, bucketed
     (again,) = fn(x)  # the generated function now runs without tuning
     torch.testing.assert_close(again, x * 0.5)
     assert bench == [32, 128, 1024]
@@ -137,3 +137,11 @@ def test_tuning_a_kernel_with_a_constexpr_between_its_parameters(monkeypatch):
     torch.testing.assert_close(out, x * 3.0)
     assert seen == [32, 8]
     assert "(s0 + 7)//8" in fn.source
+
+
+def test_tuning_keys_bucket_sizes_by_powers_of_two():
+    from torchfuse.runtime.autotune import size_bucket, tuning_key
+
+    assert [size_bucket(n) for n in (1, 2, 3, 500, 512, 513)] == [1, 2, 4, 512, 512, 1024]
+    k = lambda n: tuning_key("h", ["s0"], {"s0": n})
+    assert k(500) == k(512) != k(513)

@@ -2,7 +2,8 @@
 
 Winners live in ``<cache>/autotune/<device key>.json`` (the device key names the backend, the
 architecture and the Triton version), keyed by the kernel's content hash and the values of the
-size symbols its launches use. A process that finds its key there benchmarks nothing.
+size symbols its launches use, each rounded up to a power of two. A process that finds its
+key there benchmarks nothing.
 
 Tuning happens inside a real run of the Program (the call function generated with
 ``_tune(...)`` at each launch of an untuned kernel), so every kernel is benchmarked on the
@@ -85,7 +86,16 @@ def cheapest_to_compile(configs: Sequence[S.LaunchConfig]) -> S.LaunchConfig:
 
 
 def tuning_key(kernel_hash: str, symbols: Sequence[str], env: Mapping[str, int]) -> str:
-    return kernel_hash + "|" + ",".join(f"{s}={env[s]}" for s in symbols)
+    """The autotune-cache key of a kernel at these symbol values, each rounded up to a power of
+    two: a dynamic Program called with sequence lengths 500, 501, 502, ... tunes once for the
+    bucket (512), not once per length (a few milliseconds of benchmarking each, and a cache
+    that grows without bound); sizes a factor of two apart rarely want different configs."""
+    return kernel_hash + "|" + ",".join(f"{s}<={size_bucket(env[s])}" for s in symbols)
+
+
+def size_bucket(n: int) -> int:
+    """``n`` rounded up to a power of two (the autotune key's resolution)."""
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 class AutotuneCache:
