@@ -14,9 +14,9 @@ candidates are
   sides pay the same launch path.
 
 Inputs are random tensors with the graph's sizes, strides, offsets and dtypes. The default
-timer (:func:`cuda_bench`) uses CUDA events: a few warm-up calls (the first compiles), then
-the median of seven samples, each averaging enough back-to-back calls to last about half a
-millisecond. The template wins when it is faster than ``extern`` by more than ``margin``.
+timer (:func:`cuda_bench`) is Triton's ``do_bench`` (CUDA events, the first call compiles
+outside the timed runs), median of about 50 ms of runs. The template wins when it is faster
+than ``extern`` by more than ``margin``.
 
 Decisions are stored in ``<cache_dir>/mm_choices.json`` (one JSON object, rewritten
 atomically) under a key naming the op, sizes, strides, dtypes, the epilogue's
@@ -37,7 +37,6 @@ import json
 import logging
 import math
 import os
-import statistics
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -184,26 +183,14 @@ def decision_key(mm: Matmul, configs: Sequence[MMConfig], fp32_precision: str) -
 
 
 def cuda_bench(candidate: Candidate) -> float:
-    """Milliseconds per ``candidate.run()`` on the current CUDA device (see the module doc)."""
-    run = candidate.run
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    run()
-    end.record()
-    end.synchronize()
-    reps = max(1, min(200, math.ceil(0.5 / max(start.elapsed_time(end), 1e-3))))
-    samples = []
-    for _ in range(7):
-        start.record()
-        for _ in range(reps):
-            run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / reps)
-    return statistics.median(samples)
+    """Milliseconds per ``candidate.run()`` on the current CUDA device: the median of Triton's
+    ``do_bench`` (CUDA events), the timer the runtime's autotuner uses too."""
+    from triton.testing import do_bench
+
+    try:
+        return float(do_bench(candidate.run, warmup=10, rep=50, return_mode="median"))
+    except TypeError:  # a Triton without return_mode
+        return float(do_bench(candidate.run, warmup=10, rep=50))
 
 
 def random_like(meta: S.TensorMeta, device: str) -> torch.Tensor:
