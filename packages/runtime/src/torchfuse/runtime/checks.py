@@ -40,6 +40,25 @@ def _exprs_of_args(args: Sequence[S.Argument]) -> list[str]:
     return out
 
 
+def program_expressions(program: S.Program) -> list[S.Expr]:
+    """Every size expression ``program`` evaluates: buffers, launch and extern arguments,
+    grids, views and outputs (ints included)."""
+    kernels = {k.name: k for k in program.kernels}
+    out: list[S.Expr] = []
+    for buf in program.buffers:
+        out += [*buf.sizes, *buf.strides, buf.storage_offset]
+    for step in program.steps:
+        if isinstance(step, S.LaunchStep):
+            out += _exprs_of_args(step.args)
+            kernel = kernels.get(step.kernel)
+            out += list(step.grid or (kernel.grid if kernel else ()))
+        elif isinstance(step, S.ExternStep):
+            out += _exprs_of_args([*step.args, *step.kwargs.values()])
+        elif isinstance(step, S.ViewStep):
+            out += [*step.sizes, *step.strides, step.storage_offset]
+    return out + _exprs_of_args(program.outputs)
+
+
 def validate_program(program: S.Program) -> None:
     """Raise :class:`InvalidProgramError` for a Program that cannot be run as written."""
     name = program.name

@@ -51,7 +51,7 @@ import torch
 from torchfuse.graph import expr as E
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import resolve_op, to_dtype
-from torchfuse.runtime.checks import buffer_table, expected_device, symbol_source
+from torchfuse.runtime.checks import buffer_table, expected_device, program_expressions, symbol_source
 from torchfuse.runtime.errors import InvalidProgramError
 
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -234,15 +234,13 @@ def used_symbols(program: S.Program) -> frozenset[str]:
     input check ``_sh1[0] != s0`` already covers it, and binding, range-checking and keying
     on it would cost every call for nothing.
     """
-    import msgspec
-
-    bare = msgspec.structs.replace(
-        program, symbols=(), meta={},
-        kernels=tuple(msgspec.structs.replace(k, source="", meta={}) for k in program.kernels))
-    text = msgspec.json.encode(bare).decode()
+    used: set[str] = set()
+    for e in program_expressions(program):
+        if isinstance(e, str):
+            used |= E.free_symbols(e)
     # a range of its own (a max, a min above 2) is a check only the symbol itself can make
     return frozenset(s.name for s in program.symbols
-                     if s.max is not None or s.min > 2 or re.search(rf"\b{re.escape(s.name)}\b", text))
+                     if s.max is not None or s.min > 2 or s.name in used)
 
 
 def _prologue(ctx: _Ctx, out: list[str]) -> None:
