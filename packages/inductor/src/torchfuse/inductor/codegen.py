@@ -664,13 +664,17 @@ class KernelWriter:
             meta=meta,
         )
 
-    def index32_expr(self) -> str | None:
-        """The launch argument ``INDEX32``: 1 when every extent :meth:`needs_int64` looks at
-        is below 2**31 for the call's sizes, else 0 (in the format's grammar), or None when
-        nothing here is symbolic (then the answer never changes)."""
+    def index_extents(self) -> list[sympy.Expr]:
+        """What the kernel's indices range over: every tensor it indexes, and its domain."""
         extents = [ir.product(spec.sizes) for spec in self.prog.buffers.values() if spec.name in self.params]
         extents.append(self.g.xnumel * self.g.rnumel)
-        extents = list(dict.fromkeys(sympy.sympify(e) for e in extents))
+        return list(dict.fromkeys(sympy.sympify(e) for e in extents))
+
+    def index32_expr(self) -> str | None:
+        """The launch argument ``INDEX32``: 1 when every :meth:`index_extents` is below 2**31
+        for the call's sizes, else 0 (in the format's grammar), or None when nothing here is
+        symbolic (then the answer never changes)."""
+        extents = self.index_extents()
         if all(e.is_Integer for e in extents):
             return None
         text = format_expr(extents[0])
@@ -679,12 +683,9 @@ class KernelWriter:
         return f"min(1, {2**31 - 1} // ({text}))"
 
     def needs_int64(self) -> bool:
-        """64-bit index math unless every tensor the kernel indexes, and its domain, provably
-        hold fewer than 2**31 elements at every allowed size (see :mod:`.sizes`)."""
-        for spec in self.prog.buffers.values():
-            if spec.name in self.params and not self.sizes.fits_int32(ir.product(spec.sizes)):
-                return True
-        return not self.sizes.fits_int32(self.g.xnumel * self.g.rnumel)
+        """64-bit index math unless every :meth:`index_extents` provably holds fewer than
+        2**31 elements at every allowed size (see :mod:`.sizes`)."""
+        return not all(self.sizes.fits_int32(e) for e in self.index_extents())
 
     def pointwise_block(self, numel: int) -> tuple[int, int]:
         """(XBLOCK, num_warps) of a pointwise kernel over ``numel`` elements."""
