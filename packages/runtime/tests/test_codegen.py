@@ -94,9 +94,14 @@ def _layout_handles(layout, run):
     return direct_tuple, None, "meta", "coop", "pdl", "ann", "sig"
 
 
-def _fake_launcher(fn):
+class _Address(int):
+    """A tensor's address as the fake fast path's ``_ptr`` returns it (marked, to map it back)."""
+
+
+def _fake_launcher(fn, addresses):
     """Stands in for CompiledKernel.run: takes every JIT parameter positionally, in order, as
-    Triton's launcher does, and runs the interpreted kernel with them."""
+    Triton's launcher does, and runs the interpreted kernel with them (tensors arrive as
+    addresses; ``addresses`` maps each back to its tensor)."""
     names = param_names(fn)
     calls = []
 
@@ -104,7 +109,7 @@ def _fake_launcher(fn):
         assert len(args) == len(names)
         assert (launch_metadata, enter, exit_) == (None, None, None)
         calls.append((gx, gy, gz))
-        fn[(gx, gy, gz)](*args)
+        fn[(gx, gy, gz)](*[addresses.get(a, a) if type(a) is _Address else a for a in args])
 
     return run, calls
 
@@ -118,7 +123,8 @@ def test_fast_path_passes_every_parameter_in_order(build, layout):
                    layout=layout)
     assert gen.fast_entry == "call_fast"
     launches = [s for s in prog.steps if isinstance(s, S.LaunchStep)]
-    runners = [_fake_launcher(fn.kernels[s.kernel]) for s in launches]
+    addresses = {}
+    runners = [_fake_launcher(fn.kernels[s.kernel], addresses) for s in launches]
     handles = {}
 
     def record(key, compiled):
@@ -127,9 +133,11 @@ def test_fast_path_passes_every_parameter_in_order(build, layout):
 
     pointer_reads = []
 
-    def ptr(t):  # the fast path hands tensors to the launcher as addresses; keep the tensor here
+    def ptr(t):  # the fast path hands tensors to the launcher as addresses
         pointer_reads.append(t)
-        return t
+        address = _Address(t.data_ptr())
+        addresses[address] = t
+        return address
 
     ns = dict(gen.globals, _stats=fn.stats, _bad_inputs=fn._bad_inputs, _handles=handles, _record=record,
               _get_stream=lambda index: 0, _ptr=ptr)
@@ -146,9 +154,10 @@ def test_fast_path_passes_every_parameter_in_order(build, layout):
         pointer_reads.clear()
         got = ns["call_fast"](*args)
         assert all(len(calls) == n_fast for _, calls in runners)
-        tensor_args = {(s.kernel, a.name) for s in launches for a in s.args if isinstance(a, S.TensorRef)}
-        # each tensor's address is read once per call, however many launches take it
-        assert len(pointer_reads) == (len({n for _, n in tensor_args}) if n_fast else 0)
+        tensor_args = {a.name for s in launches for a in s.args if isinstance(a, S.TensorRef)}
+        # each input's address is read once per call (the key tests alignment), and every other
+        # tensor a launch takes once, however many launches take it
+        assert len(pointer_reads) == len(set(prog.inputs) | tensor_args) if n_fast else len(prog.inputs)
         for g, w in zip(got, want, strict=True):
             if isinstance(w, torch.Tensor):
                 torch.testing.assert_close(g, w)

@@ -124,7 +124,8 @@ def global_state() -> tuple[bool, tuple[bool, ...]]:
 
 
 def autocast_state() -> tuple[bool, ...]:
-    return tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+    # Written out, not a generator over the device types: every guarded call runs this.
+    return torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")
 
 
 class GuardSet:

@@ -456,10 +456,12 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     elif not any(expected_device(device_type, buffers[b]) == "cuda" for b in program.inputs):
         g["_cuda_device"] = _cuda_device  # no input on the GPU to take the device from
         head.append("    _dev = _cuda_device(_current_device())")
+    # Only ``call`` checks that the configs were chosen for these symbol values: ``call_fast``
+    # finds a launcher handle only under a key (every symbol's value) that ``call`` recorded.
+    tuned_check: list[str] = []
     if tuned_for:
         key = "(" + ", ".join(sym_names[s] for s in tuned_for) + ",)"
-        head.append(f"    if {key} not in _TUNED_FOR:")
-        head.append("        return _redispatch(args)")
+        tuned_check = [f"    if {key} not in _TUNED_FOR:", "        return _redispatch(args)"]
 
     # Body lines are built twice when fast launching: once with fn[grid] (recording handles),
     # once with direct launcher calls.
@@ -469,7 +471,8 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     n_launch = 0
     tune_slots: dict[int, int] = {}
     param_cache: dict[str, list[str]] = {}
-    pointers: dict[str, str] = {}
+    # Each input's address is read once per fast call: for the key's alignment test and the launches.
+    pointers: dict[str, str] = {names[i]: f"_p_{names[i]}" for i in program.inputs}
     for idx, step in enumerate(program.steps):
         if isinstance(step, S.AllocStep):
             buf = buffers[step.buffer]
@@ -578,6 +581,8 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
             src.append(f"# {k.name}: {dict(cfg.meta)} num_warps={cfg.num_warps} num_stages={cfg.num_stages}")
     fast = fast and n_launch > 0
     key = [f"    _key = {_key_src(program, sym_names, names)}"] if fast else []
+    fast_key = [f"    {pointers[names[i]]} = _ptr({names[i]})" for i in program.inputs]
+    fast_key.append(f"    _key = {_key_src(program, sym_names, names, pointers)}")
 
     def no_grad(entry: str) -> list[str]:
         # Extern ops and copies would record autograd history (and copy_ into a leaf that
@@ -589,7 +594,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
                 "        with _no_grad():",
                 f"            return {entry}(*args)"]
 
-    src += ["", "", "def call(*args):", *no_grad("call"), *head, *counters, *key, *slow]
+    src += ["", "", "def call(*args):", *no_grad("call"), *head, *tuned_check, *counters, *key, *slow]
     fast_entry = None
     if fast:
         handles = ", ".join(f"_c{i}" for i in range(n_launch))
@@ -598,7 +603,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     if fast:
         fast_entry = "call_fast"
         unpack = ", ".join(", ".join(f"{h}{i}" for h in LAUNCH_LAYOUTS[layout]) for i in range(n_launch))
-        src += ["", "", "def call_fast(*args):", *no_grad("call_fast"), *head, *key,
+        src += ["", "", "def call_fast(*args):", *no_grad("call_fast"), *head, *fast_key,
                 "    _h = _handles.get(_key)",
                 "    if _h is None:",
                 "        return call(*args)",
@@ -636,10 +641,12 @@ def _quick_launch(layout: str, i: int, grid: str, ordered: Sequence[str]) -> str
     return f"    _r{i}({grid}, _stream, _f{i}, _m{i}, None, None, None, {args})"
 
 
-def _key_src(program: S.Program, sym_names: Mapping[str, str], names: _Names) -> str:
-    """Source of the fast-launch key: symbol values, and whether every input is 16-byte aligned."""
+def _key_src(program: S.Program, sym_names: Mapping[str, str], names: _Names,
+             pointers: Mapping[str, str] | None = None) -> str:
+    """Source of the fast-launch key: symbol values, and whether every input is 16-byte aligned
+    (its address read by ``.data_ptr()``, or from the local ``pointers`` names)."""
     parts = [sym_names[s.name] for s in program.symbols if s.name in sym_names]
-    ptrs = [f"{names[i]}.data_ptr()" for i in program.inputs]
+    ptrs = [pointers[names[i]] if pointers else f"{names[i]}.data_ptr()" for i in program.inputs]
     if ptrs:
         parts.append(f"(({' | '.join(ptrs)}) & 15) == 0")
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
