@@ -11,7 +11,15 @@ For each forward row of the benchmark table (``workloads.py``) one process:
 3. calls the dynamic version on inputs whose batch dimension is 3/4 of the original, checks
    it against eager and that no second compile happened (one entry serves both sizes).
 
-The target (the dynamic-shapes issue): dynamic within 10% of static on every forward row.
+Two times per version: ``ms`` is the benchmark table's measure (``do_bench``: the L2 flushed
+before each call, CUDA events around it), ``loop ms`` the time per call of back-to-back calls
+(the larger of host and GPU time). ``do_bench`` shows GPU time only while the call's host time
+fits inside the flush before it (``flush ms`` in the header); past that it shows host time,
+so for launch-bound rows a microsecond of host time can move it by a factor of two. The loop
+time moves smoothly, and says what a caller sees.
+
+The target (the dynamic-shapes issue): dynamic within 10% of static on every forward row; the
+table's verdict asks it of both measures.
 Results: ``benchmarks/results/dynamic_<tag>.json`` and ``.md``.
 """
 
@@ -76,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             want = case.fn(*case.inputs)
             static(*case.inputs)
             row["static_ms"] = dev.bench_ms(lambda static=static, case=case: static(*case.inputs))
+            row["static_loop_ms"] = dev.loop_ms(lambda static=static, case=case: static(*case.inputs))
             tf.reset()
             dynamic = tf.compile(case.fn, dynamic=True)
             t0 = time.perf_counter()
@@ -84,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             row["dynamic_compile_s"] = time.perf_counter() - t0
             torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
             row["dynamic_ms"] = dev.bench_ms(lambda dynamic=dynamic, case=case: dynamic(*case.inputs))
+            row["dynamic_loop_ms"] = dev.loop_ms(lambda dynamic=dynamic, case=case: dynamic(*case.inputs))
             row["ratio"] = row["dynamic_ms"] / row["static_ms"]
+            row["loop_ratio"] = row["dynamic_loop_ms"] / row["static_loop_ms"]
             graphs_before = dynamic.graph_count()
             other = _shrunk(list(case.inputs))
             torch.testing.assert_close(dynamic(*other), case.fn(*other), rtol=2e-2, atol=2e-2)
@@ -101,18 +112,23 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "device": str(dev.device),
-            "gpu": torch.cuda.get_device_name() if dev.is_cuda else None, "scale": scale}
+            "gpu": torch.cuda.get_device_name() if dev.is_cuda else None, "scale": scale,
+            "flush_ms": dev.flush_ms()}
     (out / f"dynamic_{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# Dynamic shapes: static vs `dynamic=True` ({meta['gpu'] or args.device}, {scale} shapes)", "",
-             "| workload | static ms | dynamic ms | dynamic / static | within 10% | recompiled at 3/4 size |",
-             "|---|---|---|---|---|---|"]
+    flush = f", flush ms {meta['flush_ms']:.4f}" if meta["flush_ms"] else ""
+    lines = [f"# Dynamic shapes: static vs `dynamic=True` ({meta['gpu'] or args.device}, {scale} shapes{flush})",
+             "",
+             "| workload | static ms | dynamic ms | dynamic / static | static loop ms | dynamic loop ms | "
+             "loop dynamic / static | within 10% | recompiled at 3/4 size |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | error: {r['error']} | | | | |")
+            lines.append(f"| {r['name']} | error: {r['error']} | | | | | | | |")
             continue
-        within = "yes" if r["ratio"] <= 1.10 else "NO"
+        within = "yes" if max(r["ratio"], r["loop_ratio"]) <= 1.10 else "NO"
         again = "yes" if r["recompiled_for_other_size"] else "no"
         lines.append(f"| {r['name']} | {r['static_ms']:.4f} | {r['dynamic_ms']:.4f} | {r['ratio']:.3f} | "
+                     f"{r['static_loop_ms']:.4f} | {r['dynamic_loop_ms']:.4f} | {r['loop_ratio']:.3f} | "
                      f"{within} | {again} |")
     (out / f"dynamic_{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

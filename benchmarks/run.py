@@ -157,6 +157,42 @@ class Device:
             times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times)
 
+    def loop_ms(self, step: Callable[[], Any], rep_ms: float | None = None) -> float:
+        """Milliseconds per call of ``step`` called back to back, synchronized only at the ends:
+        what a loop over the function achieves, the larger of its host time (Python, guards,
+        launches) and its GPU time (with warm caches). ``bench_ms`` flushes the L2 before each
+        call and times it with CUDA events, which hides the host time whenever it is shorter
+        than the flush; a launch-bound row needs both numbers."""
+        step()
+        self.sync()
+        t0 = time.perf_counter()
+        step()
+        self.sync()
+        one = max(time.perf_counter() - t0, 1e-6)
+        n = max(10, min(100_000, int((rep_ms or self.rep_ms) / 1e3 / one)))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        self.sync()
+        return (time.perf_counter() - t0) * 1e3 / n
+
+    def flush_ms(self) -> float | None:
+        """GPU time of the L2 flush ``bench_ms`` runs before each timed call (its host-hiding window)."""
+        if not self.is_cuda:
+            return None
+        import triton
+
+        driver = triton.runtime.driver.active
+        cache = driver.get_empty_cache_for_benchmark()
+        start, end = (self.torch.cuda.Event(enable_timing=True) for _ in range(2))
+        driver.clear_cache(cache)
+        start.record()
+        for _ in range(10):
+            driver.clear_cache(cache)
+        end.record()
+        self.sync()
+        return start.elapsed_time(end) / 10
+
     def timed_call(self, step: Callable[[], Any]) -> tuple[Any, float]:
         """Run ``step`` once; return its result and wall seconds (synchronized)."""
         self.sync()
