@@ -109,6 +109,12 @@ def test_dynamic_benchmark_runs_and_reuses_one_entry(tmp_path: Path) -> None:
     for r in rows:
         assert "error" not in r, r
         assert r["static_ms"] > 0 and r["dynamic_ms"] > 0 and r["recompiled_for_other_size"] is False
+        assert r["static_loop_ms"] > 0 and r["dynamic_loop_ms"] > 0
+        # the two versions took turns, every round kept, the best reported
+        assert len(r["static_rounds"]) == len(r["dynamic_loop_rounds"]) == 3
+        assert r["dynamic_ms"] == min(r["dynamic_rounds"])
+        # the dynamic version compiled once for both batch sizes
+        assert r["graphs"] == 1
     assert "| softmax |" in (tmp_path / "dynamic_smoke.md").read_text()
 
 
