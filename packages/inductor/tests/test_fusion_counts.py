@@ -229,6 +229,22 @@ def test_value_passed_to_two_matmuls_is_one_buffer():
     assert_matches(run_output_code(program, [x, y, w]), fn(x, y, w), atol=1e-5, rtol=1e-5)
 
 
+def test_value_passed_to_a_matmul_as_is_and_transposed_is_one_buffer():
+    # GPT-2's dlogits: ``d @ w`` and ``d.t() @ h``; the transposed use comes first, and still
+    # reads the one buffer (a view of it) instead of a second copy laid out like the view
+    d, w, h = torch.randn(8, 6), torch.randn(6, 3), torch.randn(8, 5)
+
+    def fn(d, w, h):
+        g = torch.sin(d) * 2.0
+        return g.t() @ h, g @ w
+
+    program = compile_fn(fn, d, w, h)
+    assert kernel_kinds(program) == ["poi"]
+    src = program.kernels[0].source
+    assert src.count("tl.store(") == 1 and "tl.load(in_ptr0 + (xindex)" in src
+    assert_matches(run_output_code(program, [d, w, h]), fn(d, w, h), atol=1e-5, rtol=1e-5)
+
+
 def test_transposed_matmul_argument_is_written_in_memory_order():
     # h.t() handed to a matmul is stored with strides (1, 8): the kernel walks it in memory
     # order, so the loads of x and the store are both contiguous in xindex

@@ -43,6 +43,13 @@ def test_padded_matmul_matches_eager(case):
     for meta in (a_meta, b_meta, out_meta):
         lead = max(meta.strides)
         assert lead % 8 == 0, (case, meta)
+    # and each padded operand kept its memory order (a column-major one padded as its
+    # transpose): a row-major copy would make its producer read across rows
+    for meta, given in zip((a_meta, b_meta), (a, b.t() if case == "transposed_b" else b), strict=True):
+        if case == "column_major_a" and meta is a_meta:
+            given = a.t()
+        was_column_major = given.stride(0) == 1 and given.shape[0] > 1
+        assert (meta.strides[0] == 1) == was_column_major, (case, meta, given.stride())
     want = fn(a.float(), b.float())
     (got,) = run(padded, a, b)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
@@ -91,3 +98,28 @@ def test_forward_half_of_training_keeps_the_layouts_the_backward_expects():
     plain = pad_matmuls(graph, device_types=CPU, min_flops=1)
     assert "aten.clone.default" not in _ops(plain)
     assert plain.values[plain.outputs[0].value.name].strides == (1008, 1)
+
+
+def test_one_padded_copy_serves_both_matmuls_of_an_operand():
+    """GPT-2's dlogits feeds ``dlogits @ w`` (K padded) and ``dlogits.t() @ h`` (M padded): both
+    read one row-major padded copy, so the kernel producing dlogits writes it once."""
+    torch.manual_seed(0)
+    g = torch.randn(24, 1001, dtype=torch.float16)
+    w = torch.randn(1001, 64, dtype=torch.float16)
+    h = torch.randn(24, 64, dtype=torch.float16)
+    def fn(g, w, h):
+        d = g.relu()
+        return (d @ w).float(), (d.t() @ h).float()
+
+    graph, _ = trace(fn, g, w, h)
+    padded = pad_matmuls(graph, device_types=CPU, min_flops=1)
+    verify(padded)
+    pads = [n for n in padded.nodes if n.op == "aten.constant_pad_nd.default"]
+    relu = next(n.outputs[0] for n in padded.nodes if n.op == "aten.relu.default")
+    # one pad of d (read by both matmuls) and one of w; h needs none
+    assert len(pads) == 2 and [p.args[0].name for p in pads].count(relu) == 1, \
+        [(p.args[0].name, p.args[1]) for p in pads]
+    assert padded.values[next(p.outputs[0] for p in pads if p.args[0].name == relu)].strides == (1008, 1)
+    got = run(padded, g, w, h)
+    for x, y in zip(got, fn(g.float(), w.float(), h.float()), strict=True):
+        torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)

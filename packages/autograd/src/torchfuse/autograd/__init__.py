@@ -3,12 +3,13 @@ min-cut partitioning, and the ``torch.autograd.Function`` glue (AOT autograd).
 
 Public API: :func:`functionalize`, :func:`joint_graph`, :func:`decompose`
 (with :data:`DEFAULT_TABLE`), :func:`partition` (returning a :class:`Partition`), :func:`aot`,
-and the backend :func:`aot_eager`.
+the backend :func:`aot_eager`, and :func:`eliminate_common_subexpressions` (also run by
+passes after the joint graph, such as the inductor's matmul padding).
 """
 
 from torchfuse.autograd.__about__ import __version__
 from torchfuse.autograd.backend import aot_eager, interpreter_compiler
-from torchfuse.autograd.common import AutogradError
+from torchfuse.autograd.common import AutogradError, eliminate_common_subexpressions
 from torchfuse.autograd.decompositions import DEFAULT_TABLE, DecompositionError, decompose
 from torchfuse.autograd.functionalize import FunctionalizeError, functionalize
 from torchfuse.autograd.glue import AotFunction, Compiler, DoubleBackwardError, aot
@@ -19,6 +20,6 @@ from torchfuse.autograd.partition import Partition, PartitionError, partition
 __all__ = [
     "DEFAULT_TABLE", "AotFunction", "AutogradError", "Compiler", "DecompositionError",
     "DoubleBackwardError", "FunctionalizeError", "OpClass", "Partition", "PartitionError",
-    "__version__", "aot", "aot_eager", "classify", "decompose", "functionalize",
+    "__version__", "aot", "aot_eager", "classify", "decompose", "eliminate_common_subexpressions", "functionalize",
     "interpreter_compiler", "joint_graph", "partition",
 ]

@@ -164,6 +164,7 @@ class Lowering:
         self.uses = Counter(n for node in graph.nodes for n in node_inputs(node))
         self.uses.update(tensor_refs([o.value for o in graph.outputs]))
         self.output_names = set(tensor_refs([o.value for o in graph.outputs]))
+        self.producer = {o: node for node in graph.nodes for o in node.outputs if o}
         self.device = next((graph.values[i.name].device for i in graph.inputs), None) or next(
             (m.device for m in graph.values.values()), "cpu"
         )
@@ -454,11 +455,39 @@ class Lowering:
         return TensorValue(sizes, tv.dtype, load, layout, tv.origins)
 
     # -- extern calls
+    def through_view(self, name: str) -> TensorValue | None:
+        """``name`` (a lazy view) as a view of its realized source, when that source has other
+        readers: the extern then reads the one buffer every reader shares, written in the
+        source's own layout, instead of a second copy laid out like the view. GPT-2's padded
+        dlogits, read as it is by ``dlogits @ w`` and transposed by ``dlogits.t() @ h``, was
+        written twice by one kernel. Only views that keep every element (transposes,
+        permutes, reshapes) qualify: realizing a whole source for a slice of it writes more."""
+        from torchfuse.inductor.lowerings import all_rules
+
+        node = self.producer.get(name)
+        if node is None or node.op not in _REALIZE_THROUGH or not isinstance(node.args[0], S.TensorRef):
+            return None
+        src = node.args[0].name
+        src_tv = self.env.get(src)
+        if not isinstance(src_tv, TensorValue) or self.uses[src] < 2:
+            return None
+        if src_tv.layout is None:
+            src_tv = self.through_view(src) or src_tv
+        if src_tv.layout is None:
+            self.env[src] = src_tv = self.realize(src_tv, self.meta(src))
+        tv = all_rules()[_functional_name(node.op)](self, node)  # the view again, over the buffer
+        if not isinstance(tv, TensorValue) or tv.layout is None:
+            return None
+        self.env[name] = tv
+        return tv
+
     def extern(self, node: S.Node, reason: str = "") -> None:
         def enc(a: S.Argument) -> S.Argument:
             if isinstance(a, S.TensorRef):
                 tv = self.env[a.name]
                 assert isinstance(tv, TensorValue)
+                if tv.layout is None:
+                    tv = self.through_view(a.name) or tv
                 return S.TensorRef(name=self.as_buffer(tv, self.meta(a.name)))
             if isinstance(a, S.ListArg):
                 return S.ListArg(items=tuple(enc(x) for x in a.items))
@@ -542,6 +571,13 @@ class Lowering:
             device=self.device,
             meta={"fallbacks": "\n".join(self.fallbacks)},
         )
+
+
+_REALIZE_THROUGH = frozenset({
+    "aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
+    "aten._unsafe_view.default", "aten.reshape.default",
+})
+"""View ops :meth:`Lowering.through_view` looks through: each keeps every element of its source."""
 
 
 def _chunk(rnumel: sympy.Expr, k: int, exact: bool) -> sympy.Expr:
