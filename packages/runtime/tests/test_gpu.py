@@ -87,7 +87,7 @@ def test_autotuning_picks_and_persists(cache_dir, monkeypatch):
     (stored,) = (cache_dir / "autotune").iterdir()
     assert stored.name.startswith("cuda-sm")
     ((key, winner),) = json.loads(stored.read_text()).items()
-    assert key.endswith(f"|s0={1 << 20}")
+    assert key.endswith(f"|s0<={1 << 20}")  # the size bucket (a power of two) the winner serves
     assert winner["meta"]["XBLOCK"] in (32, 128, 1024)
     assert f"XBLOCK={winner['meta']['XBLOCK']}" in fn.source
     again = load(P.scale_program("cuda"))
