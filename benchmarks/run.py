@@ -456,10 +456,16 @@ def cache_hit_worker(args: argparse.Namespace) -> int:
         for variant in compilers.variants()[1:]:
             try:
                 case = wl.make_case(dev.device, None, scale)
+                before = _torchfuse_cache_counts() if variant == "torchfuse" else None
                 with deadline(args.variant_timeout_s):
                     step = make_step(wl, case, compilers.make(variant, case.fn))
                     _, seconds = dev.timed_call(step)
                 times[variant] = seconds
+                if before is not None:
+                    # what the first call found in the on-disk caches: a miss here means the
+                    # "hit" compiled (a key that differs from the cold process's)
+                    after = _torchfuse_cache_counts()
+                    times["torchfuse_cache"] = {k: after[k] - before[k] for k in after}
             except Exception as e:
                 times[variant] = "error: " + short_error(e)
             finally:
@@ -470,6 +476,12 @@ def cache_hit_worker(args: argparse.Namespace) -> int:
         # One line per workload, so that a parent that times out keeps what was measured.
         print(HIT_MARKER + json.dumps({wl.name: times}), flush=True)
     return 0
+
+
+def _torchfuse_cache_counts() -> dict[str, int]:
+    from torchfuse.inductor import cache
+
+    return {k: getattr(cache.stats, k) for k in ("program_hits", "program_misses", "aot_hits", "aot_misses")}
 
 
 def run_cache_hits(rows: list[dict[str, Any]], args: argparse.Namespace) -> str | None:
@@ -520,6 +532,9 @@ def _cache_hit_child(rows: list[dict[str, Any]], names: list[str], args: argpars
             hits.update(json.loads(line[len(HIT_MARKER):]))
     for row in rows:
         for variant, value in hits.get(row["name"], {}).items():
+            if variant == "torchfuse_cache":  # the hit's on-disk cache lookups, kept beside it
+                row["results"].get("torchfuse", {})["compile_hit_cache"] = value
+                continue
             cell = row["results"].get(variant)
             if cell is None or cell.get("ms") is None:
                 continue
