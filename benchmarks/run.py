@@ -517,9 +517,9 @@ def _cache_hit_child(rows: list[dict[str, Any]], names: list[str], args: argpars
         if value:
             cmd += [flag, value]
     note = None
-    # The child leads its own process group, killed whole when it ends: torch.compile's child
-    # leaves compile-worker processes behind, and torchfuse's child run after it measured
-    # 0.15-0.52 s hits that take 0.01-0.06 s on a quiet machine (H200 host, 2026-11-30).
+    # The child leads its own process group, killed whole when it ends, so no compile worker
+    # it started outlives it into the next child's measurement. (This did not explain the slow
+    # torchfuse hits of full runs: see benchmarks/NOTES.md, "Cache-hit column".)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE,
                             start_new_session=True)
     try:
