@@ -14,8 +14,8 @@ For each forward row of the benchmark table (``workloads.py``) one process:
 Two times per version: ``ms`` is the benchmark table's measure (``do_bench``: the L2 flushed
 before each call, CUDA events around it), ``loop ms`` the time per call of back-to-back calls
 (the larger of host and GPU time). Each is the best of ``--rounds`` rounds, the two versions
-taking turns, since one launch-bound measurement moves by a third from run to run. ``do_bench`` shows GPU time only while the call's host time
-fits inside the flush before it (``flush ms`` in the header); past that it shows host time,
+taking turns, since one launch-bound measurement moves by a third from run to run.
+``do_bench`` shows GPU time only while the call's host time fits inside the flush before it (``flush ms`` in the header); past that it shows host time,
 so for launch-bound rows a microsecond of host time can move it by a factor of two. The loop
 time moves smoothly, and says what a caller sees.
 
@@ -97,10 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             # the H200: 5.4, 6.5 µs for the same static small_ops, kernels identical); the loop
             # time follows the host, which drifts (clock, GC). So the two versions take turns,
             # several rounds of each measure, and each version keeps its best round.
-            rounds: dict[str, list[float]] = {k: [] for k in ("static", "dynamic", "static_loop", "dynamic_loop")}
+            kinds = ("static", "dynamic", "static_loop", "dynamic_loop")
+            rounds: dict[str, list[float]] = {k: [] for k in kinds}
             for _ in range(args.rounds):
                 for which, fn in (("static", static), ("dynamic", dynamic)):
-                    step = lambda fn=fn, case=case: fn(*case.inputs)  # noqa: E731
+                    step = lambda fn=fn, case=case: fn(*case.inputs)
                     rounds[which].append(dev.bench_ms(step))
                     rounds[which + "_loop"].append(dev.loop_ms(step, args.rep_ms / args.rounds))
             for k, v in rounds.items():
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             "flush_ms": dev.flush_ms()}
     (out / f"dynamic_{args.tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     flush = f", flush ms {meta['flush_ms']:.4f}" if meta["flush_ms"] else ""
-    lines = [f"# Dynamic shapes: static vs `dynamic=True` ({meta['gpu'] or args.device}, {scale} shapes{flush})",
+    where = meta["gpu"] or args.device
+    lines = [f"# Dynamic shapes: static vs `dynamic=True` ({where}, {scale} shapes{flush})",
              "",
              "| workload | static ms | dynamic ms | dynamic / static | static loop ms | dynamic loop ms | "
              "loop dynamic / static | within 10% | recompiled at 3/4 size |",

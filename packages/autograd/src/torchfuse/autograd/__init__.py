@@ -20,6 +20,6 @@ from torchfuse.autograd.partition import Partition, PartitionError, partition
 __all__ = [
     "DEFAULT_TABLE", "AotFunction", "AutogradError", "Compiler", "DecompositionError",
     "DoubleBackwardError", "FunctionalizeError", "OpClass", "Partition", "PartitionError",
-    "__version__", "aot", "aot_eager", "classify", "decompose", "eliminate_common_subexpressions", "functionalize",
-    "interpreter_compiler", "joint_graph", "partition",
+    "__version__", "aot", "aot_eager", "classify", "decompose", "eliminate_common_subexpressions",
+    "functionalize", "interpreter_compiler", "joint_graph", "partition",
 ]

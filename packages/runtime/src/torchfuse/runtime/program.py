@@ -374,7 +374,8 @@ class CompiledProgram:
 
             handles: dict[tuple[Any, ...], tuple[Any, ...]] = {}
             namespace.update(
-                _current_device=torch._C._cuda_getDevice,  # torch.cuda.current_device() without its lazy-init check
+                # torch.cuda.current_device() without its lazy-init check (the inputs are on CUDA)
+                _current_device=torch._C._cuda_getDevice,
                 _get_stream=triton.runtime.driver.active.get_current_stream,
                 _handles=handles,
                 _record=self._recorder(handles),
