@@ -15,9 +15,10 @@ Two times per version: ``ms`` is the benchmark table's measure (``do_bench``: th
 before each call, CUDA events around it), ``loop ms`` the time per call of back-to-back calls
 (the larger of host and GPU time). Each is the best of ``--rounds`` rounds, the two versions
 taking turns, since one launch-bound measurement moves by a third from run to run.
-``do_bench`` shows GPU time only while the call's host time fits inside the flush before it (``flush ms`` in the header); past that it shows host time,
-so for launch-bound rows a microsecond of host time can move it by a factor of two. The loop
-time moves smoothly, and says what a caller sees.
+``do_bench`` shows GPU time only while the call's host time fits inside the flush before it
+(``flush ms`` in the header); past that it shows host time, so for launch-bound rows a
+microsecond of host time can move it by a factor of two. The loop time moves smoothly, and
+says what a caller sees.
 
 The target (the dynamic-shapes issue): dynamic within 10% of static on every forward row; the
 table's verdict asks it of both measures.
