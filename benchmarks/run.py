@@ -457,15 +457,19 @@ def cache_hit_worker(args: argparse.Namespace) -> int:
             try:
                 case = wl.make_case(dev.device, None, scale)
                 before = _torchfuse_cache_counts() if variant == "torchfuse" else None
-                with deadline(args.variant_timeout_s):
+                triton_counts = _triton_counter() if variant == "torchfuse" else contextlib.nullcontext()
+                with deadline(args.variant_timeout_s), triton_counts:
                     step = make_step(wl, case, compilers.make(variant, case.fn))
                     _, seconds = dev.timed_call(step)
                 times[variant] = seconds
                 if before is not None:
                     # what the first call found in the on-disk caches: a miss here means the
-                    # "hit" compiled (a key that differs from the cold process's)
+                    # "hit" compiled (a key that differs from the cold process's); Triton's
+                    # own compiles and cache hits beside them
                     after = _torchfuse_cache_counts()
-                    times["torchfuse_cache"] = {k: after[k] - before[k] for k in after}
+                    times["torchfuse_cache"] = {k: after[k] - before[k] for k in after} | {
+                        "triton_compiles": triton_counts.stats.triton_compiles,
+                        "triton_cache_hits": triton_counts.stats.triton_cache_hits}
             except Exception as e:
                 times[variant] = "error: " + short_error(e)
             finally:
@@ -476,6 +480,19 @@ def cache_hit_worker(args: argparse.Namespace) -> int:
         # One line per workload, so that a parent that times out keeps what was measured.
         print(HIT_MARKER + json.dumps({wl.name: times}), flush=True)
     return 0
+
+
+def _triton_counter() -> Any:
+    """Counts Triton's compiles and cache hits while active (the runtime's own counter chains
+    to it)."""
+    from torchfuse.runtime.kernels import CompileStats, count_compiles
+
+    return count_compiles(CompileStats())
+
+
+def _compile_env() -> dict[str, str]:
+    """The environment variables that can change a compile (and so a cache key)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(("TRITON_", "TORCHINDUCTOR_", "CUDA_"))}
 
 
 def _torchfuse_cache_counts() -> dict[str, int]:
@@ -591,6 +608,7 @@ def environment(dev: Device, copy_gbps: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cache_root = _set_cache_dirs(args.cache_dir)
+    env_at_start = _compile_env()
     args.cache_dir = cache_root  # the cache-hit child must reuse these caches, not make fresh ones
     sys.path.insert(0, str(HERE))
     import torch
@@ -647,6 +665,12 @@ def main(argv: list[str] | None = None) -> int:
         report.write_json(doc, out_dir / f"{tag}.json")  # partial results survive a timeout
 
     measured = [r for r in doc["rows"] if "results" in r]
+    changed = {k: v for k, v in _compile_env().items() if env_at_start.get(k) != v}
+    changed |= {k: None for k in env_at_start if k not in os.environ}
+    if changed:
+        # the cache-hit children inherit these: a variable a compiler set during the run may
+        # change the keys its caches are read under
+        doc["notes"].append(f"compile environment changed during the run: {changed}")
     if not args.no_cache_hit and not any(r.get("device_lost") for r in measured):
         note = run_cache_hits(measured, args)
         if note:
