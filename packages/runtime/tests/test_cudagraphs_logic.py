@@ -104,3 +104,30 @@ def test_inputs_that_do_not_fit_still_raise(fake_cuda_graphs):
         fn(torch.randn(10, dtype=torch.float64))
     with pytest.raises(InputError, match="expected a tensor"):
         fn("not a tensor")
+
+
+def test_at_most_cudagraph_max_graphs_least_recently_replayed_dropped(fake_cuda_graphs, monkeypatch):
+    import dataclasses
+
+    import torchfuse.runtime.config as rconfig
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, cudagraph_max=2))
+    fn = graphed(P.scale_program("cpu"))
+    # sizes 3, 4 recorded; 3 replayed (4 is now the least recent); 5 drops 4; 4 records again
+    for n in (3, 4, 3, 5, 3, 4):
+        x = torch.randn(n)
+        torch.testing.assert_close(fn(x)[0], x * 0.5)
+    assert list(fn._graphs.recorded) and len(fn._graphs.recorded) == 2
+    assert fn.stats.graph_captures == 4  # 3, 4, 5, 4 again
+    assert fn.stats.graph_evictions == 2  # 4 for 5, then 5 for 4
+    assert fn.stats.graph_replays == 2  # 3 twice
+    sizes = [key[0][0][0] for key in fn._graphs.recorded]
+    assert sizes == [3, 4]
+
+
+def test_cudagraph_max_from_the_environment():
+    from torchfuse.runtime.config import from_environment
+
+    assert from_environment({"TORCHFUSE_CUDAGRAPH_MAX": "3"}).cudagraph_max == 3
+    assert from_environment({"TORCHFUSE_CUDAGRAPH_MAX": "0"}).cudagraph_max == 0  # no limit
+    assert from_environment({}).cudagraph_max == 8

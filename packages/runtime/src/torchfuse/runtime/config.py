@@ -6,6 +6,8 @@
 | `TORCHFUSE_AUTOTUNE` | `0`: no first-call autotuning (each kernel's first config); default on |
 | `TORCHFUSE_AUTOTUNE_MIN_BYTES` | launches moving fewer bytes are not tuned; default 16 MiB |
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
+| `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not Triton's C launcher; default on |
+| `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs a program keeps under `reduce-overhead` (one per input layout); default 8, `0`: no limit |
 | `TORCHFUSE_COMPILE_THREADS` | threads compiling kernels ahead of time; default `min(8, cpu count)` |
 | `TORCHFUSE_LOGS` | the torchfuse logging switch; this package owns `runtime` (`+runtime`: DEBUG) |
 | `TRITON_INTERPRET` | read, not owned: whether Triton runs kernels on the CPU |
@@ -44,6 +46,10 @@ class Config:
     (:mod:`torchfuse.runtime.launchers`); off: through ``CompiledKernel.run``."""
     compile_threads: int = 4
     """Threads that compile kernels concurrently before the first GPU call."""
+    cudagraph_max: int = 8
+    """CUDA graphs one program keeps under ``mode="reduce-overhead"`` (one per input layout:
+    with dynamic shapes, one per size seen); past it the least recently replayed is dropped,
+    with its static buffers. 0: no limit."""
     log_runtime: bool = False
     log_level: int = logging.INFO
 
@@ -67,6 +73,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
     logs = {n.strip() for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()}
     threads = env.get("TORCHFUSE_COMPILE_THREADS")
     min_bytes = env.get("TORCHFUSE_AUTOTUNE_MIN_BYTES")
+    graphs = env.get("TORCHFUSE_CUDAGRAPH_MAX")
     return Config(
         cache_dir=Path(cache).expanduser() if cache else _default_cache_dir(env),
         autotune=_flag(env, "TORCHFUSE_AUTOTUNE", True),
@@ -74,6 +81,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, os.cpu_count() or 1)),
+        cudagraph_max=max(0, int(graphs)) if graphs else 8,
         log_runtime=bool(logs & {"runtime", "+runtime", "all"}),
         log_level=logging.DEBUG if "+runtime" in logs else logging.INFO,
     )

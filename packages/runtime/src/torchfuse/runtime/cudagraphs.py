@@ -7,7 +7,10 @@ input buffers. Later calls copy their inputs into those buffers and replay the g
 
 The outputs of a replay are the graph's static output tensors: the next call with the same
 layout overwrites them (clone an output to keep it), as with ``torch.compile``'s mode of the
-same name. Programs the graph cannot express run the normal path, with the reason logged once
+same name. A program keeps at most ``TORCHFUSE_CUDAGRAPH_MAX`` graphs (default 8: with dynamic shapes
+there is one per size seen); recording one more drops the least recently replayed, with its
+static buffers, and logs it once. Programs the graph cannot express run the normal path, with
+the reason logged once
 and kept in ``stats.fallback_reasons``: CPU programs, programs that write into their inputs
 (a CopyStep into an input), programs returning views of their inputs, and programs taking
 CPU tensors (a 0-dim CPU tensor is read as a scalar when recorded).
@@ -15,15 +18,20 @@ CPU tensors (a 0-dim CPU tensor is read as a scalar when recorded).
 
 from __future__ import annotations
 
+import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torchfuse.graph import schema as S
+from torchfuse.runtime import config as rconfig
 from torchfuse.runtime.checks import mutated_inputs
 
 if TYPE_CHECKING:
     from torchfuse.runtime.program import CompiledProgram
+
+logger = logging.getLogger("torchfuse.runtime")
 
 
 @dataclass
@@ -62,7 +70,9 @@ class GraphRunner:
     def __init__(self, compiled: CompiledProgram) -> None:
         self.compiled = compiled
         self.reason = _static_reason(compiled.program, compiled.device_type)
-        self.recorded: dict[tuple[Any, ...], _Recorded | None] = {}
+        # input layout -> its graph (None: capture failed), least recently replayed first
+        self.recorded: OrderedDict[tuple[Any, ...], _Recorded | None] = OrderedDict()
+        self._told_eviction = False
         self.pool: Any = None
         positions = {name: i for i, name in enumerate(compiled.program.inputs)}
         self.passthrough = {j: positions[o.name] for j, o in enumerate(compiled.program.outputs)
@@ -80,8 +90,10 @@ class GraphRunner:
         rec = self.recorded.get(key, False)
         if rec is False:
             out = compiled.run_uncaptured(*inputs)  # warm-up: compiles, autotunes, checks inputs
+            self._make_room()
             self.recorded[key] = self._record(inputs)
             return out
+        self.recorded.move_to_end(key)
         if rec is None:
             return compiled.run_uncaptured(*inputs)
         for static, value in zip(rec.static_inputs, inputs, strict=True):
@@ -92,6 +104,18 @@ class GraphRunner:
         for j, i in rec.passthrough.items():
             outs[j] = inputs[i]
         return outs
+
+    def _make_room(self) -> None:
+        """Drop the least recently replayed graphs until one more fits the limit."""
+        limit = rconfig.config.cudagraph_max
+        while limit and len(self.recorded) >= limit:
+            self.recorded.popitem(last=False)
+            self.compiled.stats.graph_evictions += 1
+            if not self._told_eviction:
+                self._told_eviction = True
+                logger.info("program %r: more than %d input layouts under reduce-overhead; dropping "
+                            "the least recently replayed CUDA graph (TORCHFUSE_CUDAGRAPH_MAX)",
+                            self.compiled.program.name, limit)
 
     def _record(self, inputs: tuple[Any, ...]) -> _Recorded | None:
         compiled = self.compiled

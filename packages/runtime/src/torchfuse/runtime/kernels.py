@@ -168,6 +168,8 @@ class CompileStats:
     """Kernels and extern ops launched from Python (a replayed CUDA graph launches none)."""
     graph_replays: int = 0
     graph_captures: int = 0
+    graph_evictions: int = 0
+    """CUDA graphs dropped to stay within ``Config.cudagraph_max`` (the least recently replayed)."""
     fallback_reasons: list[str] = field(default_factory=list)
     first_call: dict[str, float] = field(default_factory=dict)
     """Seconds of each phase of the calls that chose configs (the first call, and one per new
