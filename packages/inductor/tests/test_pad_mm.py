@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torchfuse.graph import schema as S
 from torchfuse.graph.interpreter import run
 from torchfuse.graph.tracing import trace
 from torchfuse.graph.verify import verify
@@ -123,3 +124,51 @@ def test_one_padded_copy_serves_both_matmuls_of_an_operand():
     got = run(padded, g, w, h)
     for x, y in zip(got, fn(g.float(), w.float(), h.float()), strict=True):
         torch.testing.assert_close(x, y, rtol=2e-2, atol=2e-2)
+
+
+def test_padded_vocabulary_training_step_matches_eager(monkeypatch):
+    """A GPT-2-shaped head (``cross_entropy(h @ w.t())`` over an odd vocabulary, bf16) through
+    the inductor backend with the padding allowed on the CPU: the backward pads dlogits once,
+    row-major, for ``dlogits @ w`` and ``dlogits.t() @ h``, and the gradients match eager's."""
+    import torch.nn.functional as F
+    import torchfuse.inductor.compile as C
+    from torchfuse.inductor import inductor
+
+    monkeypatch.setattr(C, "pad_matmuls", lambda g: pad_matmuls(g, device_types=CPU, min_flops=1))
+    programs = []
+    original = C.compile_graph
+
+    def keep(*args, **kwargs):
+        program = original(*args, **kwargs)
+        programs.append(program)
+        return program
+
+    import torchfuse.inductor.backend as B
+
+    monkeypatch.setattr(B, "compile_graph", keep)
+    torch.manual_seed(0)
+    # 8 tokens (aligned, as GPT-2's 4096), a vocabulary of 61 (unaligned, as its 50257)
+    h = (torch.randn(8, 16) * 0.5).to(torch.bfloat16).requires_grad_()
+    w = (torch.randn(61, 16) * 0.5).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, 61, (8,))
+
+    def head(h, w, target):
+        return F.cross_entropy((h @ w.t()).float(), target)
+
+    graph, _ = trace(head, h, w, target)
+    loss = inductor(graph, [h, w, target], options={"cache": False})(h, w, target)[0]
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    want = head(h, w, target)
+    wh, ww = torch.autograd.grad(want, (h, w))
+    torch.testing.assert_close(loss, want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gh.float(), wh.float(), rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(gw.float(), ww.float(), rtol=5e-2, atol=5e-2)
+    (backward,) = [p for p in programs if p.name.endswith("backward")]
+    allocated = {st.buffer for st in backward.steps if isinstance(st, S.AllocStep)}
+    buffers = {b.name: b for b in backward.buffers}
+    # one padded dlogits buffer, written row-major; the transposed matmul reads a view of it
+    dlogits = [n for n in allocated if tuple(buffers[n].sizes) in ((8, 64), (64, 8))]
+    assert len(dlogits) == 1 and tuple(buffers[dlogits[0]].strides) == (64, 1), \
+        [(n, buffers[n].sizes, buffers[n].strides) for n in dlogits]
+    assert any(isinstance(st, S.ViewStep) and st.base == dlogits[0] and tuple(st.sizes) == (64, 8)
+               for st in backward.steps)
