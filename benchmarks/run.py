@@ -586,11 +586,18 @@ def environment(dev: Device, copy_gbps: float) -> dict[str, Any]:
             return None
 
     def git(*cmd: str) -> str | None:
+        # Only this tree's own repository: an exported copy (``git archive``) inside another
+        # checkout would otherwise report that checkout's commit.
+        if not (ROOT / ".git").exists():
+            return None
         try:
             return subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=ROOT,
                                   timeout=10).stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             return None
+
+    # An exported tree has no repository: the commit it was exported from comes from outside.
+    exported = os.environ.get("TORCHFUSE_BENCH_COMMIT")
 
     return {
         "device": dev.name(), "device_type": dev.device.type,
@@ -600,7 +607,8 @@ def environment(dev: Device, copy_gbps: float) -> dict[str, Any]:
         "torchfuse": {p: version(f"torchfuse-{p}") for p in
                       ("graph", "capture", "autograd", "inductor", "runtime")},
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+        "git_commit": exported or git("rev-parse", "HEAD"),
+        "git_dirty": False if exported else bool(git("status", "--porcelain")),
         "copy_gbps": copy_gbps,
     }
 
