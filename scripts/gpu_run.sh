@@ -6,6 +6,7 @@
 #   scripts/gpu_run.sh warm             # cold vs warm start, the warm first call profiled
 #   scripts/gpu_run.sh dynamic          # forward workloads static vs dynamic=True
 #   scripts/gpu_run.sh gpt2prof         # GPT-2: GPU busy vs wall time, top kernels
+#   scripts/gpu_run.sh autotune         # matmul rows under mode="max-autotune", both compilers
 #   scripts/gpu_run.sh tests bench      # some phases (setup always runs first)
 #
 # The machine has torch, triton, pytest and friends but no internet and no msgspec, bytecode or
@@ -305,6 +306,20 @@ phase_gpt2prof() {
     return "${PIPESTATUS[0]}"
 }
 
+# mode="max-autotune" on the matmul rows, for both compilers: torchfuse's Triton templates
+# chosen against cuBLAS per shape, torch.compile's own max-autotune.
+phase_autotune() {
+    local t
+    t=$(phase_timeout 300)
+    ((t < 60)) && return 124
+    have_cuda || { log "autotune needs CUDA"; return 0; }
+    log "benchmarks/run.py --mode max-autotune --compile-mode max-autotune (timeout ${t}s)"
+    timeout "$t" "$PY" benchmarks/run.py --only "${AUTOTUNE_ONLY:-swiglu_mlp,attention_naive,swiglu_mlp_train}" \
+        --mode max-autotune --compile-mode max-autotune --no-cache-hit --no-plot \
+        --tag "${TAG}_max_autotune" --out "$DEST" 2>&1 | tee -a "$BENCH_LOG"
+    return "${PIPESTATUS[0]}"
+}
+
 # With $OUT set, everything was written there; keep a copy in benchmarks/results as well.
 collect() {
     [[ -z "$OUT_DIR" ]] && return 0
@@ -319,8 +334,9 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead | modes | warm | dynamic | gpt2prof) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm dynamic gpt2prof)" >&2; exit 2 ;; esac
+        case $p in setup | tests | capture | bench | overhead | modes | warm | dynamic | gpt2prof | autotune) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm dynamic gpt2prof autotune)" >&2
+               exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"
     phase_setup
