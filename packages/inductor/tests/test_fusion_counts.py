@@ -272,3 +272,23 @@ def test_cheap_value_from_narrow_inputs_is_recomputed_not_stored():
     big = [b.name for b in program.buffers if tuple(b.sizes) == (16, 32) and b.name in allocated(program)]
     assert not big, big
     assert_matches(run_output_code(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
+
+
+def test_groups_with_the_same_code_share_one_kernel():
+    # two layers' worth of the same work on different sizes: one Triton function, two launches
+    # (Triton compiles by source: two names would be two compiles on a cold start); sizes
+    # whose launch configs agree (a block is capped by a small tensor's size)
+    x, y = torch.randn(64, 4), torch.randn(128, 4)
+
+    def fn(x, y):
+        return torch.sin(x) * 2.0 + 1.0, torch.sin(y) * 2.0 + 1.0
+
+    program = compile_fn(fn, x, y)
+    launches = [s for s in program.steps if isinstance(s, S.LaunchStep)]
+    assert len(program.kernels) == 1 and len(launches) == 2
+    assert {s.kernel for s in launches} == {program.kernels[0].name}
+    assert program.kernels[0].meta["launches"] == "2"
+    # the grids name each launch's size: the second launch carries its own
+    assert launches[0].grid == () and launches[1].grid and "512" in str(launches[1].grid[0])
+    assert_matches(run_output_code(program, [x, y]), fn(x, y), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [x, y]), fn(x, y), atol=1e-5, rtol=1e-5)

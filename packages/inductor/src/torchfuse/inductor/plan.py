@@ -6,10 +6,20 @@ Buffer lifetimes: a buffer is allocated right before the step that writes it and
 right after its last reader (views keep their base alive). A new allocation takes over the
 storage of a freed buffer with the same byte size when there is one
 (``AllocStep(reuse=...)``), so peak memory follows the schedule's order.
+
+Kernels with the same code are one kernel: the groups of a model's repeated layers generate
+the same Triton function under different names (GPT-2's 39 forward kernels are 15 distinct
+ones), and Triton compiles and caches by source, so each name would be a compile of its own on
+a cold start. Every launch of such a group names the first of them, with its own grid when
+that differs (static grids name the launch's size); the Program keeps that one (its ``meta``
+describes its first launch, plus ``launches``).
 """
 
 from __future__ import annotations
 
+import re
+
+import msgspec
 import sympy
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import to_dtype
@@ -51,7 +61,31 @@ def _nbytes(spec: ir.BufferSpec) -> int | sympy.Expr | None:
     return sympy.expand(extent * to_dtype(spec.dtype).itemsize)
 
 
+def _code_key(kernel: S.Kernel) -> bytes:
+    """What makes two generated kernels the same compiled code: everything but the name and
+    the grid (a launch of a shared kernel carries its own grid when it differs)."""
+    entry = kernel.entry or kernel.name
+    body = re.sub(rf"\b{re.escape(entry)}\b", "<kernel>", kernel.source)
+    return msgspec.json.encode((body, kernel.language, kernel.signature, kernel.constexprs,
+                                kernel.configs))
+
+
+def shared_kernels(kernels: dict[int, S.Kernel]) -> dict[str, str]:
+    """Kernel name -> the name of the first kernel with the same code, for every repeat."""
+    first: dict[bytes, str] = {}
+    same: dict[str, str] = {}
+    for index in sorted(kernels):
+        kernel = kernels[index]
+        name = first.setdefault(_code_key(kernel), kernel.name)
+        if name != kernel.name:
+            same[kernel.name] = name
+    return same
+
+
 def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Kernel]) -> S.Program:
+    same = shared_kernels(kernels)
+    by_name = {k.name: k for k in kernels.values()}
+    launches: dict[str, int] = {}
     outputs = {o for o in prog.outputs if isinstance(o, str)}
     view_base = {b.name: b.view_of for b in prog.buffers.values() if b.kind == "view"}
 
@@ -91,7 +125,10 @@ def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Ke
             for p in kern.signature[len(args) :]:
                 # INDEX32 is computed per call from the sizes (see codegen.index32_expr)
                 args.append(S.SymRef(expr=kern.meta["index32"] if p.name == "INDEX32" else p.name))
-            steps.append(S.LaunchStep(kernel=kern.name, args=tuple(args)))
+            name = same.get(kern.name, kern.name)
+            launches[name] = launches.get(name, 0) + 1
+            grid = kern.grid if kern.grid != by_name[name].grid else ()
+            steps.append(S.LaunchStep(kernel=name, args=tuple(args), grid=tuple(grid)))
         elif g.kind == GroupKind.EXTERN:
             node = g.nodes[0]
             assert isinstance(node, ir.Extern)
@@ -141,7 +178,11 @@ def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Ke
         inputs=prog.inputs,
         outputs=outs,
         buffers=buffers,
-        kernels=tuple(kernels[g.index] for g in sched.groups if g.index in kernels),
+        kernels=tuple(
+            msgspec.structs.replace(k, meta={**k.meta, "launches": str(launches.get(k.name, 0))})
+            for k in (kernels[g.index] for g in sched.groups if g.index in kernels)
+            if k.name not in same
+        ),
         steps=tuple(steps),
         symbols=tuple(prog.symbols),
         device=prog.device.split(":")[0],
