@@ -14,7 +14,8 @@ passes (``decompose``, ``lower``, ``dead_code``, ``schedule``, ``codegen``, ``pl
 ``--triton`` adds ``triton``: Triton's real compiler run on every kernel for an sm_90 target
 (no GPU needed), the cost a cold GPU process pays once per kernel (on a cache hit Triton
 loads the binaries from its disk cache instead). ``--cprofile N`` prints the N functions with
-the most own time over all the workloads' compile stages.
+the most own time over all the workloads' compile stages; ``--slowest N`` (with ``--triton``)
+lists the N slowest single Triton compiles.
 
 The numbers are one process's, in table order, after one warm-up compile (imports paid), like
 the "cold" column of ``benchmarks/run.py``. ``--cache`` runs each compile a second time
@@ -45,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--triton", action="store_true", help="also compile every kernel with Triton for sm_90")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the N hottest functions")
     p.add_argument("--cache", action="store_true", help="also time a program-cache hit per graph")
+    p.add_argument("--slowest", type=int, default=0, metavar="N",
+                   help="with --triton: list the N slowest Triton compiles (kernel, constexprs, warps)")
     return p.parse_args(argv)
 
 
@@ -187,10 +190,14 @@ def triton_compile(program: Any, times: dict[str, float]) -> None:
                            options={"num_warps": cfg.num_warps if cfg else 4,
                                     "num_stages": cfg.num_stages if cfg else 3})
             took = time.perf_counter() - t0
+            SLOWEST.append((took, kernel.name, dict(consts), cfg.num_warps if cfg else 4))
             times["triton"] = times.get("triton", 0.0) + took
             times["triton_max"] = max(times.get("triton_max", 0.0), took)
             times["compiles"] = times.get("compiles", 0) + 1
 
+
+SLOWEST: list[tuple[float, str, dict[str, Any], int]] = []
+"""Every Triton compile of the run: (seconds, kernel, constexprs, warps), for ``--slowest``."""
 
 NOT_SECONDS = ("kernels", "compiles", "cache_hit", "triton_max")
 COLUMNS = ("capture", "aot.functionalize", "aot.joint_graph", "aot.decompose", "aot.cse", "aot.partition",
@@ -253,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{wl.name}: {spent:.2f} s",
               file=sys.stderr, flush=True)
     print_table(rows)
+    if args.slowest and SLOWEST:
+        print(f"\nThe {args.slowest} slowest Triton compiles:")
+        for took, name, consts, warps in sorted(SLOWEST, key=lambda r: -r[0])[: args.slowest]:
+            print(f"  {took * 1e3:8.0f} ms  {name}  {consts}  num_warps={warps}")
     if prof:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.cprofile)
