@@ -172,3 +172,15 @@ def test_padded_vocabulary_training_step_matches_eager(monkeypatch):
         [(n, buffers[n].sizes, buffers[n].strides) for n in dlogits]
     assert any(isinstance(st, S.ViewStep) and st.base == dlogits[0] and tuple(st.sizes) == (64, 8)
                for st in backward.steps)
+
+
+def test_merging_after_padding_leaves_in_place_and_random_ops_alone():
+    from torchfuse.inductor.pad_mm import _must_stay
+
+    def node(op):
+        return S.Node(name="n", op=op, args=(), kwargs={}, outputs=("o",))
+
+    for op in ("aten.add_.Tensor", "aten.copy_.default", "aten.rand.default", "aten.bernoulli.default"):
+        assert _must_stay(node(op)), op  # writes an argument, or draws random numbers
+    for op in ("aten.add.Tensor", "aten.t.default", "aten.constant_pad_nd.default", "aten.view.default"):
+        assert not _must_stay(node(op)), op

@@ -43,7 +43,8 @@ import msgspec
 import torch
 from torchfuse.autograd import OpClass, classify, decompose, eliminate_common_subexpressions
 from torchfuse.graph import schema as S
-from torchfuse.graph.ops import rename_arg
+from torchfuse.graph.ops import UnknownOpError, rename_arg, resolve_op
+from torchfuse.graph.tracing import mutated_arguments
 
 aten = torch.ops.aten
 
@@ -162,9 +163,20 @@ def _share_pads(graph: S.Graph) -> S.Graph:
             source[n.outputs[0]] = inner
         nodes.append(n)
     graph = msgspec.structs.replace(graph, nodes=tuple(nodes))
-    # every op but a random one may merge: the views in front of the pads are often
-    # duplicates too (two views of the same value, one per matmul)
-    return eliminate_common_subexpressions(graph, keep=lambda n: classify(n.op) is OpClass.RANDOM)
+    # any op may merge but a random one and one that writes into an argument (an inference
+    # graph may still hold in-place ops): the views in front of the pads are often duplicates
+    # too (two views of the same value, one per matmul)
+    return eliminate_common_subexpressions(graph, keep=_must_stay)
+
+
+def _must_stay(node: S.Node) -> bool:
+    """A node common-subexpression elimination must not merge with an equal one."""
+    if classify(node.op) is OpClass.RANDOM:
+        return True
+    try:
+        return bool(mutated_arguments(resolve_op(node.op)))
+    except UnknownOpError:
+        return True  # an op we cannot read the schema of: assume it writes
 
 
 def _keep_output_layouts(before: S.Graph, after: S.Graph) -> S.Graph:
