@@ -74,6 +74,19 @@ def test_launch_bytes_counts_every_pointer_argument():
     assert autotune.launch_bytes(prog, kernel, {}, buffer_table(prog)) is None  # unknown size
 
 
+def test_launch_bytes_of_a_shared_kernel_is_its_largest_launch():
+    # a kernel launched once per layer is judged launch by launch: four 800-byte launches are
+    # as latency-bound as one (the sum, 3200, would cross a threshold none of them does)
+    import msgspec
+    from torchfuse.graph import schema as S
+
+    prog = P.scale_program("cpu")
+    (kernel,) = prog.kernels
+    (launch,) = [st for st in prog.steps if isinstance(st, S.LaunchStep)]
+    prog = msgspec.structs.replace(prog, steps=prog.steps + (launch,) * 3)
+    assert autotune.launch_bytes(prog, kernel, {"s0": 100}, buffer_table(prog)) == 800
+
+
 def test_cheapest_to_compile_is_least_work_per_thread():
     c = S.LaunchConfig
     assert autotune.cheapest_to_compile(

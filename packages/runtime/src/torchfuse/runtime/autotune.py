@@ -53,12 +53,15 @@ def launch_symbols(program: S.Program, kernel: S.Kernel) -> tuple[str, ...]:
 
 def launch_bytes(program: S.Program, kernel: S.Kernel, env: Mapping[str, int],
                  buffers: Mapping[str, S.Buffer]) -> int | None:
-    """Bytes of the tensors a kernel's launches read or write (each pointer argument once per
-    launch), for these symbol values; None when a size cannot be evaluated."""
-    total = 0
+    """Bytes of the tensors the largest launch of a kernel reads or writes (each pointer
+    argument once), for these symbol values; None when a size cannot be evaluated. A kernel
+    shared by several launches (a model's repeated layers) is judged by its largest launch:
+    the threshold asks whether one launch is latency-bound, not what all of them move."""
+    most = 0
     for step in program.steps:
         if not (isinstance(step, S.LaunchStep) and step.kernel == kernel.name):
             continue
+        total = 0
         for a in step.args:
             buf = buffers.get(a.name) if isinstance(a, S.TensorRef) else None
             if buf is None:
@@ -68,7 +71,8 @@ def launch_bytes(program: S.Program, kernel: S.Kernel, env: Mapping[str, int],
             except (KeyError, ValueError, TypeError):
                 return None
             total += numel * to_dtype(buf.dtype).itemsize
-    return total
+        most = max(most, total)
+    return most
 
 
 def cheapest_to_compile(configs: Sequence[S.LaunchConfig]) -> S.LaunchConfig:
