@@ -7,6 +7,7 @@ structure of the JSON must be right regardless.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,9 @@ BENCH = ROOT / "benchmarks"
 WORKLOADS = ("seed_fn_1k", "layer_norm_train")
 
 
-def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+def _run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env={**os.environ, **env} if env else None)
 
 
 def test_small_cpu_run_writes_wellformed_results(tmp_path: Path) -> None:
@@ -25,7 +27,9 @@ def test_small_cpu_run_writes_wellformed_results(tmp_path: Path) -> None:
                 "--only", ",".join(WORKLOADS), "--tag", "smoke", "--out", str(tmp_path),
                 "--rep-ms", "20", "--cache-dir", str(tmp_path / "caches"),
                 # The cache-hit pass starts a second process: too slow for a smoke test.
-                "--no-cache-hit")
+                "--no-cache-hit",
+                # what a run from an exported tree (no repository of its own) is told
+                env={"TORCHFUSE_BENCH_COMMIT": "0123abcd"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "smoke.json").read_text())
 
@@ -35,6 +39,7 @@ def test_small_cpu_run_writes_wellformed_results(tmp_path: Path) -> None:
     for key in ("device", "python", "torch", "triton", "date", "git_commit", "copy_gbps"):
         assert key in env
     assert env["device_type"] == "cpu"
+    assert env["git_commit"] == "0123abcd" and env["git_dirty"] is False
     assert env["copy_gbps"] > 0
     assert doc["config"]["variants"] == ["eager", "torchfuse"]
     assert doc["config"]["small"] is True
