@@ -161,6 +161,13 @@ def main() -> int:
         # a 0-d read inside a padded region (what pad_mm makes of GPT-2's backward)
         programs.append(compile_fn(lambda x, s: torch.nn.functional.pad(x * s, (0, 3)),
                                    torch.randn(4, 5), torch.tensor(2.0)))
+        # pointwise kernels written as rows x chunks (the experimental pointwise_rows option):
+        # a persistent row and a looped one
+        import test_fusion_counts as fusion
+
+        for cols in (1001, 20001):
+            programs.append(compile_fn(fusion._dlogits, *fusion._dlogits_inputs(cols),
+                                       options={"pointwise_rows": 1000}))
     try:
         toolchain_works()
     except Exception as e:  # no usable nvidia toolchain here

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from inductor_helpers import BF16_TOL, assert_matches, compile_fn, kernel_kinds, run_output_code, run_runtime
@@ -292,3 +293,33 @@ def test_groups_with_the_same_code_share_one_kernel():
     assert launches[0].grid == () and launches[1].grid and "512" in str(launches[1].grid[0])
     assert_matches(run_output_code(program, [x, y]), fn(x, y), atol=1e-5, rtol=1e-5)
     assert_matches(run_runtime(program, [x, y]), fn(x, y), atol=1e-5, rtol=1e-5)
+
+
+def _dlogits(x, lse, t, g):
+    # GPT-2's dlogits in miniature: softmax - onehot, scaled, cast, padded for the matmul
+    p = torch.exp(x.float() - lse)
+    onehot = torch.zeros_like(p).scatter_(1, t[:, None], 1.0)
+    return F.pad(((p - onehot) * g).to(torch.bfloat16), (0, 7))
+
+
+def _dlogits_inputs(cols):
+    x = torch.randn(6, cols).to(torch.bfloat16)
+    return x, torch.logsumexp(x.float(), 1, keepdim=True), torch.randint(0, cols, (6,)), torch.tensor(0.5)
+
+
+def test_pointwise_rows_off_by_default_divides_a_flat_index():
+    inputs = _dlogits_inputs(1001)
+    program = compile_fn(_dlogits, *inputs)
+    assert kernel_kinds(program) == ["poi"]
+    assert "// 1008" in program.kernels[0].source
+
+
+@pytest.mark.parametrize("cols", [1001, 20001])  # a persistent row, and a looped one
+def test_pointwise_rows_writes_row_by_chunk_kernels_without_divisions(cols):
+    inputs = _dlogits_inputs(cols)
+    program = compile_fn(_dlogits, *inputs, options={"pointwise_rows": 1000})
+    assert kernel_kinds(program) == (["per"] if cols < 16384 else ["red"])
+    src = program.kernels[0].source
+    assert f"// {cols + 7}" not in src and f"% {cols + 7}" not in src and f"// {cols}" not in src
+    assert_matches(run_runtime(program, list(inputs)), [_dlogits(*inputs)], atol=2e-2, rtol=2e-2)
+    assert_matches(run_output_code(program, list(inputs)), [_dlogits(*inputs)], atol=2e-2, rtol=2e-2)

@@ -55,6 +55,12 @@ class InductorConfig:
     pointwise_large_numel: int = 1 << 22
     """… from this many elements on, XBLOCK 2048 with 4 warps (16 elements per thread);
     in between, 1024 with 4 warps."""
+    pointwise_rows: int = 0
+    """Experimental, off (0) by default, not yet measured on a GPU: a pointwise kernel over
+    rows at least this long whose length is not a power of two is written as tiles of rows by
+    row chunks (the looped form of a reduction kernel, without a reduction), so no element
+    divides its flat index by the row length. GPT-2's dlogits kernel (rows of 50264) spends
+    most of its instructions on those divisions. ``TORCHFUSE_POINTWISE_ROWS=<length>``."""
     memory_order: bool = True
     """Order ready kernels so that the one freeing the most memory runs first."""
     decompose: bool = True
@@ -87,6 +93,7 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         cache=env.get("TORCHFUSE_COMPILE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off"),
         pad_mm=env.get("TORCHFUSE_PAD_MM", "1").strip().lower() not in ("0", "false", "no", "off"),
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
+        pointwise_rows=max(0, int(env.get("TORCHFUSE_POINTWISE_ROWS", "0") or 0)),
     )
 
 

@@ -351,7 +351,30 @@ class _Builder:
             self._record(gi, node)
             log.debug("fuse %s into kernel %d (domain %s x %s)", node.name, gi, X, R)
         self.merge()
+        if self.config.pointwise_rows:
+            self.split_rows(self.config.pointwise_rows)
         return Schedule(self.finish(self.order()))
+
+    def split_rows(self, min_row: int) -> None:
+        """Pointwise kernels over long rows whose length is not a power of two become row x
+        chunk kernels (``InductorConfig.pointwise_rows``): ``xnumel`` the rows, ``rnumel`` the
+        row length, so indices are ``row * stride + col`` instead of divisions of a flat index."""
+        for g in self.groups:
+            if g["kind"] != GroupKind.POINTWISE or g["rnumel"] != 1:
+                continue
+            shapes = {tuple(n.ranges) for n in g["nodes"]}
+            if len(shapes) != 1:
+                continue
+            (ranges,) = shapes
+            row = ranges[-1] if len(ranges) >= 2 else None
+            if row is None or not row.is_Integer or int(row) < min_row or int(row) & (int(row) - 1) == 0:
+                continue
+            rows = ir.product(ranges[:-1])
+            placed = self.place(g["nodes"], rows, row)
+            if placed is None:
+                continue
+            g["xnumel"], g["rnumel"], g["placed"] = rows, row, placed
+            log.debug("kernel of %s: rows x chunks (%s x %s)", g["nodes"][0].name, rows, row)
 
     def merge(self) -> None:
         """A second chance for reduction kernels the greedy pass kept apart because neither
