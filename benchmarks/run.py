@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     p.add_argument("--cache-hit-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--hit-env", default="", help=argparse.SUPPRESS)  # JSON: workload -> compile env
     return p.parse_args(argv)
 
 
@@ -393,6 +394,10 @@ def run_workload(wl: Any, dev: Device, compilers: Compilers, args: argparse.Name
     for variant in compilers.variants():
         cell: dict[str, Any] = {"ms": None, "error": None}
         row["results"][variant] = cell
+        if variant == "torchfuse":
+            # the environment this compile saw: its cache-hit child gets the same (see
+            # _apply_compile_env)
+            cell["compile_env"] = _compile_env()
         try:
             with deadline(args.variant_timeout_s):
                 compiled = compilers.make(variant, case.fn)
@@ -451,8 +456,11 @@ def cache_hit_worker(args: argparse.Namespace) -> int:
     compilers = Compilers(args)
     compilers.prewarm(dev)
     scale = "small" if args.small else "full"
+    envs = json.loads(Path(args.hit_env).read_text()) if args.hit_env else {}
     for wl in workloads.select([n for n in args.only.split(",") if n]):
         times: dict[str, float | str] = {}
+        if wl.name in envs:
+            _apply_compile_env(envs[wl.name])
         for variant in compilers.variants()[1:]:
             try:
                 case = wl.make_case(dev.device, None, scale)
@@ -495,6 +503,18 @@ def _compile_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(("TRITON_", "TORCHINDUCTOR_", "CUDA_"))}
 
 
+def _apply_compile_env(saved: dict[str, str]) -> None:
+    """Make this process's compile-related environment what ``saved`` records: what a second
+    start of the same program sees. torch.compile, compiling in the parent before or between
+    torchfuse's compiles, may set such variables there (``TRITON_PTXAS_PATH`` for one), and a
+    child inheriting the parent's final environment could then look Triton's cache up under
+    other tools than the cold compile used."""
+    for k in _compile_env():
+        if k not in saved:
+            del os.environ[k]
+    os.environ.update(saved)
+
+
 def _torchfuse_cache_counts() -> dict[str, int]:
     from torchfuse.inductor import cache
 
@@ -525,6 +545,12 @@ def _cache_hit_child(rows: list[dict[str, Any]], names: list[str], args: argpars
                      skip: str, timeout: float) -> str | None:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--cache-hit-worker", "--only", ",".join(names),
            "--device", args.device, skip]
+    envs = {r["name"]: r["results"]["torchfuse"]["compile_env"] for r in rows
+            if r["name"] in names and "compile_env" in r["results"].get("torchfuse", {})}
+    if skip == "--skip-compile" and envs:  # the torchfuse child: each workload's compile environment
+        env_file = Path(args.cache_dir) / "torchfuse_compile_env.json"
+        env_file.write_text(json.dumps(envs))
+        cmd += ["--hit-env", str(env_file)]
     if args.small:
         cmd.append("--small")
     for flag, value in (("--mode", args.mode), ("--dynamic", args.dynamic),

@@ -130,3 +130,24 @@ def test_warm_start_benchmark_measures_cold_and_warm(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(out.read_text())["rows"]
     assert row["errors"] == {} and row["cold_s"] > 0 and row["warm_s"] > 0 and "cumulative" in row["profile"]
+
+
+def test_cache_hit_child_gets_the_compile_environment_of_the_cold_compile(monkeypatch) -> None:
+    """run.py's torchfuse hit child sets each workload's compile-related variables to what its
+    cold compile saw: a variable torch.compile set in the parent later is dropped, one it
+    changed is restored, the others stay."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(BENCH))
+    for key, value in run._compile_env().items():  # restored after the test, whatever it deletes
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/set/later/by/another/compiler")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/changed")
+    monkeypatch.setenv("HOME_OF_SOMETHING_ELSE", "kept")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    run._apply_compile_env({"TRITON_CACHE_DIR": "/cold", "TRITON_INTERPRET": "1"})
+    assert "TRITON_PTXAS_PATH" not in os.environ
+    assert os.environ["TRITON_CACHE_DIR"] == "/cold" and os.environ["TRITON_INTERPRET"] == "1"
+    assert os.environ["HOME_OF_SOMETHING_ELSE"] == "kept"
