@@ -295,6 +295,22 @@ def test_groups_with_the_same_code_share_one_kernel():
     assert_matches(run_runtime(program, [x, y]), fn(x, y), atol=1e-5, rtol=1e-5)
 
 
+def test_shared_kernel_with_symbolic_sizes_takes_each_launch_grid():
+    from torchfuse.graph import trace
+    from torchfuse.inductor import compile_graph
+
+    def fn(x, y):
+        return torch.sin(x) * 2.0 + 1.0, torch.sin(y) * 2.0 + 1.0
+
+    graph, _ = trace(fn, torch.randn(64, 4), torch.randn(100, 4), dynamic={0: [0], 1: [0]})
+    program = compile_graph(graph, options={"cache": False})
+    launches = [s for s in program.steps if isinstance(s, S.LaunchStep)]
+    assert len(program.kernels) == 1 and len(launches) == 2
+    assert "s1" in str(launches[1].grid)  # the second launch's own grid, over the other symbol
+    for a, b in ((torch.randn(7, 4), torch.randn(300, 4)), (torch.randn(300, 4), torch.randn(2, 4))):
+        assert_matches(run_runtime(program, [a, b]), fn(a, b), atol=1e-5, rtol=1e-5)
+
+
 def _dlogits(x, lse, t, g):
     # GPT-2's dlogits in miniature: softmax - onehot, scaled, cast, padded for the matmul
     p = torch.exp(x.float() - lse)
