@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default="")
     p.add_argument("--only", default="gpt2,gpt2_train")
+    p.add_argument("--options", default="",
+                   help='torchfuse compile options as JSON (no spaces through gpu_run.sh), e.g. {"pointwise_rows":1024}')
     args = p.parse_args(argv)
     import torch
     import torchfuse.capture as tf
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpt2_profile: needs CUDA", file=sys.stderr)
         return 1
-    result: dict[str, Any] = {"mm": _mm_alignment(), "rows": {}}
+    result: dict[str, Any] = {"mm": _mm_alignment(), "rows": {}, "torchfuse_options": args.options or None}
     for k, v in result["mm"].items():
         print(f"{k:36s} {v:.3f} ms")
     for wl in workloads.select(args.only.split(",")):
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 fn = torch.compile(case.fn)
             elif variant == "torchfuse":
                 tf.reset()
-                fn = tf.compile(case.fn)
+                fn = tf.compile(case.fn, **({"options": json.loads(args.options)} if args.options else {}))
             else:
                 fn = case.fn
             step = make_step(wl, case, fn)

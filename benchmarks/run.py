@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mode", default=None, help="torchfuse compile mode (e.g. reduce-overhead)")
     p.add_argument("--dynamic", default=None, choices=("true", "false"), help="torchfuse dynamic=")
     p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: default mode)")
+    p.add_argument("--options", default="",
+                   help='torchfuse compile options as JSON, e.g. \'{"pointwise_rows": 1024}\' (an A/B run)')
     p.add_argument("--tag", default=None, help="result file name (default: <device>_<date>)")
     p.add_argument("--out", default=str(HERE / "results"), help="directory for the result files")
     p.add_argument("--cache-dir", default=None, help="root of the compile caches (default: fresh temp)")
@@ -280,6 +282,8 @@ class Compilers:
             kwargs["mode"] = self.args.mode
         if self.args.dynamic is not None:
             kwargs["dynamic"] = self.args.dynamic == "true"
+        if self.args.options:
+            kwargs["options"] = json.loads(self.args.options)
         return self._tf.compile(fn, **kwargs)
 
     def prewarm(self, dev: Device) -> dict[str, str]:
@@ -553,7 +557,7 @@ def _cache_hit_child(rows: list[dict[str, Any]], names: list[str], args: argpars
         cmd += ["--hit-env", str(env_file)]
     if args.small:
         cmd.append("--small")
-    for flag, value in (("--mode", args.mode), ("--dynamic", args.dynamic),
+    for flag, value in (("--mode", args.mode), ("--dynamic", args.dynamic), ("--options", args.options),
                         ("--compile-mode", args.compile_mode),
                         ("--variant-timeout-s", str(args.variant_timeout_s)),
                         ("--cache-dir", args.cache_dir)):
