@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="")
     p.add_argument("--only", default="gpt2,gpt2_train")
     p.add_argument("--options", default="",
-                   help='torchfuse compile options as JSON (no spaces through gpu_run.sh), e.g. {"pointwise_rows":1024}')
+                   help='torchfuse compile options as JSON, e.g. {"pointwise_rows":1024} '
+                        "(no spaces when it goes through gpu_run.sh)")
     args = p.parse_args(argv)
     import torch
     import torchfuse.capture as tf
