@@ -175,7 +175,7 @@ class Epilogue:
         """A stable text of what the epilogue computes (for decision-cache keys and logs)."""
         parts = []
         for s in self.steps:
-            args = ",".join(_operand_text(a) for a in s.args)
+            args = ",".join(operand_text(a) for a in s.args)
             extra = (f"*{s.alpha:g}" if s.alpha != 1.0 else "") + (f":{s.dtype}" if s.dtype else "")
             extra += f":{s.approximate}" if s.op is EOp.GELU else ""
             parts.append(f"{s.op.name.lower()}({args}){extra}")
@@ -187,7 +187,8 @@ class Epilogue:
         return "".join(f"+{s.op.name.lower()}" for s in self.steps if s.op not in RESHAPES)
 
 
-def _operand_text(a: Operand) -> str:
+def operand_text(a: Operand) -> str:
+    """An operand as the epilogue's Triton text names it: ``acc``, ``v<i>``, ``x<i>`` or a literal."""
     if isinstance(a, Acc):
         return "acc"
     if isinstance(a, Val):
@@ -474,6 +475,6 @@ def _renumber_extras(steps: list[Step], g: _Grower, nodes: tuple[int, ...], out:
 
 __all__ = [
     "BINARY", "CASTS", "FLOAT_DTYPES", "OPS", "RESHAPES", "SCALED", "UNARY", "Acc", "Const", "Domain", "EOp",
-    "Epilogue", "Ext", "Extra", "Operand", "Step", "Val", "grow_epilogue", "mutates", "static_meta",
-    "value_uses",
+    "Epilogue", "Ext", "Extra", "Operand", "Step", "Val", "grow_epilogue", "mutates", "operand_text",
+    "static_meta", "value_uses",
 ]

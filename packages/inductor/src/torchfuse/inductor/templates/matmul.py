@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from torchfuse.graph import schema as S
@@ -33,16 +33,12 @@ from torchfuse.inductor.templates.epilogue import (
     CASTS,
     FLOAT_DTYPES,
     RESHAPES,
-    Acc,
-    Const,
     Domain,
     EOp,
     Epilogue,
-    Ext,
-    Operand,
     Step,
     Strides3,
-    Val,
+    operand_text,
     static_meta,
 )
 
@@ -101,43 +97,6 @@ DEFAULT_CONFIGS: tuple[MMConfig, ...] = (
 
 
 @dataclass(frozen=True, slots=True)
-class Matmul:
-    """A matched matmul node and the epilogue it absorbs."""
-
-    kind: MMKind
-    index: int
-    """Position of the matmul node in ``graph.nodes``."""
-    a: str
-    b: str
-    bias: str | None
-    dtype: str
-    batch: int
-    m: int
-    n: int
-    k: int
-    a_strides: Strides3
-    """``a``'s strides over (batch, row, k)."""
-    b_strides: Strides3
-    """``b``'s strides over (batch, k, col)."""
-    device: str
-    epilogue: Epilogue
-
-    @property
-    def domain(self) -> Domain:
-        return Domain(self.batch, self.m, self.n, self.kind in BATCHED)
-
-    def describe(self) -> str:
-        """``mm 33x40x17 f32 +add+relu`` (M x N x K), for log lines."""
-        b = f"{self.batch}x" if self.kind in BATCHED else ""
-        return " ".join(x for x in (self.kind.name.lower(), f"{b}{self.m}x{self.n}x{self.k}",
-                                    _SHORT[self.dtype], self.epilogue.summary()) if x)
-
-    def tensors(self) -> list[str]:
-        """Graph values passed to the kernel, in order; the output buffer comes after them."""
-        return [self.a, self.b, *(e.name for e in self.epilogue.extras)]
-
-
-@dataclass(frozen=True, slots=True)
 class MatmulOperands:
     """What :func:`match_matmul` reads off a matmul node (the epilogue comes later)."""
 
@@ -151,12 +110,33 @@ class MatmulOperands:
     n: int
     k: int
     a_strides: Strides3
+    """``a``'s strides over (batch, row, k)."""
     b_strides: Strides3
+    """``b``'s strides over (batch, k, col)."""
     device: str
 
     @property
     def domain(self) -> Domain:
         return Domain(self.batch, self.m, self.n, self.kind in BATCHED)
+
+
+@dataclass(frozen=True, slots=True)
+class Matmul(MatmulOperands):
+    """A matched matmul node and the epilogue it absorbs."""
+
+    index: int
+    """Position of the matmul node in ``graph.nodes``."""
+    epilogue: Epilogue
+
+    def describe(self) -> str:
+        """``mm 33x40x17 f32 +add+relu`` (M x N x K), for log lines."""
+        b = f"{self.batch}x" if self.kind in BATCHED else ""
+        return " ".join(x for x in (self.kind.name.lower(), f"{b}{self.m}x{self.n}x{self.k}",
+                                    _SHORT[self.dtype], self.epilogue.summary()) if x)
+
+    def tensors(self) -> list[str]:
+        """Graph values passed to the kernel, in order; the output buffer comes after them."""
+        return [self.a, self.b, *(e.name for e in self.epilogue.extras)]
 
 
 def _is_one(a: S.Argument | None) -> bool:
@@ -211,8 +191,7 @@ def match_matmul(graph: S.Graph, node: S.Node, device_ok: Callable[[str], bool])
 
 def with_epilogue(ops: MatmulOperands, index: int, epilogue: Epilogue) -> Matmul:
     """The :class:`Matmul` of ``ops`` at ``graph.nodes[index]`` with ``epilogue``."""
-    return Matmul(ops.kind, index, ops.a, ops.b, ops.bias, ops.dtype, ops.batch, ops.m, ops.n, ops.k,
-                  ops.a_strides, ops.b_strides, ops.device, epilogue)
+    return Matmul(*(getattr(ops, f.name) for f in fields(MatmulOperands)), index=index, epilogue=epilogue)
 
 
 def fit_configs(configs: Sequence[MMConfig], mm: Matmul) -> tuple[MMConfig, ...]:
@@ -282,17 +261,6 @@ EXPRESSIONS: Mapping[EOp, Callable[[Step, list[str]], str]] = {
 
 def _needs_tanh(epi: Epilogue) -> bool:
     return any(s.op is EOp.TANH or (s.op is EOp.GELU and s.approximate == "tanh") for s in epi.steps)
-
-
-def _operand(a: Operand) -> str:
-    if isinstance(a, Acc):
-        return "acc"
-    if isinstance(a, Val):
-        return f"v{a.index}"
-    if isinstance(a, Ext):
-        return f"x{a.index}"
-    assert isinstance(a, Const)
-    return repr(a.value)
 
 
 def _offset(strides: Strides3, prefix: str, batched: bool) -> tuple[str, str | None]:
@@ -415,7 +383,7 @@ def kernel_source(mm: Matmul, *, fp32_precision: str = "ieee", upcast_dot: bool 
         masked = f", mask={m}, other=0.0" if m else ""
         lines.append(f"x{i} = tl.load(x{i}_ptr + {offset}{masked}).to(tl.float32)")
     for i, s in enumerate(epi.steps):
-        lines.append(f"v{i} = {EXPRESSIONS[s.op](s, [_operand(a) for a in s.args])}")
+        lines.append(f"v{i} = {EXPRESSIONS[s.op](s, [operand_text(a) for a in s.args])}")
     result = f"v{len(epi.steps) - 1}" if epi.steps else "acc"
     offset, _ = _offset(epi.out_strides, "O", batched)
     lines.append(f"tl.store(out_ptr + {offset}, {result}.to({_TL_DTYPE[epi.out_meta.dtype]}), mask=mask)")
