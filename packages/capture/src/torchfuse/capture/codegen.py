@@ -97,8 +97,10 @@ def resume_code(code: types.CodeType, offset: int, nulls: tuple[bool, ...],
                         Instr("LOAD_FAST", next(it), location=loc))
     prologue.append(Instr("JUMP_FORWARD", start, location=loc))
     new.extend(prologue + body)
-    out = new.to_code(stacksize=code.co_stacksize + len(nulls) + 4,
-                      compute_exception_stack_depths=False)
+    # the exception table's stack depths are computed again: bytecode does not keep the
+    # original ones when asked not to, and a handler entered at depth 0 would lose the
+    # ``__exit__`` of a resumed ``with`` block
+    out = new.to_code()
     mine = [i for i in dis.get_instructions(out) if i.opname != "EXTENDED_ARG"][len(prologue):]
     theirs = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     return out, {a.offset: b.offset for a, b in zip(mine, theirs, strict=True)}
@@ -145,6 +147,36 @@ def step_code(code: types.CodeType, offset: int, nulls: tuple[bool, ...], kw_nam
     return new.to_code(stacksize=depth, compute_exception_stack_depths=False)
 
 
+def routed_code(code: types.CodeType, offset: int, depth: int, hook: object) -> types.CodeType:
+    """``code`` with the ``CALL`` at ``offset`` calling ``hook(callable)`` in place of its
+    callable, which sits ``depth`` slots below the top of the stack (1 is the top).
+
+    A frame that runs in Python after a graph break it cannot resume from (the break is in a
+    ``try`` block, say) runs this code instead of its own: the call that broke inside is then
+    compiled as a frame of its own, as it would be after a break that resumes. The hook's
+    call goes in before the ``KW_NAMES``/``PRECALL`` that belong to the ``CALL``."""
+    bc, by_offset = _aligned(code)
+    target = by_offset[offset]
+    if target.name not in ("CALL", "CALL_FUNCTION_EX"):
+        raise Unsupported(f"cannot route {target.name} at offset {offset}")
+    at = next(i for i, x in enumerate(bc) if x is target)
+    while target.name == "CALL" and at > 0 and isinstance(bc[at - 1], Instr) and \
+            bc[at - 1].name in ("PRECALL", "KW_NAMES"):
+        at -= 1
+    loc = target.location
+    seq = [Instr("SWAP", depth, location=loc)] if depth > 1 else []
+    # [.., f] -> [.., NULL, hook, f] -> [.., hook(f)]
+    seq += [Instr("PUSH_NULL", location=loc), Instr("SWAP", 2, location=loc),
+            Instr("LOAD_CONST", hook, location=loc), Instr("SWAP", 2, location=loc)]
+    if CALL_NEEDS_PRECALL:
+        seq.append(Instr("PRECALL", 1, location=loc))
+    seq.append(Instr("CALL", 1, location=loc))
+    if depth > 1:
+        seq.append(Instr("SWAP", depth, location=loc))
+    bc[at:at] = seq
+    return bc.to_code()
+
+
 def method_load_instr(ins: Instr) -> bool:
     return is_method_load_arg(ins.name, ins.arg)
 
@@ -187,4 +219,4 @@ def make_function(code: types.CodeType, f_globals: dict, cells: tuple) -> types.
     return types.FunctionType(code, f_globals, code.co_name, None, tuple(cells))
 
 
-__all__ = ["closure_names", "make_function", "resume_code", "step_code"]
+__all__ = ["closure_names", "make_function", "resume_code", "routed_code", "step_code"]

@@ -40,7 +40,13 @@ from torchfuse.capture.dynamic import (
     out_of_range,
     size_changes,
 )
-from torchfuse.capture.errors import GraphBreakInFullgraph, RecompileLimitExceeded, Unsupported
+from torchfuse.capture.errors import (
+    GraphBreakInFullgraph,
+    RecompileLimitExceeded,
+    Unsupported,
+    break_stack,
+    where,
+)
 from torchfuse.capture.guards import module_version, watch_module_attributes
 from torchfuse.capture.output import compile_side_effects, compile_spec
 from torchfuse.capture.resume import (
@@ -69,6 +75,9 @@ class Entry:
         self.eager = result.error is not None and result.plan is None
         self.params: list[Any] = []
         self.breaker: BreakRunner | None = None
+        self.routed: types.CodeType | None = None
+        """For an eager entry whose break was inside a call: the frame's code with that call
+        routed through capture (:func:`routed_eager_code`)."""
         if not self.eager:
             ns = dict(result.checks.namespace)
             self.gather, self.fetch_params = _gather_functions(result.inputs, ns)
@@ -164,6 +173,8 @@ class CompiledFunction:
             weakref.WeakKeyDictionary()
         self._logged_breaks: set[tuple] = set()
         self._warned = False
+        self._warned_eager = False
+        self._checked_graphs = False
         self._last_failure: str | None = None
         self._backend_fn: Backend | None = None
         functools.update_wrapper(self, fn)
@@ -176,7 +187,20 @@ class CompiledFunction:
         out = self._dispatch(L, self.closure, args, kwargs)
         while type(out) is Continue:  # graph breaks: a flat trampoline, loops never nest
             out = out.target._dispatch(out.args, out.cells, out.args, None)
+        if not self._checked_graphs and self.root is self:
+            self._checked_graphs = True
+            self._check_graphs()
         return out
+
+    def _check_graphs(self) -> None:
+        """After the first call: a function that broke and captured no graph at all ran
+        entirely in Python, which the user must hear about."""
+        if self.graph_count() or not self.results:
+            return
+        err = next((r.error for r in self.results if is_user_break(r)), None)
+        if err is not None:
+            self._warn_eager(f"{self.name} captured no graph and ran eagerly; the first break: "
+                             f"{err.reason} at {where(err.loc)}")
 
     def _dispatch(self, L: tuple[Any, ...], C_: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
         G = self.globals
@@ -184,12 +208,21 @@ class CompiledFunction:
         for e in self.entries:
             if e.fast(L, G, C_) and (e.version == ver or e.revalidate(L, G, C_)):
                 if e.eager:
-                    return self._eager(C_, args, kwargs)
+                    return self._eager(C_, args, kwargs, e.routed)
                 return e.run(L, G, C_)
         return self._miss(args, kwargs, L, C_)
 
-    def _eager(self, C_: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
+    def _eager(self, C_: Any, args: tuple[Any, ...], kwargs: Any,
+               code: types.CodeType | None = None) -> Any:
+        if code is None:
+            return self.fn(*args, **kwargs)
+        fn = self.fn
+        routed = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        routed.__kwdefaults__ = fn.__kwdefaults__
+        return routed(*args, **kwargs)
+
+    def _frame_code(self) -> types.CodeType:
+        return self.fn.__code__
 
     def _capture(self, L: tuple[Any, ...], C_: Any) -> CaptureResult:
         return capture(self.fn, L, self.name, dynamic=self._policy())
@@ -205,10 +238,11 @@ class CompiledFunction:
                         local_names: tuple[str, ...]) -> ResumeFunction:
         """The resume function of ``code`` at ``offset`` for this stack layout (cached)."""
         root = self.root
-        key = (code, offset, nulls, local_names)
+        key = (code, offset, nulls, local_names, id(self.globals))
         rf = root.resumes.get(key)
         if rf is None:
-            rf = root.resumes[key] = ResumeFunction(root, resume_code_for(code, offset, nulls, local_names))
+            rf = root.resumes[key] = ResumeFunction(root, resume_code_for(code, offset, nulls, local_names),
+                                                    self.globals)
         return rf
 
     def callee(self, fn: Any) -> Callable[..., Any] | None:
@@ -235,7 +269,7 @@ class CompiledFunction:
             root.callees[fn] = cf
         return cf
 
-    def _record(self, result: CaptureResult) -> None:
+    def _record(self, result: CaptureResult, routed: bool = False) -> None:
         result.part = self.root is not self
         self.root.results.append(result)
         _write_debug(result)
@@ -247,9 +281,28 @@ class CompiledFunction:
         key = (err.loc.file, err.loc.line, err.reason) if err.loc is not None else (err.reason,)
         if key not in self.root._logged_breaks:
             self.root._logged_breaks.add(key)
-            how = "resuming after it" if result.plan is not None else \
-                f"running the frame eagerly ({getattr(err, 'fallback', 'cannot resume')})"
-            C.logger("breaks").info("graph break in %s: %s; %s", self.name, err, how)
+            fallback = getattr(err, "fallback", None) or "cannot resume"
+            if result.plan is not None:
+                how = "resuming after it"
+            elif routed:
+                how = (f"running {self.name} in Python ({fallback}); the call that broke is "
+                       f"compiled as a frame of its own")
+            else:
+                how = f"running the frame eagerly ({fallback})"
+            C.logger("breaks").info("graph break in %s: %s%s; %s", self.name, err,
+                                    break_stack(err), how)
+            if result.plan is None and not routed:
+                self.root._warn_eager(f"{self.name} runs eagerly, with everything it calls: "
+                                      f"{err.reason} at {where(err.loc)} ({fallback})")
+
+    def _warn_eager(self, message: str) -> None:
+        """Say once per compiled function that a real part of it runs eagerly."""
+        if self._warned_eager:
+            return
+        self._warned_eager = True
+        warnings.warn(f"torchfuse: {message}. TORCHFUSE_LOGS=breaks shows every break; "
+                      f"explain() shows them with the graphs.", EagerFallbackWarning,
+                      stacklevel=_user_stacklevel())
 
     # ----------------------------------------------------------------- misses
     def _miss(self, args: tuple[Any, ...], kwargs: Any, L: tuple[Any, ...], C_: Any) -> Any:
@@ -276,9 +329,13 @@ class CompiledFunction:
                 f"it stays specialized in the new entry ({why})"
             C.logger("recompiles").info("%s: %s.size(%d) changed %d -> %d; %s", self.name,
                                         ch.display, ch.dim, ch.old, ch.new, how)
-        self._record(result)
+        routed = None
+        if result.error is not None and result.plan is None:
+            routed = routed_eager_code(result.error, self._frame_code(), self)
+        self._record(result, routed is not None)
         if result.error is not None and result.plan is None:
             entry = Entry(result, None)
+            entry.routed = routed
         else:
             _log_graph(result)
             compiled = self._compile_graph(result, L, C_)
@@ -297,7 +354,7 @@ class CompiledFunction:
         entry.version = module_version[0]
         self.entries.append(entry)
         if entry.eager:
-            return self._eager(C_, args, kwargs)
+            return self._eager(C_, args, kwargs, entry.routed)
         return entry.run(L, G, C_)
 
     def _compile_graph(self, result: CaptureResult, L: tuple[Any, ...], C_: Any) -> Callable[..., list[Any]]:
@@ -370,6 +427,8 @@ class CompiledFunction:
         self.recompiles = 0
         self.auto_dynamic.clear()
         self._warned = False
+        self._warned_eager = False
+        self._checked_graphs = False
 
 
 _CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -412,14 +471,15 @@ class ResumeFunction(CompiledFunction):
     the live stack values and locals, its closure the live cells (new on every call, so
     they are passed per call rather than fixed on the object)."""
 
-    def __init__(self, root: CompiledFunction, code: types.CodeType) -> None:
+    def __init__(self, root: CompiledFunction, code: types.CodeType, f_globals: dict[str, Any]) -> None:
         self.code = code
-        self.fn = codegen.make_function(code, root.globals, ())  # for names; never called
+        self.fn = codegen.make_function(code, f_globals, ())  # for names; never called
         self.backend = root.backend
         self.fullgraph = root.fullgraph
         self.dynamic, self.mode, self.options = root.dynamic, root.mode, root.options
         self.bound_self = None
-        self.globals = root.globals
+        self.globals = f_globals
+        """The globals of the function it continues (a compiled callee's, not the root's)."""
         self.closure = None
         self.entries: list[Entry] = []
         self.cache = {code: self.entries}
@@ -432,18 +492,64 @@ class ResumeFunction(CompiledFunction):
         self.callees = weakref.WeakKeyDictionary()
         self._logged_breaks = set()
         self._warned = False
+        self._warned_eager = False
+        self._checked_graphs = False
         self._last_failure = None
         self._backend_fn = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - not user-facing
         raise TypeError("resume functions are called by the trampoline")
 
-    def _eager(self, C_: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
-        return codegen.make_function(self.code, self.globals, C_)(*args)
+    def _eager(self, C_: Any, args: tuple[Any, ...], kwargs: Any,
+               code: types.CodeType | None = None) -> Any:
+        return codegen.make_function(code or self.code, self.globals, C_)(*args)
+
+    def _frame_code(self) -> types.CodeType:
+        return self.code
 
     def _capture(self, L: tuple[Any, ...], C_: Any) -> CaptureResult:
         fn = codegen.make_function(self.code, self.globals, C_)
         return capture(fn, L, self.name, wrap_arg=wrap_resume_arg, dynamic=self._policy())
+
+
+class EagerFallbackWarning(RuntimeWarning):
+    """A compiled function runs a real part of its work eagerly (no graph, or a whole frame
+    with everything it calls). Filter it with :mod:`warnings`, or set
+    ``torchfuse.capture.config.quiet_fallback``."""
+
+
+def routed_eager_code(err: Unsupported, code: types.CodeType, owner: CompiledFunction) -> types.CodeType | None:
+    """The code an eager frame runs when its break was inside a call: the same code, with that
+    call going through :meth:`CompiledFunction.callee` (the callee is captured as a frame of
+    its own, recursively). ``None`` when the break was not inside a call of this frame."""
+    if len(err.break_chain) < 2:
+        return None
+    state = err.break_chain[-1]
+    inst = state.instruction
+    if state.frame.code is not code or inst.opname not in ("CALL", "CALL_FUNCTION_EX"):
+        return None
+    if inst.opname == "CALL_FUNCTION_EX":  # [NULL, callable, args, (kwargs)]
+        depth = 2 + ((inst.arg or 0) & 1)
+    else:  # [NULL, callable, args...] or [method, self, args...]
+        from torchfuse.capture import variables as V
+
+        argc = inst.arg or 0
+        if len(state.stack) < argc + 2:
+            return None
+        below = state.stack[-(argc + 2)]
+        depth = argc + 1 if below is V.NULL or below is V.UNBOUND else argc + 2
+    root = owner.root
+
+    def route(fn: Any) -> Any:
+        compiled = root.callee(fn)
+        return fn if compiled is None else compiled
+
+    try:
+        return codegen.routed_code(code, state.instruction.offset, depth, route)
+    except Exception as e:  # the frame still runs, eagerly as before: say why in the log
+        C.logger("breaks").info("cannot route the call at %s: %s: %s", where(err.loc),
+                                type(e).__name__, e)
+        return None
 
 
 def _log_graph(result: CaptureResult) -> None:
@@ -591,5 +697,5 @@ def reset() -> None:
         cf.reset()
 
 
-__all__ = ["CompiledFunction", "CompiledModule", "Unsupported", "compile", "dynamic_requests",
+__all__ = ["CompiledFunction", "CompiledModule", "EagerFallbackWarning", "Unsupported", "compile", "dynamic_requests",
            "mark_dynamic", "reset"]

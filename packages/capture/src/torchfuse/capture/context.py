@@ -20,7 +20,9 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.dynamic import DynamicPolicy, symbolic_dims
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.guards import GuardSet, SymbolBinding
+
 from torchfuse.capture.source import (
+    AttrSource,
     GlobalSource,
     ItemSource,
     LocalSource,
@@ -160,6 +162,17 @@ class Capture:
                 guards.keys(source, tuple(value))
             return V.DictVar({k: self.wrap(v, ItemSource(source, k) if source else None)
                               for k, v in value.items()}, source)
+        if _is_plain_dict_subclass(value):
+            # a dict subclass written in Python (a registry, a config mapping): its items are
+            # read like a dict's, what the subclass defines in Python runs interpreted
+            if source is not None:
+                guards.type_(source, type(value))
+                guards.keys(source, tuple(dict.keys(value)))
+            items = {k: self.wrap(v, ItemSource(source, k) if source else None)
+                     for k, v in dict.items(value)}
+            attrs = {k: self.wrap(v, AttrSource(source, k) if source else None)
+                     for k, v in vars(value).items()}
+            return V.DictVar(items, source, kind=type(value), attrs=attrs)
         if type(value) in (set, frozenset) and all(V.is_constant(v) for v in value):
             if source is not None:
                 guards.constant(source, value) if type(value) is frozenset else guards.type_(source, set)
@@ -289,3 +302,26 @@ def _is_user_object(value: Any) -> bool:
     if mod == "builtins" or mod.startswith("torch") or inspect.isroutine(value):
         return False
     return hasattr(value, "__dict__")
+
+
+_DICT_READERS = ("__getitem__", "__iter__", "keys", "__len__", "__contains__", "__getattribute__",
+                 "__getattr__")
+
+
+def _is_plain_dict_subclass(value: Any) -> bool:
+    """A subclass of ``dict`` defined in Python, directly over ``dict`` (not ``OrderedDict`` or
+    ``defaultdict``), with constant keys, whose item reads and attribute reads are dict's and
+    object's own: guards may read its keys and items as a dict's."""
+    from torchfuse.capture.values import HEAPTYPE
+
+    cls = type(value)
+    if not isinstance(value, dict) or cls is dict or not hasattr(value, "__dict__"):
+        return False
+    if dataclasses.is_dataclass(cls):
+        return False
+    for klass in cls.__mro__[:cls.__mro__.index(dict)]:
+        if not klass.__flags__ & HEAPTYPE:
+            return False
+        if any(name in klass.__dict__ for name in _DICT_READERS):
+            return False
+    return all(V.is_constant(k) for k in dict.keys(value))

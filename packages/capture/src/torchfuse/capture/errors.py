@@ -21,6 +21,20 @@ def where(loc: SourceLoc | None) -> str:
     return text
 
 
+def break_stack(error: Unsupported) -> str:
+    """The user-code call stack of a break inside inlined calls, outermost first (empty for a
+    break in the compiled frame itself)."""
+    chain = getattr(error, "break_chain", None) or []
+    if len(chain) < 2:
+        return ""
+    lines = []
+    for state in reversed(chain[1:]):  # the innermost frame's line is the break's own location
+        loc = state.frame.location(state.instruction)
+        if loc is not None:
+            lines.append(f"    {loc.file}:{loc.line} in {loc.function}")
+    return "\n  called from (outermost first):\n" + "\n".join(lines) if lines else ""
+
+
 class CaptureError(RuntimeError):
     """Base class of every error torchfuse-capture raises on purpose."""
 

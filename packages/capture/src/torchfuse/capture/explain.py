@@ -126,6 +126,7 @@ def collect(func: types.FunctionType, bound_self: Any, args: tuple[Any, ...],
 
     cf = CompiledFunction(func, backend="eager", fullgraph=False, dynamic=dynamic, mode=None,
                           options=None, bound_self=bound_self)
+    cf._warned_eager = True  # explain reports its breaks itself
     try:
         cf(*args, **kwargs)
     except DynamicShapeError:

@@ -302,4 +302,14 @@ def iterate(var: V.Var) -> list[V.Var]:
         return [V.ConstVar(v) for v in var.python()]
     if isinstance(var, V.ObjVar) and var.source is not None:
         return [ctx.wrap(v, ItemSource(var.source, i)) for i, v in enumerate(var.value)]
+    if isinstance(var, V.UserObjVar):
+        # ``__iter__`` written in Python (``collections.abc.Sequence``'s own, over the class's
+        # ``__len__``/``__getitem__``, included): run it interpreted, a generator to its end
+        it = inspect.getattr_static(type(var.value), "__iter__", None)
+        if isinstance(it, types.FunctionType):
+            from torchfuse.capture.calls import call
+
+            result = call(V.BoundMethodVar(V.ObjVar(it), var), [], {})
+            if result is not var:
+                return iterate(result)
     raise Unsupported(f"iteration over {var.describe()}", ctx.loc)

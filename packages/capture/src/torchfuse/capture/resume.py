@@ -493,7 +493,7 @@ class BreakRunner:
             codegen.make_function(self.step_code, self.f_globals, ())
         self.targets: list[Any] = [None, None]
         insts, index_of = instructions(plan.code)
-        self.user_call = insts[index_of[plan.offset]].opname == "CALL" and \
+        self.user_call = insts[index_of[plan.offset]].opname in ("CALL", "CALL_FUNCTION_EX") and \
             getattr(plan.error, "inside_call", False)
 
     def __call__(self, outs: list[Any], L: Any, G: Any, C: Any) -> Any:
