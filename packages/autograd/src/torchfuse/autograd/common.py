@@ -10,6 +10,7 @@ import torch
 from torchfuse.graph import printer
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
+from torchfuse.graph.interpreter import no_autocast
 from torchfuse.graph.ops import decode_arg, node_inputs, rename_arg, tensor_refs, to_dtype
 from torchfuse.graph.symbolic import SizeEnv, env_from_symbols
 from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder
@@ -97,8 +98,15 @@ def retrace_builder(graph: S.Graph, name: str) -> tuple[GraphBuilder, SizeEnv | 
 
 
 def retracing(env: SizeEnv | None) -> contextlib.AbstractContextManager:
-    """Torch code on symbolic fakes needs the Python dispatcher (see ``SizeEnv.tracing``)."""
-    return env.tracing() if env is not None else contextlib.nullcontext()
+    """The context every pass re-runs a graph in: autocast off, since a graph's ops already
+    carry the dtypes autocast gave them at capture (see :class:`torchfuse.graph.interpreter.no_autocast`;
+    an enclosing ``torch.autocast`` would cast them again, and the backward formulas too); and,
+    for symbolic fakes, the Python dispatcher (see ``SizeEnv.tracing``)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(no_autocast())
+    if env is not None:
+        stack.enter_context(env.tracing())
+    return stack
 
 
 def decode(arg: S.Argument, values: Mapping[str, object], env: SizeEnv | None) -> object:

@@ -53,7 +53,7 @@ from torchfuse.autograd.partition import Partition, Strategy, num_saved, partiti
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
-from torchfuse.graph.interpreter import bind_symbols
+from torchfuse.graph.interpreter import bind_symbols, device_types, no_autocast
 from torchfuse.graph.ops import to_dtype
 from torchfuse.graph.torchfuse_ops import records_grad
 
@@ -196,6 +196,7 @@ class AotFunction:
         self.debug_name = observe.current_graph() or graph.name
         # a body that runs entirely under no_grad needs no joint graph, whatever the caller's mode
         self._records_grad = records_grad(graph)
+        self._autocast_types = device_types(graph)
         flat, self._spec = _flatten_outputs(graph)
         self._flat = flat
         t0 = time.perf_counter()
@@ -363,24 +364,27 @@ class AotFunction:
         if self.requires_grad is not None:
             rg = tuple(a and b for a, b in zip(rg, self.requires_grad, strict=True))
         training = torch.is_grad_enabled() and any(rg) and self._records_grad
-        with observe.compiling(self.debug_name):
-            plan = self.plan(rg, training, self.sizes_key(inputs))
-        if plan.forward is None:
-            if training and self.compile_backward_early and plan.backward is None:
-                assert plan.partition is not None
-                with observe.compiling(self.debug_name, role="backward"):
-                    plan.backward = self.bw_compiler(plan.partition.backward, [])
-                start = getattr(plan.backward, "precompile_async", None)
-                if start is not None:
-                    start()
+        # the graph's ops carry autocast's dtypes already: passes, compilers and the compiled
+        # halves all run with autocast off, or an enclosing autocast would cast them again
+        with no_autocast(self._autocast_types):
             with observe.compiling(self.debug_name):
-                plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
-        if training:
-            outs = list(_CompiledFunction.apply(self, plan, *inputs))
-        else:
-            with torch.no_grad():
-                outs = list(plan.forward(*inputs))[: len(plan.functional.outputs)]
-        return self._epilogue(plan.functional, inputs, outs)
+                plan = self.plan(rg, training, self.sizes_key(inputs))
+            if plan.forward is None:
+                if training and self.compile_backward_early and plan.backward is None:
+                    assert plan.partition is not None
+                    with observe.compiling(self.debug_name, role="backward"):
+                        plan.backward = self.bw_compiler(plan.partition.backward, [])
+                    start = getattr(plan.backward, "precompile_async", None)
+                    if start is not None:
+                        start()
+                with observe.compiling(self.debug_name):
+                    plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
+            if training:
+                outs = list(_CompiledFunction.apply(self, plan, *inputs))
+            else:
+                with torch.no_grad():
+                    outs = list(plan.forward(*inputs))[: len(plan.functional.outputs)]
+            return self._epilogue(plan.functional, inputs, outs)
 
     def _epilogue(self, g: S.Graph, inputs: Sequence[Any], outs: list[Any]) -> list[Any]:
         position = {i.name: k for k, i in enumerate(g.inputs)}
@@ -462,7 +466,9 @@ class _CompiledFunction(torch.autograd.Function):
             tangents.append(g.contiguous())
             assert plan.tangent_of[i] == k
         create_graph = torch.is_grad_enabled()
-        with torch.no_grad():
+        # autocast off as in the forward: the backward graph's dtypes were fixed when it was
+        # traced (an autocast around ``.backward()`` must not cast its ops again)
+        with torch.no_grad(), no_autocast(fn._autocast_types):
             if plan.backward is None:
                 with observe.compiling(fn.debug_name, role="backward"):
                     plan.backward = fn.bw_compiler(part.backward, [*saved, *tangents])

@@ -148,10 +148,27 @@ def _log_noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _object_attr(obj: V.UserObjVar, name: str) -> V.Var:
+def _object_attr(obj: V.UserObjVar, name: str, plain: bool = False) -> V.Var:
+    """``obj.<name>``; ``plain``: as ``object.__getattribute__`` reads it (what a class's own
+    ``__getattribute__`` reaches through ``super()``)."""
     ctx = current()
+    if not plain and obj.is_new:
+        custom = inspect.getattr_static(type(obj.value), "__getattribute__", None)
+        if isinstance(custom, types.FunctionType):  # made during capture: interpret it
+            from torchfuse.capture.calls import call
+
+            return call(V.BoundMethodVar(V.ObjVar(custom), obj), [V.ConstVar(name)], {})
     if name in obj.overrides:
         return obj.overrides[name]
+    if name == "__dict__" and obj.source is not None and not obj.overrides and \
+            type(getattr(obj.value, "__dict__", None)) is dict:
+        # the instance's own dict, read (and written) like any dict from outside
+        return ctx.wrap(obj.value.__dict__, AttrSource(obj.source, "__dict__"))
+    if name == "__dict__" and obj.is_new and all(isinstance(k, str) for k in obj.overrides):
+        # an object made during capture: its attributes are its dict (one mapping, shared)
+        view = V.DictVar({})
+        view.items = obj.overrides
+        return view
     if isinstance(obj.value, logging.Logger) and name.startswith(_LOG_LEVELS) and \
             callable(getattr(obj.value, name, None)):
         return V.ObjVar(_log_noop)
@@ -261,8 +278,16 @@ def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
     raise Unsupported(f"super() has no attribute {name!r}", current().loc)
 
 
-def setattr_var(obj: V.Var, name: str, value: V.Var) -> None:
+def setattr_var(obj: V.Var, name: str, value: V.Var, plain: bool = False) -> None:
+    """``obj.<name> = value``; ``plain``: as ``object.__setattr__`` stores it."""
     ctx = current()
+    if not plain and isinstance(obj, V.UserObjVar) and obj.is_new:
+        custom = inspect.getattr_static(type(obj.value), "__setattr__", None)
+        if isinstance(custom, types.FunctionType):  # made during capture: interpret it
+            from torchfuse.capture.calls import call
+
+            call(V.BoundMethodVar(V.ObjVar(custom), obj), [V.ConstVar(name), value], {})
+            return
     if isinstance(obj, V.DictVar) and obj.kind is not dict and obj.source is None:
         from torchfuse.capture.calls import call
 

@@ -8,6 +8,7 @@ table is written out here, in one place; callables not in it fall to the generic
 from __future__ import annotations
 
 import builtins
+import copy
 import functools
 import inspect
 import math
@@ -23,6 +24,7 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.dynamic import SYM_TYPES, concrete
 from torchfuse.capture.errors import Unsupported, UserException
+from torchfuse.capture.source import AttrSource
 from torchfuse.capture.values import from_py, to_py
 from torchfuse.graph.symbolic import SpecializationError
 
@@ -79,6 +81,15 @@ def _len(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         return V.ConstVar(sizes[0])
     if isinstance(x, V.ModuleVar):
         return V.ConstVar(len(x.value))
+    if isinstance(x, V.UserObjVar):
+        raw = inspect.getattr_static(type(x.value), "__len__", None)
+        if isinstance(raw, types.FunctionType):  # the class's own, interpreted (and guarded)
+            from torchfuse.capture.calls import call
+
+            n = call(V.BoundMethodVar(V.ObjVar(raw), x), [], {})
+            if not isinstance(n, V.ConstVar) or not isinstance(n.value, int) or n.value < 0:
+                raise Unsupported(f"__len__ of {x.describe()} gave {n.describe()}", current().loc)
+            return V.ConstVar(n.value)
     return V.ConstVar(len(x.python()))
 
 
@@ -116,6 +127,31 @@ def _setattr(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 
     setattr_var(args[0], args[1].python(), args[2])
     return V.ConstVar(None)
+
+
+def _object_getattribute(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture.attrs import _object_attr, getattr_var
+
+    obj, name = args[0], args[1].python()
+    return _object_attr(obj, name, plain=True) if isinstance(obj, V.UserObjVar) else getattr_var(obj, name)
+
+
+def _object_setattr(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture.attrs import setattr_var
+
+    setattr_var(args[0], args[1].python(), args[2], plain=True)
+    return V.ConstVar(None)
+
+
+def _delattr(args: list[V.Var], kwargs: dict[str, V.Var], plain: bool = False) -> V.Var:
+    obj, name = args[0], args[1].python()
+    if isinstance(obj, V.UserObjVar) and obj.is_new and (plain or inspect.getattr_static(
+            type(obj.value), "__delattr__") is object.__delattr__):
+        if name not in obj.overrides:
+            raise UserException(AttributeError(name), current().loc)
+        del obj.overrides[name]
+        return V.ConstVar(None)
+    raise Unsupported(f"delattr on {obj.describe()}", current().loc)
 
 
 def _seq(kind: type) -> Handler:
@@ -403,6 +439,61 @@ def _signature(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     return V.ObjVar(sig)
 
 
+_COPY_HOOKS = ("__deepcopy__", "__copy__", "__reduce__", "__reduce_ex__", "__getstate__",
+               "__setstate__", "__slots__")
+
+
+def _copy_var(var: V.Var, deep: bool, memo: dict[int, V.Var]) -> V.Var:
+    """``copy.copy`` / ``copy.deepcopy`` of a Var, as the copy module does it for plain data:
+    containers rebuilt, objects of plain Python classes (no copy or pickle hooks of their
+    own) made anew with their attributes copied, constants, classes and functions shared.
+    Every attribute is read through its source, so what the copy is used for is guarded."""
+    ctx = current()
+    if isinstance(var, V.ConstVar) or (isinstance(var, V.ObjVar) and
+                                       isinstance(var.value, type | types.FunctionType
+                                                  | types.BuiltinFunctionType)):
+        return var
+    if id(var) in memo:
+        return memo[id(var)]
+    item = (lambda v: _copy_var(v, deep, memo)) if deep else (lambda v: v)
+    if isinstance(var, V.ListVar):
+        out: V.Var = V.ListVar([item(v) for v in var.items], var.kind)
+    elif isinstance(var, V.DictVar):
+        out = V.DictVar({k: item(v) for k, v in var.items.items()}, kind=var.kind,
+                        attrs=None if var.attrs is None else {k: item(v) for k, v in var.attrs.items()})
+    elif isinstance(var, V.SetVar):
+        out = V.SetVar([item(v) for v in var.items.values()])
+    elif isinstance(var, V.UserObjVar) and _plainly_copyable(type(var.value)):
+        new = V.UserObjVar(object.__new__(type(var.value)), None, is_new=True)
+        memo[id(var)] = new
+        state = {} if var.is_new else vars(var.value)
+        for n in [*state, *(n for n in var.overrides if n not in state)]:
+            if n in var.overrides:
+                value = var.overrides[n]
+            else:  # the instance's own attribute, read as it is stored
+                value = ctx.wrap(state[n], AttrSource(var.source, n) if var.source is not None else None)
+            new.overrides[n] = item(value)
+        return new
+    else:
+        raise Unsupported(f"copy.{'deepcopy' if deep else 'copy'} of {var.describe()}", ctx.loc)
+    memo[id(var)] = out
+    return out
+
+
+def _plainly_copyable(cls: type) -> bool:
+    if cls.__new__ is not object.__new__:
+        return False
+    return not any(name in klass.__dict__ for klass in cls.__mro__[:-1] for name in _COPY_HOOKS)
+
+
+def _copier(deep: bool) -> Handler:
+    def handler(a: list[V.Var], k: dict[str, V.Var]) -> V.Var:
+        if len(a) != 1 or k:
+            raise Unsupported(f"copy.{'deepcopy' if deep else 'copy'} with a memo", current().loc)
+        return _copy_var(a[0], deep, {})
+    return handler
+
+
 def _answer(value: Any) -> Handler:
     return lambda a, k: V.ConstVar(value)
 
@@ -410,14 +501,16 @@ def _answer(value: Any) -> Handler:
 def _table() -> dict[Any, Handler]:
     t: dict[Any, Handler] = {
         len: _len, isinstance: _isinstance, getattr: _getattr, hasattr: _hasattr,
-        setattr: _setattr, list: _seq(list), tuple: _seq(tuple), dict: _dict, set: _set,
+        setattr: _setattr, delattr: _delattr, list: _seq(list), tuple: _seq(tuple), dict: _dict, set: _set,
         frozenset: lambda a, k: V.ConstVar(frozenset(v.python() for v in O.iterate(a[0]))),
         sorted: _sorted, reversed: _reversed, enumerate: _enumerate, zip: _zip, map: _map,
         filter: _filter, iter: _iter, next: _next, type: _type, abs: _abs, print: _print,
         super: _super, callable: _callable, int: _int_like(int), float: _int_like(float),
         bool: lambda a, k: V.ConstVar(O.truth(a[0])) if a else V.ConstVar(False),
         functools.partial: _partial, functools.reduce: _reduce, issubclass: _fold(issubclass),
-        id: _id, inspect.signature: _signature,
+        object.__getattribute__: _object_getattribute, object.__setattr__: _object_setattr,
+        object.__delattr__: lambda a, k: _delattr(a, k, plain=True),
+        id: _id, inspect.signature: _signature, copy.copy: _copier(False), copy.deepcopy: _copier(True),
         warnings.warn: _answer(None),  # warnings are not captured, like logging
         torch.no_grad: _context("no_grad"), torch.enable_grad: _context("enable_grad"),
         torch.set_grad_enabled: _context("set_grad_enabled"),

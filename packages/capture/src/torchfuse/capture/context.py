@@ -7,6 +7,7 @@ runs torch calls on fake tensors under the recorder (:meth:`Capture.call_torch`)
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -23,6 +24,8 @@ from torchfuse.capture.guards import GuardSet, SymbolBinding
 
 from torchfuse.capture.source import (
     AttrSource,
+    DictItemSource,
+    DictValueSource,
     GlobalSource,
     ItemSource,
     LocalSource,
@@ -155,21 +158,21 @@ class Capture:
                      for i, v in enumerate(value)]
             return V.ListVar(items, type(value), source)
         if type(value) is dict:
-            if not all(V.is_constant(k) for k in value):
+            if not all(_is_key(k) for k in value):
                 raise Unsupported("dict with non-constant keys", self.loc)
             if source is not None:
                 guards.type_(source, dict)
                 guards.keys(source, tuple(value))
-            return V.DictVar({k: self.wrap(v, ItemSource(source, k) if source else None)
-                              for k, v in value.items()}, source)
+            return V.DictVar({k: self.wrap(v, _item_source(source, k, n) if source else None)
+                              for n, (k, v) in enumerate(value.items())}, source)
         if _is_plain_dict_subclass(value):
             # a dict subclass written in Python (a registry, a config mapping): its items are
             # read like a dict's, what the subclass defines in Python runs interpreted
             if source is not None:
                 guards.type_(source, type(value))
                 guards.keys(source, tuple(dict.keys(value)))
-            items = {k: self.wrap(v, ItemSource(source, k) if source else None)
-                     for k, v in dict.items(value)}
+            items = {k: self.wrap(v, _item_source(source, k, n, DictItemSource) if source else None)
+                     for n, (k, v) in enumerate(dict.items(value))}
             attrs = {k: self.wrap(v, AttrSource(source, k) if source else None)
                      for k, v in vars(value).items()}
             return V.DictVar(items, source, kind=type(value), attrs=attrs)
@@ -304,24 +307,39 @@ def _is_user_object(value: Any) -> bool:
     return hasattr(value, "__dict__")
 
 
-_DICT_READERS = ("__getitem__", "__iter__", "keys", "__len__", "__contains__", "__getattribute__",
-                 "__getattr__")
+_DICT_READERS = ("__iter__", "keys", "__len__", "__getattribute__", "__getattr__")
+"""What guards on a dict subclass's contents call: a subclass that redefines one is an object."""
 
 
 def _is_plain_dict_subclass(value: Any) -> bool:
-    """A subclass of ``dict`` defined in Python, directly over ``dict`` (not ``OrderedDict`` or
-    ``defaultdict``), with constant keys, whose item reads and attribute reads are dict's and
-    object's own: guards may read its keys and items as a dict's."""
+    """A subclass of ``dict`` (or ``OrderedDict``) defined in Python, with constant keys, whose
+    key listing and attribute reads are dict's and object's own: guards read its keys and
+    items as a dict's (:class:`DictItemSource`), and what the subclass defines in Python
+    (``__getitem__`` of a model output, say) is interpreted."""
     from torchfuse.capture.values import HEAPTYPE
 
     cls = type(value)
     if not isinstance(value, dict) or cls is dict or not hasattr(value, "__dict__"):
         return False
-    if dataclasses.is_dataclass(cls):
-        return False
     for klass in cls.__mro__[:cls.__mro__.index(dict)]:
+        if klass is collections.OrderedDict:
+            continue
         if not klass.__flags__ & HEAPTYPE:
-            return False
+            return False  # defaultdict and the like behave otherwise
         if any(name in klass.__dict__ for name in _DICT_READERS):
             return False
-    return all(V.is_constant(k) for k in dict.keys(value))
+    return all(_is_key(k) for k in dict.keys(value))
+
+
+def _item_source(source: Source, key: Any, position: int, kind: type = ItemSource) -> Source:
+    """Where a dict's item is read from on each call: by key, or by position when the key
+    has no literal form."""
+    return kind(source, key) if V.is_constant(key) else DictValueSource(source, position)
+
+
+def _is_key(key: Any) -> bool:
+    """A dict key capture can hold: a constant, or an object hashed and compared by identity
+    (a class, ``typing.Union``: registries keyed by type)."""
+    cls = type(key)
+    return V.is_constant(key) or (cls.__eq__ in (object.__eq__, type.__eq__) and
+                                  cls.__hash__ in (object.__hash__, type.__hash__))

@@ -132,6 +132,24 @@ def qualified_name(source: Source) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class DictItemSource(ItemSource):
+    """An item of a dict subclass read with ``dict``'s own lookup, never the subclass's
+    ``__getitem__`` (guards must not run the user's Python)."""
+
+    def expr(self) -> str:
+        return f"dict.__getitem__({self.base.expr()}, {self.key!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class DictValueSource(ItemSource):
+    """The ``key``-th value of a dict whose key has no literal form (a class): read by
+    position, which the guard on the dict's keys makes stable."""
+
+    def expr(self) -> str:
+        return f"tuple(dict.values({self.base.expr()}))[{self.key!r}]"
+
+
+@dataclass(frozen=True, slots=True)
 class ClassAttrSource(Source):
     """An attribute of an object's class (``type(obj).name``). Checked on every call even
     when ``obj`` is a module: assigning to a class does not move the module version."""

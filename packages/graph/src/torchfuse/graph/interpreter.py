@@ -6,13 +6,22 @@ retracing) is tested against it.
 
 :class:`Interpreter` is overridable, node by node, like ``torch.fx.Interpreter``: autograd
 re-runs graphs on fake tensors through it, and tests can intercept single ops.
+
+A Graph runs with **autocast off**. Capture records autocast's work as it happened: every cast
+autocast inserted is a ``_to_copy`` node, and every op carries the dtype autocast gave it
+(ops inside ``torch.autocast(enabled=False)`` regions or inside composite kernels, which
+autocast leaves alone in eager, stay as they ran). Re-running those ops under an autocast that
+is still enabled around the call would cast them a second time, and differently from eager
+(an fp32 ``bmm`` of rotary embeddings would become bf16), so :meth:`Interpreter.run` and every
+pass or compiled function that runs a Graph's ops does it inside :class:`no_autocast`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import decode_arg, flatten_result, resolve_op
@@ -35,8 +44,59 @@ def bind_symbols(symbols: Sequence[S.Symbol], inputs: Sequence[Any]) -> dict[str
     return env
 
 
+def _autocast_types() -> tuple[str, ...]:
+    names = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "ipu", "privateuseone")
+    found = []
+    for name in names:
+        try:
+            if torch.amp.is_autocast_available(name):
+                torch.is_autocast_enabled(name)
+                found.append(name)
+        except (RuntimeError, ValueError, TypeError, AttributeError):
+            continue
+    return tuple(found)
+
+
+AUTOCAST_DEVICE_TYPES: tuple[str, ...] = _autocast_types()
+"""Device types this torch build has an autocast state for (``cpu``, ``cuda``, ...)."""
+
+
+def device_types(graph: S.Graph) -> tuple[str, ...]:
+    """The device types (``"cpu"``, ``"cuda"``) of ``graph``'s values, sorted: the ones whose
+    autocast state can change what its ops compute."""
+    return tuple(sorted({torch.device(m.device).type for m in graph.values.values()} or {"cpu"}))
+
+
+class no_autocast:  # noqa: N801 - used like torch.no_grad
+    """Context manager: autocast disabled, for the device types given (default: all), while a
+    Graph's ops run; the previous state is restored on exit.
+
+    Cheap when autocast is off (one ``torch.is_autocast_enabled`` per device type); it only
+    flips the enabled flag, so the autocast nesting level and cast cache of an enclosing
+    ``torch.autocast`` are left alone.
+    """
+
+    __slots__ = ("_off", "_types")
+
+    def __init__(self, device_types: Iterable[str] | None = None) -> None:
+        self._types = AUTOCAST_DEVICE_TYPES if device_types is None else tuple(device_types)
+        self._off: list[str] = []
+
+    def __enter__(self) -> no_autocast:
+        self._off = [d for d in self._types if torch.is_autocast_enabled(d)]
+        for d in self._off:
+            torch.set_autocast_enabled(d, False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for d in self._off:
+            torch.set_autocast_enabled(d, True)
+        self._off = []
+
+
 class Interpreter:
-    """Runs a Graph node by node. Override :meth:`call_node` to change how ops run."""
+    """Runs a Graph node by node, with autocast off (see the module doc). Override
+    :meth:`call_node` to change how ops run."""
 
     def __init__(self, graph: S.Graph) -> None:
         self.graph = graph
@@ -53,6 +113,11 @@ class Interpreter:
             )
         env: dict[str, Any] = {inp.name: v for inp, v in zip(g.inputs, inputs, strict=True)}
         self.symbols = bind_symbols(g.symbols, inputs)
+        with no_autocast():
+            return self._run_nodes(env)
+
+    def _run_nodes(self, env: dict[str, Any]) -> list[Any]:
+        g = self.graph
         for node in g.nodes:
             args = [decode_arg(a, env, self.symbols) for a in node.args]
             kwargs = {k: decode_arg(a, env, self.symbols) for k, a in node.kwargs.items()}

@@ -127,15 +127,26 @@ def before_with(frame, inst) -> None:
 
 
 def raise_varargs(frame, inst) -> None:
-    if inst.arg != 1:
-        raise Unsupported("bare `raise` / `raise ... from ...` is not captured")
-    exc = frame.pop()
-    value = exc.value if isinstance(exc, V.ObjVar) else None
+    if inst.arg == 0:  # bare ``raise``: the exception being handled
+        if not frame.exc_info:
+            raise UserException(RuntimeError("No active exception to reraise"))
+        raise UserException(_exception(frame.exc_info[-1]))
+    cause = frame.pop() if inst.arg == 2 else None
+    value = _exception(frame.pop())
+    if cause is not None:  # ``raise X from Y``: what Python sets on X
+        c = None if isinstance(cause, V.ConstVar) and cause.value is None else _exception(cause)
+        value.__cause__ = c
+        value.__suppress_context__ = True
+    raise UserException(value)
+
+
+def _exception(var: V.Var) -> BaseException:
+    value = var.value if isinstance(var, V.ObjVar | V.ConstVar) else None
     if isinstance(value, type) and issubclass(value, BaseException):
         value = value()
     if not isinstance(value, BaseException):
-        raise Unsupported(f"raise of {exc.describe()}")
-    raise UserException(value)
+        raise Unsupported(f"raise of {var.describe()}")
+    return value
 
 
 def push_exc_info(frame, inst) -> None:
