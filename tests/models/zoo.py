@@ -58,9 +58,9 @@ def _masked_lm(training: bool) -> dict[str, Any]:
 def _seq2seq(training: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"input_ids": _ids(), "attention_mask": _padding_mask()}
     if training:
-        out["labels"] = _ids(1)[:, :8]
+        out["labels"] = _ids(1)[:, :8].contiguous()
     else:
-        out["decoder_input_ids"] = _ids(2)[:, :8]
+        out["decoder_input_ids"] = _ids(2)[:, :8].contiguous()
     return out
 
 
@@ -84,9 +84,9 @@ def _config(cls: Any, **kw: Any) -> Any:
         if getattr(cfg, name, None):
             setattr(cfg, name, 0.0)
     cfg.pad_token_id = 0
-    for name in ("bos_token_id", "eos_token_id", "decoder_start_token_id"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, 1 if name != "eos_token_id" else 2)
+    cfg.bos_token_id, cfg.eos_token_id = 1, 2
+    if cfg.is_encoder_decoder:
+        cfg.decoder_start_token_id = 1
     return cfg
 
 

@@ -49,7 +49,7 @@ from torchfuse.autograd.common import (
     where,
 )
 from torchfuse.graph import schema as S
-from torchfuse.graph.ops import encode_arg, flatten_result, op_name, resolve_op
+from torchfuse.graph.ops import encode_arg, flatten_result, op_name, resolve_op, to_dtype
 
 Rule = Callable[..., Any]
 Table = Mapping[str | torch._ops.OpOverload, Rule]
@@ -77,13 +77,23 @@ def _one_minus(x):
     return torch.neg(x) + 1
 
 
+def _opmath(*xs):
+    """Tensors widened to the precision eager's kernels compute in (``float16``/``bfloat16`` ->
+    ``float32``; a pointwise kernel rounds only its result). Computing a rule's steps in the
+    narrow dtype would round after every step: a bf16 ``silu`` written as ``x * sigmoid(x)``
+    differs from eager's in a quarter of its elements."""
+    return tuple(x.to(_compute_dtype(x.dtype)) if isinstance(x, torch.Tensor) else x for x in xs)
+
+
 def silu(x):
-    return x * torch.sigmoid(x)
+    (xf,) = _opmath(x)
+    return (xf * torch.sigmoid(xf)).to(x.dtype)
 
 
 def silu_backward(grad_output, x):
-    s = torch.sigmoid(x)
-    return grad_output * s * (1 + x * _one_minus(s))
+    g, xf = _opmath(grad_output, x)
+    s = torch.sigmoid(xf)
+    return (g * s * (1 + xf * _one_minus(s))).to(grad_output.dtype)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -91,21 +101,24 @@ _GELU_C = 0.044715
 
 
 def gelu(x, *, approximate="none"):
+    (xf,) = _opmath(x)
     if approximate == "tanh":
-        inner = _SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)
-        return 0.5 * x * (1 + torch.tanh(inner))
-    return 0.5 * x * (1 + torch.erf(x * (1 / math.sqrt(2))))
+        inner = _SQRT_2_OVER_PI * (xf + _GELU_C * xf * xf * xf)
+        return (0.5 * xf * (1 + torch.tanh(inner))).to(x.dtype)
+    return (0.5 * xf * (1 + torch.erf(xf * (1 / math.sqrt(2))))).to(x.dtype)
 
 
 def gelu_backward(grad_output, x, *, approximate="none"):
+    g, xf = _opmath(grad_output, x)
     if approximate == "tanh":
-        inner = _SQRT_2_OVER_PI * (x + _GELU_C * x * x * x)
+        inner = _SQRT_2_OVER_PI * (xf + _GELU_C * xf * xf * xf)
         t = torch.tanh(inner)
-        d_inner = _SQRT_2_OVER_PI * (1 + 3 * _GELU_C * x * x)
-        return grad_output * (0.5 * (1 + t) + 0.5 * x * _one_minus(t * t) * d_inner)
-    cdf = 0.5 * (1 + torch.erf(x * (1 / math.sqrt(2))))
-    pdf = torch.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
-    return grad_output * (cdf + x * pdf)
+        d_inner = _SQRT_2_OVER_PI * (1 + 3 * _GELU_C * xf * xf)
+        out = g * (0.5 * (1 + t) + 0.5 * xf * _one_minus(t * t) * d_inner)
+        return out.to(grad_output.dtype)
+    cdf = 0.5 * (1 + torch.erf(xf * (1 / math.sqrt(2))))
+    pdf = torch.exp(-0.5 * xf * xf) * (1 / math.sqrt(2 * math.pi))
+    return (g * (cdf + xf * pdf)).to(grad_output.dtype)
 
 
 def threshold_backward(grad_output, x, threshold):
@@ -113,11 +126,13 @@ def threshold_backward(grad_output, x, threshold):
 
 
 def sigmoid_backward(grad_output, output):
-    return grad_output * output * _one_minus(output)
+    g, o = _opmath(grad_output, output)
+    return (g * o * _one_minus(o)).to(grad_output.dtype)
 
 
 def tanh_backward(grad_output, output):
-    return grad_output * _one_minus(output * output)
+    g, o = _opmath(grad_output, output)
+    return (g * _one_minus(o * o)).to(grad_output.dtype)
 
 
 # ----------------------------------------------------------------------------- softmax family
@@ -164,7 +179,9 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
         out = out * weight
     if bias is not None:
         out = out + bias
-    return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
+    # mean and rstd stay in the compute dtype, as the meta kernel (and eager on cuda, and on
+    # cpu with float32 weights) returns them; decompose casts to the recorded dtype if needed
+    return out.to(x.dtype), mean, rstd
 
 
 def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
@@ -190,11 +207,13 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
 def var_mean(x, dim=None, *, correction=None, keepdim=False):
     dims = _dims(x, dim)
     n = math.prod(x.shape[d] for d in dims)
-    mean = torch.mean(x, dims, keepdim=True)
-    centered = x - mean
+    (xf,) = _opmath(x)
+    mean = torch.mean(xf, dims, keepdim=True)
+    centered = xf - mean
     c = 1 if correction is None else correction
     var = torch.sum(centered * centered, dims, keepdim=keepdim) / max(n - c, 0)
-    return var, (mean if keepdim else torch.squeeze(mean, dims))
+    mean = mean if keepdim else torch.squeeze(mean, dims)
+    return var.to(x.dtype), mean.to(x.dtype)
 
 
 def var(x, dim=None, *, correction=None, keepdim=False):
@@ -247,20 +266,22 @@ def nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, t
 
 
 def mse_loss(x, target, reduction=_REDUCTION_MEAN):
-    d = x - target
+    xf, tf = _opmath(x, target)
+    d = xf - tf
     sq = d * d
     if reduction == _REDUCTION_NONE:
-        return sq
-    return torch.sum(sq) if reduction == _REDUCTION_SUM else torch.mean(sq)
+        return sq.to(x.dtype)
+    return (torch.sum(sq) if reduction == _REDUCTION_SUM else torch.mean(sq)).to(x.dtype)
 
 
 def mse_loss_backward(grad_output, x, target, reduction):
+    g, xf, tf = _opmath(grad_output, x, target)
     n = x.numel()
     if reduction == _REDUCTION_MEAN and not isinstance(n, int):
         # 2 / n as a float would pin the sizes; divide by the size expression instead
-        return grad_output * (x - target) * 2 / n
+        return (g * (xf - tf) * 2 / n).to(x.dtype)
     scale = 2 / n if reduction == _REDUCTION_MEAN else 2
-    return grad_output * (x - target) * scale
+    return (g * (xf - tf) * scale).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------- linear algebra, views
@@ -287,6 +308,12 @@ def rsub(x, other, alpha=1):
 
 
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    # a low-precision gradient is accumulated in float32 and rounded once, as eager's cuda
+    # kernel does (accumulating bf16 rows one add at a time loses the small ones)
+    if grad_output.dtype in _LOW_PRECISION:
+        out = embedding_dense_backward(grad_output.to(torch.float32), indices, num_weights,
+                                       padding_idx, scale_grad_by_freq)
+        return out.to(grad_output.dtype)
     d = grad_output.shape[-1]
     flat_idx = indices.reshape(-1)
     g = grad_output.reshape(-1, d)
@@ -302,7 +329,8 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
 
 
 def native_dropout_backward(grad_output, mask, scale):
-    return grad_output * mask.to(grad_output.dtype) * scale
+    (g,) = _opmath(grad_output)
+    return (g * mask.to(g.dtype) * scale).to(grad_output.dtype)
 
 
 DEFAULT_TABLE: dict[str, Rule] = {
@@ -376,6 +404,17 @@ def decompose(graph: S.Graph, table: Table = DEFAULT_TABLE, *, max_rounds: int =
     raise DecompositionError(f"decomposition did not converge; still present: {', '.join(left)}")
 
 
+def _as_recorded(value: torch.Tensor, meta: S.TensorMeta | None) -> torch.Tensor:
+    """A rule's result in the dtype the graph recorded for the op's output: the nodes reading
+    it (and, in a joint graph, the backward formulas and the saved values) were traced against
+    that dtype, which is what eager's kernel returns (``native_layer_norm``'s ``mean`` is
+    float32 for a bf16 input)."""
+    if meta is None:
+        return value
+    dtype = to_dtype(meta.dtype)
+    return value if value.dtype == dtype else value.to(dtype)
+
+
 def _decompose_once(graph: S.Graph, rules: dict[str, Rule]) -> S.Graph:
     builder, sizes = retrace_builder(graph, graph.name)
     rec = PassRecorder(builder)
@@ -401,6 +440,8 @@ def _decompose_once(graph: S.Graph, rules: dict[str, Rule]) -> S.Graph:
                     if not isinstance(value, torch.Tensor):
                         raise DecompositionError(f"{where(node)}: rule returned {value!r} for "
                                                  f"output {name!r}")
+                    if rule is not None:
+                        value = _as_recorded(value, graph.values.get(name))
                     env[name] = value
         rec.loc = rec.module_path = None
     for o in graph.outputs:

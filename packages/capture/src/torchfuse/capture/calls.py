@@ -288,8 +288,7 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
         return _construct_data_mapping(cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
-        raise Unsupported(f"creating module {cls.__name__} inside a compiled function", ctx.loc,
-                          "create modules in __init__")
+        return _construct_stateless_module(cls, args, kwargs)
     if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
         if all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
             return from_py(cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()}))
@@ -304,6 +303,21 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     elif args or kwargs:
         raise Unsupported(f"{cls.__qualname__}() takes no arguments", ctx.loc)
     return var
+
+
+def _construct_stateless_module(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """A torch module made in the function (``CrossEntropyLoss()``, ``nn.GELU()``): built for
+    real from constant arguments when it holds no tensors, so that nothing of the graph's
+    state lives in it; any other module must be made in ``__init__``."""
+    ctx = current()
+    if cls.__module__.startswith("torch.nn.modules") and \
+            all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
+        mod = cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()})
+        if not any(True for _ in mod.parameters()) and all(b is None for b in mod._buffers.values()) \
+                and not any(True for _ in mod.children()):
+            return V.ModuleVar(mod, None)
+    raise Unsupported(f"creating module {cls.__name__} inside a compiled function", ctx.loc,
+                      "create modules in __init__")
 
 
 def _construct_data_mapping(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
