@@ -439,6 +439,16 @@ class Recorder(TorchDispatchMode):
         name = op_name(func)
         if name in _METADATA_OPS or name.startswith("prim."):
             return _run_on_meta(func, args, kwargs)[0]
+        if name == "aten.lift_fresh.default" and _is_real_scalar(args[0]):
+            # ``torch.tensor(3)`` made while tracing: its value is part of the program, not an
+            # input (a CPU scalar then also computes beside CUDA tensors, as in eager)
+            t = args[0]
+            return self.__torch_dispatch__(torch.ops.aten.scalar_tensor.default, types, (t.item(),),
+                                           {"dtype": t.dtype, "device": t.device})
+        if name == "aten.lift_fresh.default" and _is_real_empty(args[0]):  # ``torch.tensor([])``
+            t = args[0]
+            return self.__torch_dispatch__(torch.ops.aten.empty.memory_format, types, (list(t.shape),),
+                                           {"dtype": t.dtype, "device": t.device})
         # name inputs before running, so constants become inputs in argument order
         enc_args = [encode_arg(a, self.name_of) for a in args]
         enc_kwargs = {k: encode_arg(v, self.name_of) for k, v in kwargs.items()}
@@ -461,6 +471,16 @@ class Recorder(TorchDispatchMode):
             if n:
                 self.bind(o, n)
         return out
+
+
+def _is_real_scalar(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and t.dim() == 0 and \
+        not t.requires_grad and not t.is_complex() and t.device.type != "meta"
+
+
+def _is_real_empty(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and t.numel() == 0 and \
+        not t.requires_grad and t.is_contiguous() and t.device.type != "meta"
 
 
 def trace(
