@@ -312,6 +312,6 @@ def setattr_var(obj: V.Var, name: str, value: V.Var, plain: bool = False) -> Non
         if obj.source is not None or isinstance(obj, V.ModuleVar):
             if obj.source is None:
                 raise Unsupported("attribute write on a module capture cannot name", ctx.loc)
-            ctx.side_effects.append(("setattr", obj, name, value))
+            ctx.side_effects.append(("setattr", obj, name, value, ctx.loc))
         return
     raise Unsupported(f"attribute assignment on {obj.describe()}", ctx.loc)

@@ -86,6 +86,9 @@ class Capture:
         self.open_autocasts: list[torch.autocast] = []
         """Autocast regions entered by the captured code and not yet left (closed, innermost
         first, when capture stops early: autocast state and its cast cache must not leak)."""
+        self.fresh_locals: set[int] = set()
+        """Arguments made anew by every call (a ``**kwargs`` dict): their mutation is unseen
+        outside the function, so it is no side effect."""
         self.global_overrides: dict[tuple[int, str], V.Var] = {}
         """Globals assigned during capture: later reads in the same frame see the new value."""
 

@@ -54,6 +54,9 @@ class CaptureResult:
     """Captured from a resume function or a function called at a break (not the whole call)."""
     dynamic_dims: dict[tuple[str, int], str] = dataclasses.field(default_factory=dict)
     """(source expression, dim) -> the size symbol that input dim was captured as."""
+    effect_notes: list[Any] = dataclasses.field(default_factory=list)
+    """One :class:`~torchfuse.capture.output.EffectNote` per entry of ``side_effects`` (the
+    whole-function capture only)."""
 
 
 def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:
@@ -137,6 +140,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
         ctx = Capture(name, fn.__globals__, fn.__closure__, dynamic)
         out_spec = None
         effects: list[tuple] = []
+        notes: list[Any] = []
         graph = None
         error: Unsupported | None = None
         plan = None
@@ -151,6 +155,9 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                               for i, (nm, v) in enumerate(zip(code.co_varnames, L, strict=False))}
                 if wrap_arg is not None:  # a resume function: sizes computed before the break
                     bind_size_arguments(ctx, local_vars)
+                elif code.co_flags & inspect.CO_VARKEYWORDS:  # the binder makes **kwargs anew
+                    ctx.fresh_locals.add(code.co_argcount + code.co_kwonlyargcount +
+                                         bool(code.co_flags & inspect.CO_VARARGS))
                 cells = {}
                 for i, (nm, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or (), strict=True)):
                     try:
@@ -165,6 +172,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                 builder = OutputBuilder(ctx)
                 out_spec = builder.spec(ret)
                 effects = builder.side_effects()
+                notes = builder.effect_notes
                 graph = _finish(ctx, name)
             except Unsupported as e:
                 error = e
@@ -192,7 +200,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
     return CaptureResult(name=name, graph=graph, inputs=ctx.inputs, out_spec=out_spec,
                          side_effects=effects, checks=ctx.guards.build(), error=error,
                          seconds=time.perf_counter() - t0, uses_modules=ctx.uses_modules,
-                         plan=plan, dynamic_dims=dict(ctx.dynamic_dims))
+                         plan=plan, dynamic_dims=dict(ctx.dynamic_dims), effect_notes=notes)
 
 
 def _finish(ctx: Capture, name: str) -> S.Graph:

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import torch
 from torchfuse.capture.context import InputSlot
-from torchfuse.capture.convert import capture, make_binder
+from torchfuse.capture.convert import capture, def_location, make_binder
 from torchfuse.capture.errors import ExportError, Unsupported
 from torchfuse.capture.output import spec_to_json
 from torchfuse.graph import archive
@@ -50,9 +50,13 @@ class Exported:
         assert isinstance(arc.document, S.Graph)
         return cls(arc.document, dict(arc.tensors))
 
-    def run(self, *args: Any) -> Any:
-        """Run on new user tensors (same structure as at export) with the reference interpreter."""
-        user = _flatten_tensors(list(args))
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Run on new user tensors (same structure as at export) with the reference interpreter.
+
+        Keyword arguments are matched by name with those of the export call (an exported
+        module's ``model(input_ids=..., attention_mask=...)``)."""
+        user = _bind_user_inputs(self.graph.meta, args, kwargs) if kwargs else \
+            _flatten_tensors(list(args))
         n_user = sum(1 for i in self.graph.inputs if i.kind == "user_input")
         if len(user) != n_user:
             raise ValueError(f"{self.graph.name} takes {n_user} tensor inputs, got {len(user)}")
@@ -61,8 +65,57 @@ class Exported:
         outs = run_graph(self.graph, *flat)
         return _rebuild(self.out_spec, outs)
 
-    def __call__(self, *args: Any) -> Any:
-        return self.run(*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(*args, **kwargs)
+
+
+def _user_paths(slots: list[InputSlot], fn: types.FunctionType, bound: bool) -> str:
+    """Where each user tensor input of the graph comes from, in graph order, as JSON: the
+    argument (its position among the caller's positional arguments, and its name) and the
+    keys below it. A call by keyword is bound by these names."""
+    from torchfuse.capture.source import ItemSource, LocalSource
+
+    code = fn.__code__
+    positional = code.co_varnames[int(bound):code.co_argcount]
+    varkw = code.co_varnames[code.co_argcount + code.co_kwonlyargcount +
+                             bool(code.co_flags & 0x04)] if code.co_flags & 0x08 else None
+    paths = []
+    for slot in slots:
+        if slot.kind != "user_input":
+            continue
+        keys: list[Any] = []
+        src = slot.source
+        while isinstance(src, ItemSource):
+            keys.insert(0, src.key)
+            src = src.base
+        if not isinstance(src, LocalSource):
+            return json.dumps(None)
+        name = src.name
+        if name == varkw and keys:  # **kwargs: the key is the keyword
+            name, keys = keys[0], keys[1:]
+        pos = positional.index(name) if name in positional else None
+        paths.append([name, pos, keys])
+    return json.dumps(paths)
+
+
+def _bind_user_inputs(meta: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    raw = meta.get("user_inputs")
+    paths = json.loads(raw) if raw else None
+    if paths is None:
+        raise ValueError("this program was exported from a call without keyword inputs it can bind; "
+                         "pass the tensors positionally")
+    out = []
+    for name, pos, keys in paths:
+        if name in kwargs:
+            value = kwargs[name]
+        elif pos is not None and pos < len(args):
+            value = args[pos]
+        else:
+            raise ValueError(f"missing argument {name!r} (the exported call had it)")
+        for k in keys:
+            value = value[k]
+        out.append(value)
+    return out
 
 
 def _flatten_tensors(value: Any) -> list[torch.Tensor]:
@@ -83,7 +136,7 @@ def _rebuild(spec: Any, outs: list[Any]) -> Any:
     if "seq" in spec:
         items = [_rebuild(s, outs) for s in spec["items"]]
         return list(items) if spec["seq"] == "list" else tuple(items)
-    if "dict" in spec:
+    if "dict" in spec:  # a mapping, a model output or an object made in the function
         return {k: _rebuild(v, outs) for k, v in spec["dict"]}
     raise ValueError(f"bad output spec {spec!r}")
 
@@ -121,19 +174,27 @@ def export(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Exported:
     result = capture(target, L, target.__qualname__)
     if result.error is not None:
         raise ExportError(target.__qualname__, _all_breaks(target, bound_self, args, kwargs, result))
-    if result.side_effects:
+    # A side effect that, for the values seen now, leaves every object as it was (a library's
+    # own bookkeeping set and reset in one call) is irrelevant to the exported graph; any other
+    # one cannot be exported, and each is reported where the code does it.
+    kept = [note for note in result.effect_notes if not note.noop]
+    if kept:
         raise ExportError(target.__qualname__, [Unsupported(
-            f"side effects on Python objects ({', '.join(str(e[1]) for e in result.side_effects)})"
-            " cannot be exported")])
+            f"a side effect on a Python object ({note.what}) cannot be exported", note.loc)
+            for note in kept])
     try:
         out_spec = spec_to_json(_constants_by_value(result.out_spec, L, target))
     except Unsupported as e:
+        if e.loc is None:
+            e.loc = def_location(target)
         raise ExportError(target.__qualname__, [e]) from e
     graph = result.graph
     assert graph is not None
     tensors = _weights(result.inputs, L, target)
     graph = msgspec.structs.replace(graph, meta={**graph.meta, "in_spec": _in_spec(args, kwargs),
                                                  "out_spec": out_spec,
+                                                 "user_inputs": _user_paths(result.inputs, target,
+                                                                            bound_self is not None),
                                                  "producer": "torchfuse-capture export"})
     return Exported(graph, tensors)
 
@@ -153,6 +214,8 @@ def _constants_by_value(spec: Any, L: tuple[Any, ...], fn: types.FunctionType) -
         return ("seq", spec[1], [_constants_by_value(s, L, fn) for s in spec[2]])
     if tag == "dict":
         return ("dict", spec[1], spec[2], [_constants_by_value(s, L, fn) for s in spec[3]])
+    if tag == "obj":
+        return ("obj", spec[1], {k: _constants_by_value(s, L, fn) for k, s in spec[2].items()})
     return spec
 
 

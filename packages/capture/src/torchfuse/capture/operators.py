@@ -179,7 +179,7 @@ def mutate(var: V.Var) -> None:
     ctx = current()
     if var.source is not None and id(var) not in ctx.mutated:
         ctx.mutated[id(var)] = var
-        ctx.side_effects.append(("contents", var))
+        ctx.side_effects.append(("contents", var, ctx.loc))
 
 
 def getitem(obj: V.Var, key: V.Var) -> V.Var:

@@ -19,6 +19,7 @@ Spec grammar::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.context import Capture
 from torchfuse.capture.dynamic import concrete, contains_symbolic, read_expr
 from torchfuse.capture.errors import Unsupported
+from torchfuse.capture.source import LocalSource
 
 Spec = tuple
 
@@ -83,19 +85,50 @@ class OutputBuilder:
         return ("c", concrete(value))
 
     def side_effects(self) -> list[tuple]:
+        """The replay ops of the side effects, in order; :attr:`effect_notes` says, per op,
+        what it changes, where, and whether it leaves things as they were at capture time."""
         ops: list[tuple] = []
-        for effect in self.ctx.side_effects:
-            kind = effect[0]
+        self.effect_notes: list[EffectNote] = []
+        last_write = {(id(e[1]), e[2]): n for n, e in enumerate(self.ctx.side_effects) if e[0] == "setattr"}
+        for n, effect in enumerate(self.ctx.side_effects):
+            kind, loc = effect[0], effect[-1]
             if kind == "contents":
                 var = effect[1]
+                if isinstance(var.source, LocalSource) and var.source.index in self.ctx.fresh_locals:
+                    continue  # a **kwargs dict: made anew by each call, unseen outside
                 ops.append(("contents", var.source.expr(), self.spec(_fresh_copy(var))))
+                self.effect_notes.append(EffectNote(f"contents of {var.source.expr()}", loc, False))
             elif kind == "setattr":
-                _, obj, name, value = effect
+                _, obj, name, value, _ = effect
                 ops.append(("setattr", obj.source.expr(), name, self.spec(value)))
+                same = last_write[(id(obj), name)] != n or _unchanged(obj, name, value)
+                self.effect_notes.append(EffectNote(f"{obj.source.expr()}.{name} = {value.describe()}",
+                                                    loc, same))
             elif kind == "setglobal":
-                _, name, value = effect
+                _, name, value, _ = effect
                 ops.append(("setglobal", name, self.spec(value)))
+                self.effect_notes.append(EffectNote(f"global {name} = {value.describe()}", loc, False))
         return ops
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectNote:
+    """One side effect: what it changes, where the code does it, and ``noop``: whether, for
+    the values seen at capture, replaying it changes nothing (a later write to the same
+    attribute, or the final value is the one the attribute had)."""
+
+    what: str
+    loc: Any
+    noop: bool
+
+
+def _unchanged(obj: V.Var, name: str, value: V.Var) -> bool:
+    real = getattr(obj, "value", None)
+    state = getattr(real, "__dict__", None)
+    if not isinstance(value, V.ConstVar) or not isinstance(state, dict) or name not in state:
+        return False
+    before = state[name]
+    return V.is_constant(before) and type(before) is type(value.value) and before == value.value
 
 
 def _fresh_copy(var: V.Var) -> V.Var:
@@ -226,5 +259,8 @@ def spec_to_json(spec: Spec) -> str:
             return {"seq": name, "items": [conv(i) for i in s[2]]}
         if tag == "dict":
             return {"dict": [[k, conv(v)] for k, v in zip(s[2], s[3], strict=True)]}
+        if tag == "obj":  # an object made in the function (a cache): its attributes, as data
+            return {"dict": [[k, conv(v)] for k, v in s[2].items()],
+                    "object": f"{s[1].__module__}.{s[1].__qualname__}"}
         raise Unsupported(f"cannot export an output of kind {tag!r}")
     return json.dumps(conv(spec))

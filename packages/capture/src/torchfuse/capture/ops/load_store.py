@@ -73,7 +73,7 @@ def store_global(frame, inst) -> None:
     if frame.f_globals is not ctx.f_globals:
         raise Unsupported("assignment to a global of another module")
     ctx.global_overrides[(id(frame.f_globals), inst.argval)] = v
-    ctx.side_effects.append(("setglobal", inst.argval, v))
+    ctx.side_effects.append(("setglobal", inst.argval, v, ctx.loc))
 
 
 def load_deref(frame, inst) -> None:
