@@ -7,6 +7,7 @@
 #   scripts/gpu_run.sh dynamic          # forward workloads static vs dynamic=True
 #   scripts/gpu_run.sh gpt2prof         # GPT-2: GPU busy vs wall time, top kernels
 #   scripts/gpu_run.sh autotune         # matmul rows under mode="max-autotune", both compilers
+#   scripts/gpu_run.sh models           # real transformers models (benchmarks/models.py), all three
 #   scripts/gpu_run.sh tests bench      # some phases (setup always runs first)
 #
 # The machine has torch, triton, pytest and friends but no internet and no msgspec, bytecode or
@@ -16,7 +17,8 @@
 # Environment knobs: OUT (folder collected afterwards: every file is written there as it is
 # produced, so a run cut short still leaves its logs; at most 8 files),
 # PYTHON, TORCHFUSE_SITE, WHEEL_DIR, FORCE_WHEELS=1 (install the wheels even when the module
-# imports), GPU_RUN_BUDGET_S (whole run, default 540), BENCH_ARGS (extra run.py arguments).
+# imports), GPU_RUN_BUDGET_S (whole run, default 540), BENCH_ARGS (extra run.py arguments),
+# MODELS_ARGS (extra benchmarks/models.py arguments).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -320,6 +322,27 @@ phase_autotune() {
     return "${PIPESTATUS[0]}"
 }
 
+# Real transformers models, eager / torch.compile / torchfuse side by side, inference and training
+# (benchmarks/models.py). The whole table takes longer than one call: split it with MODELS_ARGS
+# ("--mode inference", "--mode training --only gpt2,llama").
+phase_models() {
+    local t extra=() rc
+    t=$(phase_timeout 420)
+    ((t < 60)) && return 124
+    if ! have_cuda; then
+        log "no CUDA device: models smoke run with tiny configs on the CPU"
+        extra=(--small --device cpu --only gpt2,bert --backend aot_eager --rep-ms 20)
+    fi
+    # Start no row in the last 75 s, so the one running and the report still fit.
+    local budget=$((t - 75))
+    log "benchmarks/models.py --tag $TAG (timeout ${t}s, rows started within ${budget}s)"
+    # shellcheck disable=SC2086  # MODELS_ARGS is a list of words on purpose
+    timeout "$t" "$PY" benchmarks/models.py --tag "$TAG" --out "$DEST" --budget-s "$budget" \
+        --variant-timeout-s 120 "${extra[@]}" ${MODELS_ARGS:-} 2>&1 | tee -a "$BENCH_LOG"
+    rc=${PIPESTATUS[0]}
+    return "$rc"
+}
+
 # With $OUT set, everything was written there; keep a copy in benchmarks/results as well.
 collect() {
     [[ -z "$OUT_DIR" ]] && return 0
@@ -334,8 +357,8 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead | modes | warm | dynamic | gpt2prof | autotune) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm dynamic gpt2prof autotune)" >&2
+        case $p in setup | tests | capture | bench | overhead | modes | warm | dynamic | gpt2prof | autotune | models) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm dynamic gpt2prof autotune models)" >&2
                exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"

@@ -6,11 +6,14 @@ structure of the JSON must be right regardless.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -151,3 +154,81 @@ def test_cache_hit_child_gets_the_compile_environment_of_the_cold_compile(monkey
     assert "TRITON_PTXAS_PATH" not in os.environ
     assert os.environ["TRITON_CACHE_DIR"] == "/cold" and os.environ["TRITON_INTERPRET"] == "1"
     assert os.environ["HOME_OF_SOMETHING_ELSE"] == "kept"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_models_benchmark_small_cpu_run(tmp_path: Path) -> None:
+    """benchmarks/models.py on tiny configs: one text and one vision model, both modes, eager and
+    torchfuse (aot_eager: no Triton interpreter); every row and field there, whatever torchfuse
+    captured (zero graphs is an eager-fallback row, not a failure)."""
+    proc = _run(str(BENCH / "models.py"), "--small", "--device", "cpu", "--only", "gpt2,vit",
+                "--backend", "aot_eager", "--skip-compile", "--tag", "smoke", "--out", str(tmp_path),
+                "--cache-dir", str(tmp_path / "caches"), "--rep-ms", "5", "--warmup-ms", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "models_smoke.json").read_text())
+    assert doc["schema"] == "torchfuse-models/1" and doc["tag"] == "smoke"
+    assert doc["environment"]["transformers"] and doc["environment"]["device_type"] == "cpu"
+    assert doc["config"]["backend"] == "aot_eager" and doc["config"]["small"] is True
+    assert doc["config"]["variants"] == ["eager", "torchfuse"]
+    rows = doc["rows"]
+    assert [(r["name"], r["mode"]) for r in rows] == [
+        ("gpt2", "inference"), ("vit", "inference"), ("gpt2", "training"), ("vit", "training")]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["training"] is (r["mode"] == "training") and r["scale"] == "small"
+        assert r["attn_implementation"] == "sdpa" and r["params_m"] > 0 and r["shapes"]
+        assert set(r["results"]) == {"eager", "torchfuse"}
+        eager, tf = r["results"]["eager"], r["results"]["torchfuse"]
+        assert eager["error"] is None and eager["ms"] > 0 and eager["speedup"] == 1.0
+        assert isinstance(tf["eager_fallback"], bool)
+        # explain ran: its counts, or why not
+        assert isinstance(tf.get("graph_count"), int) or tf.get("explain_error")
+        if "graph_count" in tf:
+            assert tf["graph_break_count"] == len(tf["break_reasons"]) or len(tf["break_reasons"]) == 8
+            assert tf["eager_fallback"] == (min(tf["graph_count"], tf.get("graphs_compiled", 1)) == 0)
+        if tf["error"] is None:  # measured, and compared with eager
+            assert tf["ms"] > 0 and tf["compile_s"] >= 0 and tf["speedup"] > 0
+            assert tf["check"] == "ok" or tf["check"].startswith("MISMATCH")
+            if tf["check"] == "ok":
+                assert tf["err_logits"] >= 0
+                if r["training"]:
+                    assert tf["err_loss"] >= 0 and tf["err_grads"] >= 0
+        else:
+            assert isinstance(tf["error"], str) and tf["error"]
+    summary = doc["summary"]
+    for mode in ("inference", "training"):
+        assert set(summary[mode]) == {"torch_compile", "torchfuse", "common"}
+        assert summary[mode]["torch_compile"]["n"] == 0
+        assert {"geomean_speedup", "n", "n_captured", "eager_fallback"} <= set(summary[mode]["torchfuse"])
+    assert summary["errors"]["eager"] == []
+    md = (tmp_path / "models_smoke.md").read_text()
+    assert "## inference" in md and "## training" in md and "| gpt2 |" in md and "| vit |" in md
+
+
+def test_models_report_flags_eager_fallback() -> None:
+    """A torchfuse cell with zero graphs is flagged in the table and left out of the captured
+    geometric mean (it ran eagerly: its speedup says nothing about the compiler)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import models
+    finally:
+        sys.path.remove(str(BENCH))
+
+    def row(name: str, tf_ms: float, graphs: int) -> dict:
+        return {"name": name, "mode": "inference", "training": False, "results": {
+            "eager": {"ms": 2.0, "error": None, "speedup": 1.0},
+            "torch_compile": {"ms": 1.0, "error": None, "speedup": 2.0, "check": "ok", "graphs": 1,
+                              "graph_breaks": 0},
+            "torchfuse": {"ms": tf_ms, "error": None, "speedup": 2.0 / tf_ms, "check": "ok",
+                          "graph_count": graphs, "graph_break_count": 1 - graphs, "graphs_compiled": graphs,
+                          "eager_fallback": graphs == 0, "err_logits": 0.0}}}
+
+    doc = {"rows": [row("a", 0.5, 1), row("b", 2.0, 0)]}
+    doc["summary"] = summary = models.summarize(doc["rows"])
+    tf = summary["inference"]["torchfuse"]
+    assert tf["n"] == 2 and tf["geomean_speedup"] == pytest.approx(2.0)  # sqrt(4 × 1)
+    assert tf["n_captured"] == 1 and tf["geomean_speedup_captured"] == pytest.approx(4.0)
+    assert tf["eager_fallback"] == ["b"]
+    assert summary["inference"]["torch_compile"]["geomean_speedup"] == pytest.approx(2.0)
+    text = "\n".join(models.table(doc, "inference"))
+    assert "| b |" in text and "0/1 EAGER FALLBACK" in text and "eager fallback (0 graphs captured)" in text
