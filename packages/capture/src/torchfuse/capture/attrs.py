@@ -56,9 +56,12 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         except AttributeError as e:
             raise UserException(e, ctx.loc) from e
         if isinstance(obj.value, types.ModuleType):
-            # members of Python modules are assumed stable: no guard unless it is a tensor
-            source = AttrSource(obj.source, name) if obj.source is not None and \
-                isinstance(value, torch.Tensor) else None
+            # functions, classes and constants of Python modules are assumed stable: no guard;
+            # tensors, containers and objects, which change, are read through a source
+            source = None
+            if isinstance(value, torch.Tensor | dict | list | set) or _is_mutable_object(value):
+                source = AttrSource(obj.source, name) if obj.source is not None else \
+                    _module_member_source(obj.value, name)
             return ctx.wrap(value, source)
         if isinstance(obj.value, type):
             raw = inspect.getattr_static(obj.value, name, None)
@@ -78,6 +81,21 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         if name == "__code__":
             return V.ConstVar(obj.code)
     raise Unsupported(f"attribute {name!r} of {obj.describe()}", ctx.loc)
+
+
+def _is_mutable_object(value: Any) -> bool:
+    return not isinstance(value, type | types.ModuleType | types.FunctionType | types.BuiltinFunctionType
+                          | types.MethodType) and type(value).__flags__ & HEAPTYPE and \
+        hasattr(value, "__dict__") and not callable(value)
+
+
+def _module_member_source(module: types.ModuleType, name: str) -> Any:
+    import sys
+
+    from torchfuse.capture.source import ModuleGlobalSource
+
+    mod = getattr(module, "__name__", None)
+    return ModuleGlobalSource(mod, name) if mod and sys.modules.get(mod) is module else None
 
 
 def hasattr_var(obj: V.Var, name: str) -> bool:

@@ -144,14 +144,19 @@ def _object_setattr(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 
 
 def _delattr(args: list[V.Var], kwargs: dict[str, V.Var], plain: bool = False) -> V.Var:
-    obj, name = args[0], args[1].python()
+    delattr_var(args[0], args[1].python(), plain)
+    return V.ConstVar(None)
+
+
+def delattr_var(obj: V.Var, name: str, plain: bool = False) -> None:
+    """``del obj.<name>`` on an object made during capture (its attributes are Vars)."""
     if isinstance(obj, V.UserObjVar) and obj.is_new and (plain or inspect.getattr_static(
             type(obj.value), "__delattr__") is object.__delattr__):
         if name not in obj.overrides:
             raise UserException(AttributeError(name), current().loc)
         del obj.overrides[name]
-        return V.ConstVar(None)
-    raise Unsupported(f"delattr on {obj.describe()}", current().loc)
+        return
+    raise Unsupported(f"deleting attribute {name!r} of {obj.describe()}", current().loc)
 
 
 def _seq(kind: type) -> Handler:
@@ -569,4 +574,4 @@ def handler_for(value: Any) -> Handler | None:
     return user_kernel_handler(value)  # kernel[grid](...) of a user @triton.jit kernel
 
 
-__all__ = ["enter_context", "exit_context", "handler_for", "sorted_vars", "to_py"]
+__all__ = ["delattr_var", "enter_context", "exit_context", "handler_for", "sorted_vars", "to_py"]

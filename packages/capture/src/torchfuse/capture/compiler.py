@@ -278,7 +278,10 @@ class CompiledFunction:
             return
         if self.root.fullgraph:
             raise GraphBreakInFullgraph(err) from err
-        key = (err.loc.file, err.loc.line, err.reason) if err.loc is not None else (err.reason,)
+        # once per break and per way of handling it (resumed, routed, run eagerly)
+        handling = "resume" if result.plan is not None else "route" if routed else "eager"
+        key = (err.loc.file, err.loc.line, err.reason, handling) if err.loc is not None else \
+            (err.reason, handling)
         if key not in self.root._logged_breaks:
             self.root._logged_breaks.add(key)
             fallback = getattr(err, "fallback", None) or "cannot resume"

@@ -195,6 +195,10 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
             finally:
                 ctx.close_contexts()
                 torch.set_grad_enabled(grad)
+                # Under an autocast region opened by the caller, torch code run on the real
+                # parameters (nn.Linear's forward) cached their casts, which are fakes here:
+                # Python that runs in the same region after capture must not be handed them.
+                torch.clear_autocast_cache()
         if not again:
             break
     return CaptureResult(name=name, graph=graph, inputs=ctx.inputs, out_spec=out_spec,

@@ -137,6 +137,12 @@ def store_attr(frame, inst) -> None:
     setattr_var(obj, inst.argval, value)
 
 
+def delete_attr(frame, inst) -> None:
+    from torchfuse.capture.builtins import delattr_var
+
+    delattr_var(frame.pop(), inst.argval)
+
+
 def import_name(frame, inst) -> None:
     fromlist = frame.pop().python()
     level = frame.pop().python()
@@ -162,6 +168,7 @@ HANDLERS = {
     "LOAD_DEREF": load_deref, "LOAD_CLASSDEREF": load_deref, "STORE_DEREF": store_deref,
     "DELETE_DEREF": delete_deref, "LOAD_CLOSURE": load_closure, "LOAD_ATTR": load_attr,
     "LOAD_METHOD": load_attr, "LOAD_SUPER_ATTR": load_super_attr, "STORE_ATTR": store_attr,
+    "DELETE_ATTR": delete_attr,
     "IMPORT_NAME": import_name, "IMPORT_FROM": import_from,
     "LOAD_ASSERTION_ERROR": load_assertion_error,
 }
