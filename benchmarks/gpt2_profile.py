@@ -1,6 +1,11 @@
 """Where GPT-2's time goes: GPU kernels and host time of one call, torchfuse vs torch.compile.
 
     python benchmarks/gpt2_profile.py --json benchmarks/results/gpt2_profile_<tag>.json
+    python benchmarks/gpt2_profile.py --only '' --models bert,vit   # models of models.py instead
+
+``--models`` profiles models of ``benchmarks/models.py`` the same way (full size, bf16
+autocast; ``--model-modes inference,training``), with peak memory, and the whole traceback
+of a variant that fails.
 
 Needs CUDA and ``transformers``. Measures, for the ``gpt2`` (inference) and ``gpt2_train`` rows
 of ``workloads.py``:
@@ -77,10 +82,68 @@ def _mm_alignment() -> dict[str, float]:
     return out
 
 
+def _model_cases(names: str, modes: str) -> list[tuple[str, Any]]:
+    """``(row name, make)`` for models of ``models.py``: ``make(variant)`` -> the timed step."""
+    import models as M
+    import torch
+    import torchfuse.capture as tf
+
+    out = []
+    for spec in M.select(names, ""):
+        for training in [m == "training" for m in modes.split(",")]:
+            def make(variant: str, spec: Any = spec, training: bool = training) -> Any:
+                model, _ = M.build_model(spec, "full", torch.device("cuda"))
+                model.train(training)
+                inputs = M.make_inputs(spec, model.config, "full", "cuda", training)
+                if variant == "torch_compile":
+                    torch._dynamo.reset()
+                    fn = torch.compile(model)
+                elif variant == "torchfuse":
+                    tf.reset()
+                    fn = tf.compile(model)
+                else:
+                    fn = model
+                params = tuple(p for p in model.parameters() if p.requires_grad)
+                return M.make_step(fn, inputs, training, params, "cuda")
+            out.append((f"{spec.name}{'_train' if training else ''}", make))
+    return out
+
+
+def _profile(name: str, make: Any) -> dict[str, Any]:
+    import traceback
+
+    import torch
+
+    per: dict[str, Any] = {}
+    for variant in ("eager", "torch_compile", "torchfuse"):
+        try:
+            step = make(variant)
+            wall = _wall_ms(step)
+            busy, top = _kernels(step)
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 2**20
+            per[variant] = {"wall_ms": wall, "gpu_busy_ms": busy, "host_ms": wall - busy, "top": top,
+                            "peak_mb": peak}
+            print(f"{name:10s} {variant:14s} wall {wall:.3f} ms  GPU busy {busy:.3f} ms  peak {peak:.0f} MB")
+            for kname, ms, count in top:
+                print(f"    {ms:8.3f} ms  x{count:<3d} {kname}")
+        except Exception as e:  # the whole error: this script is where a failing row is read
+            per[variant] = {"error": "".join(traceback.format_exception(e))[-6000:]}
+            print(f"{name} {variant}: {per[variant]['error']}")
+        step = None
+        torch.cuda.empty_cache()
+    return per
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default="")
     p.add_argument("--only", default="gpt2,gpt2_train")
+    p.add_argument("--models", default="",
+                   help="also (or, with --only '', only) these models of models.py, e.g. bert,vit")
+    p.add_argument("--model-modes", default="inference", help="inference, training or both, comma-separated")
     p.add_argument("--options", default="",
                    help='torchfuse compile options as JSON, e.g. {"pointwise_rows":1024} '
                         "(no spaces when it goes through gpu_run.sh)")
@@ -93,10 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpt2_profile: needs CUDA", file=sys.stderr)
         return 1
-    result: dict[str, Any] = {"mm": _mm_alignment(), "rows": {}, "torchfuse_options": args.options or None}
-    for k, v in result["mm"].items():
-        print(f"{k:36s} {v:.3f} ms")
-    for wl in workloads.select(args.only.split(",")):
+    result: dict[str, Any] = {"rows": {}, "torchfuse_options": args.options or None}
+    if args.only:
+        result["mm"] = _mm_alignment()
+        for k, v in result["mm"].items():
+            print(f"{k:36s} {v:.3f} ms")
+    for name, make in _model_cases(args.models, args.model_modes) if args.models else []:
+        result["rows"][name] = _profile(name, make)
+    for wl in workloads.select(args.only.split(",")) if args.only else []:
         per: dict[str, Any] = {}
         for variant in ("eager", "torch_compile", "torchfuse"):
             case = wl.make_case(torch.device("cuda"), None, "full")

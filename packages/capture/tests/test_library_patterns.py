@@ -189,3 +189,29 @@ def test_autocast_casts_cached_during_capture_never_reach_python():
             want = f(x)
     assert type(got) is torch.Tensor
     torch.testing.assert_close(got, want)
+
+
+def test_modules_made_at_run_time_do_not_move_the_module_version():
+    from torchfuse.capture.guards import module_version
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(3, 3) for _ in range(3)])
+            self.depth = 2
+
+        def forward(self, x):
+            for layer in self.layers[: self.depth]:  # a new ModuleList on every call
+                x = layer(x)
+            return x
+
+    net = Net()
+    x = torch.randn(2, 3)
+    c = compile(net, backend="eager")
+    torch.testing.assert_close(c(x), net(x))
+    before = module_version[0]
+    net(x)  # eager: the slice builds and fills a ModuleList nobody captured
+    assert module_version[0] == before
+    net.depth = 3  # a module capture read: its write moves the version, the guard sees it
+    assert module_version[0] > before
+    torch.testing.assert_close(c(x), net(x))

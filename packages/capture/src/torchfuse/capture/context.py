@@ -20,7 +20,7 @@ import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.dynamic import DynamicPolicy, symbolic_dims
 from torchfuse.capture.errors import Unsupported
-from torchfuse.capture.guards import GuardSet, SymbolBinding
+from torchfuse.capture.guards import GuardSet, SymbolBinding, watch
 
 from torchfuse.capture.source import (
     AttrSource,
@@ -150,6 +150,7 @@ class Capture:
         guards = self.guards
         if isinstance(value, torch.nn.Module):
             self.uses_modules = True
+            watch(value)
             if source is not None and not source.is_module_state:
                 guards.identity(source, value)
             return V.ModuleVar(value, source)

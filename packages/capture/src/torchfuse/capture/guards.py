@@ -38,16 +38,29 @@ from torchfuse.graph.symbolic import size_text
 # ----------------------------------------------------------------------------- module version
 
 module_version = [0]
-"""Bumped whenever any ``nn.Module`` attribute is set, deleted, or registered."""
+"""Bumped whenever an attribute of a watched ``nn.Module`` is set, deleted, or registered."""
+
+WATCHED = "_torchfuse_watched"
+"""The flag in a module's ``__dict__`` that capture sets on every module it reads: only these
+modules' writes move :data:`module_version`. A module made and changed at run time (the
+``ModuleList`` a slice ``self.layers[:n]`` builds on every call) moves nothing, so code that
+does it in a loop neither revalidates our module guards each call nor, traced by another
+compiler, sees a global counter change on every call."""
 
 _patched = False
 
 
+def watch(module: torch.nn.Module) -> None:
+    """Have writes to ``module``'s attributes move :data:`module_version`."""
+    module.__dict__[WATCHED] = True
+
+
 def watch_module_attributes() -> None:
-    """Make ``nn.Module`` attribute writes bump :data:`module_version` (installed once).
+    """Make writes to watched ``nn.Module`` s bump :data:`module_version` (installed once).
 
     Wraps ``__setattr__``, ``__delattr__``, ``register_parameter``, ``register_buffer`` and
-    ``register_module`` on ``torch.nn.Module``; each wrapper adds one integer increment.
+    ``register_module`` on ``torch.nn.Module``; each wrapper adds one flag test and, for a
+    watched module (:func:`watch`), one integer increment.
     """
     global _patched
     if _patched:
@@ -58,9 +71,10 @@ def watch_module_attributes() -> None:
                  "register_module", "add_module"):
         orig = getattr(cls, name)
 
-        def wrapper(*args: Any, __orig: Callable[..., Any] = orig, **kwargs: Any) -> Any:
-            module_version[0] += 1
-            return __orig(*args, **kwargs)
+        def wrapper(self: Any, *args: Any, __orig: Callable[..., Any] = orig, **kwargs: Any) -> Any:
+            if self.__dict__.get(WATCHED):
+                module_version[0] += 1
+            return __orig(self, *args, **kwargs)
 
         functools.update_wrapper(wrapper, orig)
         setattr(cls, name, wrapper)
@@ -72,9 +86,10 @@ def watch_module_attributes() -> None:
         if orig is None:
             continue
 
-        def hook_wrapper(*args: Any, __orig: Callable[..., Any] = orig, **kwargs: Any) -> Any:
-            module_version[0] += 1
-            return __orig(*args, **kwargs)
+        def hook_wrapper(self: Any, *args: Any, __orig: Callable[..., Any] = orig, **kwargs: Any) -> Any:
+            if self.__dict__.get(WATCHED):
+                module_version[0] += 1
+            return __orig(self, *args, **kwargs)
 
         functools.update_wrapper(hook_wrapper, orig)
         setattr(cls, name, hook_wrapper)
