@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torchfuse.capture import variables as V
+from torchfuse.capture.attention import SDPA, fused_call
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, ItemSource, Source
@@ -143,6 +144,10 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
             raise Unsupported(f"{_qualname(value)} with a {a.describe()} argument", ctx.loc)
     pargs = [to_py(a) for a in args]
     pkwargs = {k: to_py(v) for k, v in kwargs.items()}
+    if value is SDPA:  # the fused kernel eager would run, not the composite's math fallback
+        fused = fused_call(pargs, pkwargs)
+        if fused is not None:
+            return from_py(ctx.call_torch(fused, [], {}, "scaled_dot_product_attention"))
     return from_py(ctx.call_torch(value, pargs, pkwargs, _qualname(value)))
 
 

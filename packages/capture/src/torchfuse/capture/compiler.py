@@ -521,7 +521,8 @@ class EagerFallbackWarning(RuntimeWarning):
     ``torchfuse.capture.config.quiet_fallback``."""
 
 
-def routed_eager_code(err: Unsupported, code: types.CodeType, owner: CompiledFunction) -> types.CodeType | None:
+def routed_eager_code(err: Unsupported, code: types.CodeType,
+                      owner: CompiledFunction) -> types.CodeType | None:
     """The code an eager frame runs when its break was inside a call: the same code, with that
     call going through :meth:`CompiledFunction.callee` (the callee is captured as a frame of
     its own, recursively). ``None`` when the break was not inside a call of this frame."""
@@ -700,5 +701,5 @@ def reset() -> None:
         cf.reset()
 
 
-__all__ = ["CompiledFunction", "CompiledModule", "EagerFallbackWarning", "Unsupported", "compile", "dynamic_requests",
-           "mark_dynamic", "reset"]
+__all__ = ["CompiledFunction", "CompiledModule", "EagerFallbackWarning", "Unsupported", "compile",
+           "dynamic_requests", "mark_dynamic", "reset"]

@@ -21,7 +21,6 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.dynamic import DynamicPolicy, symbolic_dims
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.guards import GuardSet, SymbolBinding, watch
-
 from torchfuse.capture.source import (
     AttrSource,
     DictItemSource,
