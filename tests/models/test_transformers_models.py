@@ -112,5 +112,5 @@ def test_export_roundtrip_matches_eager(case: ModelCase, tmp_path):
         exported.save(tmp_path / "model.zip")
         got = Exported.load(tmp_path / "model.zip").run(**kwargs)
         want = model(**kwargs)
-    assert isinstance(got, dict) and list(got)[0] == list(want.keys())[0]
-    torch.testing.assert_close(got[list(got)[0]], _logits(want), rtol=1e-5, atol=1e-5)
+    assert isinstance(got, dict) and next(iter(got)) == next(iter(want.keys()))
+    torch.testing.assert_close(got[next(iter(got))], _logits(want), rtol=1e-5, atol=1e-5)

@@ -48,3 +48,41 @@ def test_symbolic_and_scalar_outputs():
                 symbols=(S.Symbol(name="s0", source="input:0.size(0)"),),
                 outputs=(S.GraphOutput(value=S.SymRef(expr="s0 * 2")), S.GraphOutput(value=S.Int(value=3))))
     assert run(g, torch.ones(6)) == [12, 3]
+
+
+def _rotary_angles(inv_freq, pos):
+    # HF's rotary embeddings: a float32 matmul forced with autocast disabled
+    with torch.autocast("cpu", enabled=False):
+        return (inv_freq[:, None] @ pos[None, :]).cos()
+
+
+def test_a_graph_runs_with_autocast_off():
+    """A graph holds autocast's casts already: an autocast around the call must not cast its
+    ops again (the float32 mm of an autocast-disabled region would become a bf16 one)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    pos = torch.arange(2048, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g, _ = trace(_rotary_angles, inv_freq, pos)
+        assert g.values[g.nodes[-2].outputs[0]].dtype == "float32"
+        got = run(g, inv_freq, pos)[0]
+        assert torch.is_autocast_enabled("cpu")  # restored after the run
+    want = _rotary_angles(inv_freq, pos)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want)
+
+
+def test_no_autocast_restores_the_state_and_nests():
+    from torchfuse.graph.interpreter import no_autocast
+
+    assert not torch.is_autocast_enabled("cpu")
+    with no_autocast():
+        assert not torch.is_autocast_enabled("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with no_autocast(["cpu"]):
+            assert not torch.is_autocast_enabled("cpu")
+            with no_autocast():
+                assert not torch.is_autocast_enabled("cpu")
+            assert not torch.is_autocast_enabled("cpu")
+            assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.float32
+        assert torch.is_autocast_enabled("cpu")
+        assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.bfloat16

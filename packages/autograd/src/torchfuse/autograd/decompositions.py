@@ -266,22 +266,22 @@ def nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, t
 
 
 def mse_loss(x, target, reduction=_REDUCTION_MEAN):
-    xf, tf = _opmath(x, target)
-    d = xf - tf
+    # eager's kernel rounds ``x - target`` before squaring it (on cpu and cuda alike), so the
+    # steps stay in the input dtype here too
+    d = x - target
     sq = d * d
     if reduction == _REDUCTION_NONE:
-        return sq.to(x.dtype)
-    return (torch.sum(sq) if reduction == _REDUCTION_SUM else torch.mean(sq)).to(x.dtype)
+        return sq
+    return torch.sum(sq) if reduction == _REDUCTION_SUM else torch.mean(sq)
 
 
 def mse_loss_backward(grad_output, x, target, reduction):
-    g, xf, tf = _opmath(grad_output, x, target)
     n = x.numel()
     if reduction == _REDUCTION_MEAN and not isinstance(n, int):
         # 2 / n as a float would pin the sizes; divide by the size expression instead
-        return (g * (xf - tf) * 2 / n).to(x.dtype)
+        return grad_output * (x - target) * 2 / n
     scale = 2 / n if reduction == _REDUCTION_MEAN else 2
-    return (g * (xf - tf) * scale).to(x.dtype)
+    return grad_output * (x - target) * scale
 
 
 # ----------------------------------------------------------------------------- linear algebra, views

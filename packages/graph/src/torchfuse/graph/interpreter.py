@@ -18,6 +18,7 @@ pass or compiled function that runs a Graph's ops does it inside :class:`no_auto
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -67,31 +68,38 @@ def device_types(graph: S.Graph) -> tuple[str, ...]:
     return tuple(sorted({torch.device(m.device).type for m in graph.values.values()} or {"cpu"}))
 
 
-class no_autocast:  # noqa: N801 - used like torch.no_grad
-    """Context manager: autocast disabled, for the device types given (default: all), while a
-    Graph's ops run; the previous state is restored on exit.
+class _AutocastOff:
+    """Turns autocast off for ``types`` on entry and back on at exit."""
 
-    Cheap when autocast is off (one ``torch.is_autocast_enabled`` per device type); it only
-    flips the enabled flag, so the autocast nesting level and cast cache of an enclosing
-    ``torch.autocast`` are left alone.
-    """
+    __slots__ = ("_types",)
 
-    __slots__ = ("_off", "_types")
+    def __init__(self, types: list[str]) -> None:
+        self._types = types
 
-    def __init__(self, device_types: Iterable[str] | None = None) -> None:
-        self._types = AUTOCAST_DEVICE_TYPES if device_types is None else tuple(device_types)
-        self._off: list[str] = []
-
-    def __enter__(self) -> no_autocast:
-        self._off = [d for d in self._types if torch.is_autocast_enabled(d)]
-        for d in self._off:
+    def __enter__(self) -> None:
+        for d in self._types:
             torch.set_autocast_enabled(d, False)
-        return self
 
     def __exit__(self, *exc: object) -> None:
-        for d in self._off:
+        for d in self._types:
             torch.set_autocast_enabled(d, True)
-        self._off = []
+
+
+_NOTHING_TO_DO = contextlib.nullcontext()
+
+
+def no_autocast(device_types: Iterable[str] | None = None) -> contextlib.AbstractContextManager:
+    """A context manager with autocast disabled, for the device types given (default: all),
+    while a Graph's ops run; the state is restored on exit.
+
+    The device types are read when it is made (``with no_autocast(): ...``). It costs one
+    ``torch.is_autocast_enabled`` per device type when autocast is off, and only flips the
+    enabled flag when it is on, so the nesting level and the cast cache of the enclosing
+    ``torch.autocast`` are left alone.
+    """
+    types = AUTOCAST_DEVICE_TYPES if device_types is None else device_types
+    on = [d for d in types if torch.is_autocast_enabled(d)]
+    return _AutocastOff(on) if on else _NOTHING_TO_DO
 
 
 class Interpreter:

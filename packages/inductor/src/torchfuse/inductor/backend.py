@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torchfuse.autograd import aot  # at import, not at the first training call (networkx: ~0.3 s)
 from torchfuse.graph import schema as S
+from torchfuse.graph.interpreter import device_types, no_autocast
 from torchfuse.graph.torchfuse_ops import records_grad
 from torchfuse.inductor.compile import compile_graph
 from torchfuse.inductor.config import config as default_config
@@ -27,15 +28,27 @@ def compiler(
     mode: str = "default",
     options: dict | None = None,
 ) -> Callable[..., list]:
-    """Compile one graph and load it with the runtime: ``compiler(graph, inputs)(*inputs)``."""
+    """Compile one graph and load it with the runtime: ``compiler(graph, inputs)(*inputs)``.
+
+    A graph's ops already carry autocast's dtypes, so compiling (decompositions re-run the
+    graph on fakes, autotuning runs candidates) and calling a Program with extern steps happen
+    with autocast off: an autocast enclosing the call would cast an extern ``mm`` again.
+    """
     from torchfuse.runtime import load
 
-    program = compile_graph(graph, example_inputs, mode=mode, options=options)
-    runtime_mode = "reduce-overhead" if mode == "reduce-overhead" else "default"
-    fn = load(program, mode=runtime_mode)
+    types = device_types(graph)
+    with no_autocast(types):
+        program = compile_graph(graph, example_inputs, mode=mode, options=options)
+        runtime_mode = "reduce-overhead" if mode == "reduce-overhead" else "default"
+        fn = load(program, mode=runtime_mode)
 
-    def run(*inputs: Any) -> list:
-        return list(fn(*inputs))
+    if any(isinstance(step, S.ExternStep) for step in program.steps):
+        def run(*inputs: Any) -> list:
+            with no_autocast(types):
+                return list(fn(*inputs))
+    else:  # Triton and C++ kernels compute in the dtypes of their buffers, whatever autocast says
+        def run(*inputs: Any) -> list:
+            return list(fn(*inputs))
 
     run.program = program  # type: ignore[attr-defined]
     # the autograd glue starts a backward's kernel compiles while the forward runs

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torchfuse.graph import schema as S
+from torchfuse.graph.interpreter import device_types, no_autocast
 from torchfuse.graph.torchfuse_ops import records_grad
 
 
@@ -67,7 +68,15 @@ def _compiler(device: str) -> Callable[[S.Graph, Sequence[Any]], Callable[..., l
 
         mode = "reduce-overhead" if device == "cuda" else "default"
         fn = load(extern_program(graph, device=device), device=device, mode=mode)
-        return lambda *inputs: list(fn(*inputs))
+        types = device_types(graph)
+
+        def run(*inputs: Any) -> list:
+            # the graph's ops carry autocast's dtypes already: an enclosing autocast must not
+            # cast them again (see torchfuse.graph.interpreter.no_autocast)
+            with no_autocast(types):
+                return list(fn(*inputs))
+
+        return run
 
     return compile_half
 
