@@ -523,6 +523,10 @@ class Lowering:
         if reason:
             self.fallbacks.append(f"{node.name}: {node.op} ({reason})")
 
+    def _touches_cpu(self, node: S.Node) -> bool:
+        names = [o for o in node.outputs if o] + tensor_refs([*node.args, *node.kwargs.values()])
+        return any(self.meta(n).device.startswith("cpu") for n in names)
+
     # -- driver
     def run(self) -> ir.LoopProgram:
         from torchfuse.inductor.lowerings import EXTERN_BY_DESIGN, all_rules
@@ -538,9 +542,15 @@ class Lowering:
             layout = Layout(inp.name, strides, sympy.Integer(0))
             self.env[inp.name] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)
         rules = all_rules()
+        home = next((m.device for m in g.values.values() if not m.device.startswith("cpu")), "cpu")
         for node in g.nodes:
             op = _functional_name(node.op)
             rule = rules.get(op)
+            if home != "cpu" and self._touches_cpu(node):
+                # a CPU tensor in a GPU graph (``torch.rand([])`` for a layer-drop test): ATen
+                # computes it, and mixes a CPU scalar with GPU tensors, as eager does
+                self.extern(node, "a CPU tensor in a GPU graph")
+                continue
             if rule is None:
                 self.extern(node, "" if op in EXTERN_BY_DESIGN else "no lowering")
                 continue
@@ -676,3 +686,4 @@ def result_dtype(*args: object) -> str:
         if result is None or category(g) > category(result):
             result = g
     return dtype_name(result or torch.float32)
+

@@ -551,6 +551,13 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
                 line = f"    {', '.join(outs)}, *_ = _flatten({call})"
             slow.append(line)
             quick.append(line)
+            for o in step.outputs:  # the layout the kernels after it index it with
+                want = _static_strides(buffers.get(o)) if o else None
+                if want is not None:
+                    g["_fit"] = fit_layout
+                    line = f"    {names[o]} = _fit({names[o]}, {want!r})"
+                    slow.append(line)
+                    quick.append(line)
         elif isinstance(step, S.ViewStep):
             view = (names[step.base], ctx.tup(step.sizes), ctx.tup(step.strides),
                     render_expr(step.storage_offset, sym_names))
@@ -672,6 +679,30 @@ def _cuda_device(index: int) -> torch.device:
 def _is_list(ret: torch._C.Argument) -> bool:
     """A schema return that is a list of tensors (``Tensor[]``, printed ``List[Tensor]``)."""
     return isinstance(ret.type, torch.ListType)
+
+
+def _static_strides(buf: S.Buffer | None) -> tuple[tuple[int, int], ...] | None:
+    """``(dim, stride)`` of every dim longer than 1 of a buffer with integer sizes, or None."""
+    if buf is None or not all(isinstance(x, int) for x in (*buf.sizes, *buf.strides)):
+        return None
+    return tuple((d, st) for d, (n, st) in enumerate(zip(buf.sizes, buf.strides, strict=True)) if n > 1)
+
+
+def fit_layout(t: Any, strides: tuple[tuple[int, int], ...]) -> Any:
+    """``t`` in the layout the Program planned for it (``(dim, stride)`` of its dims longer
+    than 1). An ATen kernel may return another layout than its meta kernel says (cuDNN's
+    convolution backward gives a channels-last weight gradient for a channels-last gradient
+    input); the kernels after it index the buffer with the planned strides, so it is copied."""
+    have = t.stride()
+    if all(have[d] == st for d, st in strides):
+        return t
+    size = t.shape
+    planned = list(have)
+    for d, st in strides:
+        planned[d] = st
+    out = torch.empty_strided(size, planned, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 def _flatten(result: Any) -> list[Any]:
