@@ -7,9 +7,14 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from torchfuse.autograd import DEFAULT_TABLE, DecompositionError, decompose
+from torchfuse.autograd import DEFAULT_TABLE as _DEFAULT
+from torchfuse.autograd import DecompositionError, decompose
+from torchfuse.autograd.decompositions import EMBEDDING_AS_INDEX_PUT
 from torchfuse.graph import run, trace
 from torchfuse.graph.ops import resolve_op
+
+DEFAULT_TABLE = {**_DEFAULT, **EMBEDDING_AS_INDEX_PUT}
+"""The default rules and the explicit overrides: each is tested against eager."""
 
 aten = torch.ops.aten
 Sample = tuple[tuple, dict]
@@ -161,7 +166,7 @@ def test_decomposed_graph_matches_eager(name):
         tensors = [args[i] for i in tensor_pos]
         graph, consts = trace(call, *tensors, name=name.replace(".", "_"))
         assert name in {n.op for n in graph.nodes}, "the sample does not reach the op"
-        dec = decompose(graph)
+        dec = decompose(graph, DEFAULT_TABLE)
         assert not {n.op for n in dec.nodes} & set(DEFAULT_TABLE), [n.op for n in dec.nodes]
         got = run(dec, *tensors, *consts.values())
         expected = op(*args, **kwargs)

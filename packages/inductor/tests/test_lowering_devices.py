@@ -35,3 +35,16 @@ def test_a_cpu_graph_is_untouched():
     lowering = Lowering(g, config)
     lowering.run()
     assert not any("CPU tensor" in f for f in lowering.fallbacks)
+
+
+def test_a_cpu_input_of_a_gpu_program_stays_a_cpu_buffer():
+    from torchfuse.inductor.compile import compile_graph
+
+    g, _ = trace(lambda x, p: (x * 2, p < 0.5), torch.randn(4, 4), torch.rand([]))
+    cpu = {g.inputs[1].name} | {o for n in g.nodes if n.op.startswith("aten.lt") for o in n.outputs}
+    program = compile_graph(_on(g, lambda name: "cpu" if name in cpu else "cuda"),
+                            [torch.randn(4, 4), torch.rand([])])
+    devices = {b.name: b.device for b in program.buffers}
+    assert devices[g.inputs[0].name] == "cuda" and devices[g.inputs[1].name] == "cpu"
+    extern = next(s for s in program.steps if type(s).__name__ == "ExternStep")
+    assert extern.op.startswith("aten.lt") and devices[extern.outputs[0]] == "cpu"

@@ -340,6 +340,8 @@ class BufferSpec:
     kind: str = "computed"
     """``input``, ``computed`` (written by a kernel), ``extern`` (returned by an op) or ``view``."""
     view_of: str | None = None
+    device: str | None = None
+    """Set for a CPU input or extern result of a GPU program; ``None``: the program's device."""
 
 
 @dataclass(frozen=True, slots=True)

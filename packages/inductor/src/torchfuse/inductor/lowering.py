@@ -505,7 +505,8 @@ class Lowering:
             sizes = tuple(expr_of(s) for s in m.sizes)
             strides = tuple(expr_of(s) for s in m.strides)
             self.add_buffer(
-                ir.BufferSpec(name, m.dtype, sizes, strides, expr_of(m.storage_offset), kind="extern")
+                ir.BufferSpec(name, m.dtype, sizes, strides, expr_of(m.storage_offset), kind="extern",
+                              device=self._cpu_of(m))
             )
             layout = Layout(name, strides, sympy.Integer(0))
             self.env[o] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)
@@ -523,6 +524,11 @@ class Lowering:
         if reason:
             self.fallbacks.append(f"{node.name}: {node.op} ({reason})")
 
+    def _cpu_of(self, m: S.TensorMeta) -> str | None:
+        """``"cpu"`` for a CPU tensor of a GPU graph (its buffer stays on the CPU)."""
+        gpu = any(not v.device.startswith("cpu") for v in self.graph.values.values())
+        return "cpu" if gpu and m.device.startswith("cpu") else None
+
     def _touches_cpu(self, node: S.Node) -> bool:
         names = [o for o in node.outputs if o] + tensor_refs([*node.args, *node.kwargs.values()])
         return any(self.meta(n).device.startswith("cpu") for n in names)
@@ -537,7 +543,8 @@ class Lowering:
             sizes = tuple(expr_of(s) for s in m.sizes)
             strides = tuple(expr_of(s) for s in m.strides)
             self.add_buffer(
-                ir.BufferSpec(inp.name, m.dtype, sizes, strides, expr_of(m.storage_offset), "input")
+                ir.BufferSpec(inp.name, m.dtype, sizes, strides, expr_of(m.storage_offset), "input",
+                              device=self._cpu_of(m))
             )
             layout = Layout(inp.name, strides, sympy.Integer(0))
             self.env[inp.name] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)

@@ -167,7 +167,7 @@ def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Ke
             dtype=spec.dtype,
             sizes=tuple(_fmt(s) for s in spec.sizes),
             strides=tuple(_fmt(s) for s in spec.strides),
-            device=prog.device,
+            device=spec.device or prog.device,
             storage_offset=_fmt(spec.offset),
         )
         for spec in used.values()
