@@ -69,11 +69,24 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # run.py and report.py beside this file, however it is started
     sys.path.insert(0, str(HERE))
 
-from report import SHORT, _cell, _check, _f, _mismatch, _ms, _speed, _speedup, geomean, write_json  # noqa: E402
+from report import (  # noqa: E402
+    SHORT,
+    _cell,
+    _check,
+    _f,
+    _mismatch,
+    _ms,
+    _speed,
+    _speedup,
+    geomean,
+    pyplot,
+    write_json,
+)
 from run import (  # noqa: E402
     Compilers,
     Device,
     _set_cache_dirs,
+    add_speedups,
     check_against,
     deadline,
     detach_all,
@@ -503,10 +516,7 @@ def run_row(spec: ModelSpec, training: bool, dev: Device, compilers: ModelCompil
         if broken:
             row["device_lost"] = f"after {variant}: {broken}"
             break
-    eager_ms = row["results"].get("eager", {}).get("ms")
-    for cell in row["results"].values():
-        if eager_ms and cell.get("ms"):
-            cell["speedup"] = eager_ms / cell["ms"]
+    add_speedups(row)
     del model, inputs, params, named, expected
     gc.collect()
     if dev.is_cuda:
@@ -653,12 +663,8 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def plot(doc: dict[str, Any], path: Path) -> Path | None:
     """Bars of speedup over eager per model, one panel per mode; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     modes = [m for m in MODES if any(r.get("mode") == m and "results" in r for r in doc["rows"])]
     if not modes:

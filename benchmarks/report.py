@@ -228,14 +228,22 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def plot(doc: dict[str, Any], path: Path) -> Path | None:
-    """Bars of speedup over eager per workload (eager = 1); None when matplotlib is missing."""
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only backend, or None when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(doc: dict[str, Any], path: Path) -> Path | None:
+    """Bars of speedup over eager per workload (eager = 1); None when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
         return None
     rows = [r for r in doc["rows"] if "results" in r]
     if not rows:

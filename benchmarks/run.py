@@ -437,10 +437,7 @@ def run_workload(wl: Any, dev: Device, compilers: Compilers, args: argparse.Name
         if broken:
             row["device_lost"] = f"after {variant}: {broken}"
             break
-    eager_ms = row["results"].get("eager", {}).get("ms")
-    for cell in row["results"].values():
-        if eager_ms and cell.get("ms"):
-            cell["speedup"] = eager_ms / cell["ms"]
+    add_speedups(row)
     del case, expected
     gc.collect()
     if dev.is_cuda:
@@ -449,6 +446,14 @@ def run_workload(wl: Any, dev: Device, compilers: Compilers, args: argparse.Name
 
 
 # ----------------------------------------------------------------------------- cache hits
+
+
+def add_speedups(row: dict[str, Any]) -> None:
+    """Each compiler's speedup over the row's eager time, where both were measured."""
+    eager_ms = row["results"].get("eager", {}).get("ms")
+    for cell in row["results"].values():
+        if eager_ms and cell.get("ms"):
+            cell["speedup"] = eager_ms / cell["ms"]
 
 
 def cache_hit_worker(args: argparse.Namespace) -> int:
