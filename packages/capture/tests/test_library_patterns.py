@@ -29,6 +29,10 @@ def test_break_under_try_in_a_callee_compiles_the_callee_as_its_own_frame():
     ops = [n.op for r in c.results if r.graph is not None for n in r.graph.nodes]
     assert "aten.relu.default" in ops and "aten.sin.default" in ops
     torch.testing.assert_close(c(x), f(x))  # the cached entries: same answer
+    (reason,) = explain(f)(x).break_reasons  # explain names the calls that led to the break
+    assert reason.function == "graph_break" and len(reason.stack) == 3
+    assert reason.stack[0].startswith(__file__) and "wrapper" in reason.stack[1]
+    assert "called from (outermost first)" in str(reason)
 
 
 def test_breaks_log_shows_the_call_stack(monkeypatch, capsys):

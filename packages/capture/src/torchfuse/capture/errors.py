@@ -21,18 +21,22 @@ def where(loc: SourceLoc | None) -> str:
     return text
 
 
-def break_stack(error: Unsupported) -> str:
-    """The user-code call stack of a break inside inlined calls, outermost first (empty for a
-    break in the compiled frame itself)."""
+def call_stack(error: Unsupported) -> tuple[str, ...]:
+    """``file:line in function`` of each call a break inside inlined calls passed through,
+    outermost first (empty for a break in the compiled frame itself)."""
     chain = getattr(error, "break_chain", None) or []
-    if len(chain) < 2:
-        return ""
     lines = []
     for state in reversed(chain[1:]):  # the innermost frame's line is the break's own location
         loc = state.frame.location(state.instruction)
         if loc is not None:
-            lines.append(f"    {loc.file}:{loc.line} in {loc.function}")
-    return "\n  called from (outermost first):\n" + "\n".join(lines) if lines else ""
+            lines.append(f"{loc.file}:{loc.line} in {loc.function}")
+    return tuple(lines)
+
+
+def break_stack(error: Unsupported) -> str:
+    """:func:`call_stack` as lines for a log message ("" when there is none)."""
+    lines = call_stack(error)
+    return "\n  called from (outermost first):\n" + "\n".join(f"    {s}" for s in lines) if lines else ""
 
 
 class CaptureError(RuntimeError):

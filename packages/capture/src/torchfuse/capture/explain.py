@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torchfuse.capture.errors import call_stack
 from torchfuse.graph import schema as S
 from torchfuse.graph.printer import describe_guard
 
@@ -31,6 +32,9 @@ class BreakReason:
     function: str | None = None
     fallback: str | None = None
     """Set when capture could not resume after this break: why the frame runs eagerly."""
+    stack: tuple[str, ...] = ()
+    """For a break inside calls: ``file:line in function`` of each call that led to it,
+    outermost first (the break's own line is ``filename``/``lineno``)."""
 
     def __str__(self) -> str:
         where = f"{self.filename}:{self.lineno}" if self.filename else "<unknown>"
@@ -39,6 +43,8 @@ class BreakReason:
         out = f"{self.reason}\n    at {where}"
         if self.text:
             out += f"\n      {self.text}"
+        if self.stack:
+            out += "\n    called from (outermost first):" + "".join(f"\n      {s}" for s in self.stack)
         if self.fallback:
             out += f"\n    not resumed, the frame runs eagerly: {self.fallback}"
         return out
@@ -155,5 +161,6 @@ def break_reasons(results: list[Any]) -> list[BreakReason]:
         seen.add(key)
         out.append(BreakReason(err.reason, loc.file if loc else None, loc.line if loc else None,
                                loc.text if loc else None, loc.function if loc else None,
-                               None if r.plan is not None else getattr(err, "fallback", None)))
+                               None if r.plan is not None else getattr(err, "fallback", None),
+                               call_stack(err)))
     return out
