@@ -72,6 +72,16 @@ def _pixels(training: bool) -> dict[str, Any]:
     return out
 
 
+def _speech(training: bool) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {"input_features": torch.randn(BATCH, 16, 32, generator=g)}
+    if training:
+        out["labels"] = _ids(1)[:, :8].contiguous()
+    else:
+        out["decoder_input_ids"] = _ids(2)[:, :8].contiguous()
+    return out
+
+
 _SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
           "num_attention_heads": 4, "vocab_size": VOCAB}
 
@@ -128,6 +138,13 @@ def _bart(t: Any) -> torch.nn.Module:
         max_position_embeddings=64))
 
 
+def _whisper(t: Any) -> torch.nn.Module:
+    return t.WhisperForConditionalGeneration(_config(
+        t.WhisperConfig, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+        max_source_positions=16, max_target_positions=32, vocab_size=VOCAB))
+
+
 def _vit(t: Any) -> torch.nn.Module:
     return t.ViTForImageClassification(_config(
         t.ViTConfig, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -143,6 +160,7 @@ CASES: tuple[ModelCase, ...] = (
     ModelCase("opt", _opt, _causal_lm),
     ModelCase("t5", _t5, _seq2seq),
     ModelCase("bart", _bart, _seq2seq),
+    ModelCase("whisper", _whisper, _speech),
     ModelCase("vit", _vit, _pixels),
 )
 

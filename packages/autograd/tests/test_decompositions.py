@@ -198,3 +198,18 @@ def test_failing_rule_names_the_node():
 
     with pytest.raises(DecompositionError, match=r"node 'sin' \[aten.sin.default\].*boom"):
         decompose(graph, {"aten.sin.default": bad})
+
+
+def test_rule_results_keep_the_memory_order_eager_returns():
+    """``native_layer_norm`` returns a dense tensor whatever its input's order; its pointwise
+    rule would keep a permuted input's order, and the ``view`` after it, which eager accepts,
+    would fail (Whisper's encoder: conv, permute, layer norm, linear)."""
+    def f(x, w, b):
+        y = torch.nn.functional.layer_norm(x.permute(0, 2, 1), (6,), w, b)
+        return y.view(8, 6)
+
+    x, w, b = _r(2, 6, 4), _r(6), _r(6)
+    graph, consts = trace(f, x, w, b)
+    dec = decompose(graph)
+    assert "aten.native_layer_norm.default" not in {n.op for n in dec.nodes}
+    torch.testing.assert_close(run(dec, x, w, b, *consts.values())[0], f(x, w, b))

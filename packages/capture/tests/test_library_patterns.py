@@ -219,3 +219,25 @@ def test_modules_made_at_run_time_do_not_move_the_module_version():
     net.depth = 3  # a module capture read: its write moves the version, the guard sees it
     assert module_version[0] > before
     torch.testing.assert_close(c(x), net(x))
+
+
+def test_truth_of_an_object_through_its_own_bool_or_len():
+    class Cache:
+        def __init__(self, n):
+            self.layers = [None] * n
+
+        def __len__(self):
+            return len(self.layers)
+
+    class Flag:
+        def __bool__(self):
+            return False
+
+    def f(x, cache, flag):
+        return (x + 1 if cache else x - 1) * (2 if flag else 3)
+
+    x = torch.randn(2)
+    for cache in (Cache(0), Cache(2)):
+        e = explain(f)(x, cache, Flag())
+        assert e.graph_count == 1 and e.graph_break_count == 0, e.break_reasons
+        torch.testing.assert_close(compile(f, backend="eager")(x, cache, Flag()), f(x, cache, Flag()))

@@ -415,14 +415,50 @@ def decompose(graph: S.Graph, table: Table = DEFAULT_TABLE, *, max_rounds: int =
 
 
 def _as_recorded(value: torch.Tensor, meta: S.TensorMeta | None) -> torch.Tensor:
-    """A rule's result in the dtype the graph recorded for the op's output: the nodes reading
-    it (and, in a joint graph, the backward formulas and the saved values) were traced against
-    that dtype, which is what eager's kernel returns (``native_layer_norm``'s ``mean`` is
-    float32 for a bf16 input)."""
+    """A rule's result in the dtype and memory order the graph recorded for the op's output:
+    the nodes reading it (and, in a joint graph, the backward formulas and the saved values)
+    were traced against them, which are what eager's kernel returns (``native_layer_norm``'s
+    ``mean`` is float32 for a bf16 input; its output is dense whatever its input's order, so a
+    ``view`` after it that eager accepts must not meet the permuted order of a pointwise rule)."""
     if meta is None:
         return value
     dtype = to_dtype(meta.dtype)
-    return value if value.dtype == dtype else value.to(dtype)
+    if value.dtype != dtype:
+        value = value.to(dtype)
+    return _in_recorded_order(value, meta)
+
+
+def _in_recorded_order(value: torch.Tensor, meta: S.TensorMeta) -> torch.Tensor:
+    sizes, strides = meta.sizes, meta.strides
+    if not all(isinstance(x, int) for x in (*sizes, *strides)) or len(sizes) != value.dim() or \
+            any(isinstance(x, torch.SymInt) for x in (*value.shape, *value.stride())):
+        return value
+    have = value.stride()
+    if all(have[d] == st for d, (n, st) in enumerate(zip(sizes, strides, strict=True)) if n > 1):
+        return value
+    for fmt, order in _FORMATS.get(len(sizes), _FORMATS[0]):
+        dense = _dense_strides(sizes, order)
+        if all(dense[d] == st for d, (n, st) in enumerate(zip(sizes, strides, strict=True)) if n > 1):
+            return value.contiguous(memory_format=fmt)
+    return value  # an order no memory format names: left to the consumers
+
+
+_FORMATS: dict[int, list[tuple[torch.memory_format, tuple[int, ...] | None]]] = {
+    0: [(torch.contiguous_format, None)],
+    4: [(torch.contiguous_format, None), (torch.channels_last, (1, 3, 2, 0))],
+    5: [(torch.contiguous_format, None), (torch.channels_last_3d, (1, 4, 3, 2, 0))],
+}
+"""Memory formats by rank, with the order of dims from the fastest varying (``None``: the last
+dim fastest)."""
+
+
+def _dense_strides(sizes: tuple[int, ...], order: tuple[int, ...] | None) -> list[int]:
+    order = order or tuple(reversed(range(len(sizes))))
+    strides, step = [0] * len(sizes), 1
+    for d in order:
+        strides[d] = step
+        step *= max(sizes[d], 1)
+    return strides
 
 
 def _decompose_once(graph: S.Graph, rules: dict[str, Rule]) -> S.Graph:

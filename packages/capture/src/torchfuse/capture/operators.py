@@ -148,8 +148,19 @@ def truth(a: V.Var) -> bool:
         return bool(a.value)
     if isinstance(a, V.UserObjVar):
         cls = type(a.value)
-        if hasattr(cls, "__bool__") or hasattr(cls, "__len__"):
-            raise Unsupported(f"truth value of {a.describe()}", current().loc)
+        for name in ("__bool__", "__len__"):  # what Python asks, in its order
+            raw = inspect.getattr_static(cls, name, None)
+            if raw is None:
+                continue
+            if not isinstance(raw, types.FunctionType):
+                raise Unsupported(f"truth value of {a.describe()}", current().loc)
+            from torchfuse.capture.calls import call
+
+            got = call(V.BoundMethodVar(V.ObjVar(raw), a), [], {})
+            if not isinstance(got, V.ConstVar) or not isinstance(got.value, int):
+                raise Unsupported(f"truth value of {a.describe()}: {name} gave {got.describe()}",
+                                  current().loc)
+            return bool(got.value)
         return True
     return True
 
