@@ -82,11 +82,8 @@ def _len(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(x, V.ModuleVar):
         return V.ConstVar(len(x.value))
     if isinstance(x, V.UserObjVar):
-        raw = inspect.getattr_static(type(x.value), "__len__", None)
-        if isinstance(raw, types.FunctionType):  # the class's own, interpreted (and guarded)
-            from torchfuse.capture.calls import call
-
-            n = call(V.BoundMethodVar(V.ObjVar(raw), x), [], {})
+        n = O.python_dunder(x, "__len__", [])  # the class's own, interpreted (and guarded)
+        if n is not None and n is not NotImplemented:
             if not isinstance(n, V.ConstVar) or not isinstance(n.value, int) or n.value < 0:
                 raise Unsupported(f"__len__ of {x.describe()} gave {n.describe()}", current().loc)
             return V.ConstVar(n.value)

@@ -175,6 +175,7 @@ class CompiledFunction:
         self._warned = False
         self._warned_eager = False
         self._checked_graphs = False
+        self._routed: dict[types.CodeType, types.FunctionType] = {}
         self._last_failure: str | None = None
         self._backend_fn: Backend | None = None
         functools.update_wrapper(self, fn)
@@ -216,9 +217,12 @@ class CompiledFunction:
                code: types.CodeType | None = None) -> Any:
         if code is None:
             return self.fn(*args, **kwargs)
-        fn = self.fn
-        routed = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        routed.__kwdefaults__ = fn.__kwdefaults__
+        routed = self._routed.get(code)
+        if routed is None:  # made once per routed code object, then called like fn
+            fn = self.fn
+            routed = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+            routed.__kwdefaults__ = fn.__kwdefaults__
+            self._routed[code] = routed
         return routed(*args, **kwargs)
 
     def _frame_code(self) -> types.CodeType:
@@ -517,8 +521,7 @@ class ResumeFunction(CompiledFunction):
 
 class EagerFallbackWarning(RuntimeWarning):
     """A compiled function runs a real part of its work eagerly (no graph, or a whole frame
-    with everything it calls). Filter it with :mod:`warnings`, or set
-    ``torchfuse.capture.config.quiet_fallback``."""
+    with everything it calls). Filter it with :mod:`warnings`."""
 
 
 def routed_eager_code(err: Unsupported, code: types.CodeType,

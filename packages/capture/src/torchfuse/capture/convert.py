@@ -59,6 +59,13 @@ class CaptureResult:
     whole-function capture only)."""
 
 
+def varkw_index(code: types.CodeType) -> int | None:
+    """The local slot of a function's ``**kwargs``, or ``None`` when it has none."""
+    if not code.co_flags & inspect.CO_VARKEYWORDS:
+        return None
+    return code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)
+
+
 def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:
     """A function with ``fn``'s signature returning its arguments as a tuple in
     ``co_varnames`` order: binding at C speed, the same errors as calling ``fn``."""
@@ -155,9 +162,8 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                               for i, (nm, v) in enumerate(zip(code.co_varnames, L, strict=False))}
                 if wrap_arg is not None:  # a resume function: sizes computed before the break
                     bind_size_arguments(ctx, local_vars)
-                elif code.co_flags & inspect.CO_VARKEYWORDS:  # the binder makes **kwargs anew
-                    ctx.fresh_locals.add(code.co_argcount + code.co_kwonlyargcount +
-                                         bool(code.co_flags & inspect.CO_VARARGS))
+                elif varkw_index(code) is not None:  # the binder makes **kwargs anew
+                    ctx.fresh_locals.add(varkw_index(code))
                 cells = {}
                 for i, (nm, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or (), strict=True)):
                     try:

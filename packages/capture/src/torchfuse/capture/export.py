@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import torch
 from torchfuse.capture.context import InputSlot
-from torchfuse.capture.convert import capture, def_location, make_binder
+from torchfuse.capture.convert import capture, def_location, make_binder, varkw_index
 from torchfuse.capture.errors import ExportError, Unsupported
 from torchfuse.capture.output import spec_to_json
 from torchfuse.graph import archive
@@ -77,8 +77,8 @@ def _user_paths(slots: list[InputSlot], fn: types.FunctionType, bound: bool) -> 
 
     code = fn.__code__
     positional = code.co_varnames[int(bound):code.co_argcount]
-    varkw = code.co_varnames[code.co_argcount + code.co_kwonlyargcount +
-                             bool(code.co_flags & 0x04)] if code.co_flags & 0x08 else None
+    slot = varkw_index(code)
+    varkw = code.co_varnames[slot] if slot is not None else None
     paths = []
     for slot in slots:
         if slot.kind != "user_input":

@@ -147,16 +147,12 @@ def truth(a: V.Var) -> bool:
     if isinstance(a, V.ObjVar):
         return bool(a.value)
     if isinstance(a, V.UserObjVar):
-        cls = type(a.value)
         for name in ("__bool__", "__len__"):  # what Python asks, in its order
-            raw = inspect.getattr_static(cls, name, None)
-            if raw is None:
+            got = python_dunder(a, name, [])
+            if got is None:
                 continue
-            if not isinstance(raw, types.FunctionType):
+            if got is NotImplemented:
                 raise Unsupported(f"truth value of {a.describe()}", current().loc)
-            from torchfuse.capture.calls import call
-
-            got = call(V.BoundMethodVar(V.ObjVar(raw), a), [], {})
             if not isinstance(got, V.ConstVar) or not isinstance(got.value, int):
                 raise Unsupported(f"truth value of {a.describe()}: {name} gave {got.describe()}",
                                   current().loc)
@@ -220,6 +216,17 @@ def getitem(obj: V.Var, key: V.Var) -> V.Var:
     if isinstance(obj, V.UserObjVar):
         return _dunder(obj, "__getitem__", [key])
     raise Unsupported(f"subscript of {obj.describe()}", ctx.loc)
+
+
+def python_dunder(obj: V.UserObjVar, name: str, args: list[V.Var]) -> V.Var | None:
+    """Call the special method ``name`` of the object's class, interpreted, when the class
+    defines it in Python; ``None`` when it does not (``NotImplemented``: a C one, or none)."""
+    raw = inspect.getattr_static(type(obj.value), name, None)
+    if not isinstance(raw, types.FunctionType):
+        return None if raw is None else NotImplemented
+    from torchfuse.capture.calls import call
+
+    return call(V.BoundMethodVar(V.ObjVar(raw), obj), args, {})
 
 
 def _dunder(obj: V.Var, name: str, args: list[V.Var]) -> V.Var:
@@ -316,11 +323,7 @@ def iterate(var: V.Var) -> list[V.Var]:
     if isinstance(var, V.UserObjVar):
         # ``__iter__`` written in Python (``collections.abc.Sequence``'s own, over the class's
         # ``__len__``/``__getitem__``, included): run it interpreted, a generator to its end
-        it = inspect.getattr_static(type(var.value), "__iter__", None)
-        if isinstance(it, types.FunctionType):
-            from torchfuse.capture.calls import call
-
-            result = call(V.BoundMethodVar(V.ObjVar(it), var), [], {})
-            if result is not var:
-                return iterate(result)
+        result = python_dunder(var, "__iter__", [])
+        if result is not None and result is not NotImplemented and result is not var:
+            return iterate(result)
     raise Unsupported(f"iteration over {var.describe()}", ctx.loc)

@@ -168,6 +168,8 @@ class Lowering:
         self.device = next((graph.values[i.name].device for i in graph.inputs), None) or next(
             (m.device for m in graph.values.values()), "cpu"
         )
+        self.on_gpu = any(not m.device.startswith("cpu") for m in graph.values.values())
+        """Whether the graph computes on a GPU: its CPU tensors are then ATen's business."""
 
     # -- names
     def fresh(self, prefix: str = "buf") -> str:
@@ -526,8 +528,7 @@ class Lowering:
 
     def _cpu_of(self, m: S.TensorMeta) -> str | None:
         """``"cpu"`` for a CPU tensor of a GPU graph (its buffer stays on the CPU)."""
-        gpu = any(not v.device.startswith("cpu") for v in self.graph.values.values())
-        return "cpu" if gpu and m.device.startswith("cpu") else None
+        return "cpu" if self.on_gpu and m.device.startswith("cpu") else None
 
     def _touches_cpu(self, node: S.Node) -> bool:
         names = [o for o in node.outputs if o] + tensor_refs([*node.args, *node.kwargs.values()])
@@ -549,11 +550,10 @@ class Lowering:
             layout = Layout(inp.name, strides, sympy.Integer(0))
             self.env[inp.name] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)
         rules = all_rules()
-        home = next((m.device for m in g.values.values() if not m.device.startswith("cpu")), "cpu")
         for node in g.nodes:
             op = _functional_name(node.op)
             rule = rules.get(op)
-            if home != "cpu" and self._touches_cpu(node):
+            if self.on_gpu and self._touches_cpu(node):
                 # a CPU tensor in a GPU graph (``torch.rand([])`` for a layer-drop test): ATen
                 # computes it, and mixes a CPU scalar with GPU tensors, as eager does
                 self.extern(node, "a CPU tensor in a GPU graph")

@@ -681,26 +681,23 @@ def _is_list(ret: torch._C.Argument) -> bool:
     return isinstance(ret.type, torch.ListType)
 
 
-def _static_strides(buf: S.Buffer | None) -> tuple[tuple[int, int], ...] | None:
-    """``(dim, stride)`` of every dim longer than 1 of a buffer with integer sizes, or None."""
+def _static_strides(buf: S.Buffer | None) -> tuple[int, ...] | None:
+    """The planned strides of a buffer with integer sizes and strides, or None."""
     if buf is None or not all(isinstance(x, int) for x in (*buf.sizes, *buf.strides)):
         return None
-    return tuple((d, st) for d, (n, st) in enumerate(zip(buf.sizes, buf.strides, strict=True)) if n > 1)
+    return tuple(buf.strides)
 
 
-def fit_layout(t: Any, strides: tuple[tuple[int, int], ...]) -> Any:
-    """``t`` in the layout the Program planned for it (``(dim, stride)`` of its dims longer
-    than 1). An ATen kernel may return another layout than its meta kernel says (cuDNN's
-    convolution backward gives a channels-last weight gradient for a channels-last gradient
-    input); the kernels after it index the buffer with the planned strides, so it is copied."""
+def fit_layout(t: Any, strides: tuple[int, ...]) -> Any:
+    """``t`` in the layout the Program planned for it. An ATen kernel may return another
+    layout than its meta kernel says (cuDNN's convolution backward gives a channels-last
+    weight gradient for a channels-last gradient input); the kernels after it index the buffer
+    with the planned strides, so it is copied. One tuple comparison when the layouts agree;
+    dims of size 1 may have any stride."""
     have = t.stride()
-    if all(have[d] == st for d, st in strides):
+    if have == strides or all(a == b or n == 1 for a, b, n in zip(have, strides, t.shape, strict=True)):
         return t
-    size = t.shape
-    planned = list(have)
-    for d, st in strides:
-        planned[d] = st
-    out = torch.empty_strided(size, planned, dtype=t.dtype, device=t.device)
+    out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
 
