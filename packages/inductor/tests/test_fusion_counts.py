@@ -207,6 +207,17 @@ def test_leading_dim_reduction_is_split_into_row_chunks():
     assert_matches(run_output_code(program, [g, x]), fn(g, x), atol=1e-4, rtol=1e-5)
 
 
+def test_wide_leading_dim_reduction_takes_the_chunks_it_can():
+    # a wide bias gradient: the program target asks for 8 chunks, the minimum chunk allows 4;
+    # it is split in 4 (it used to stay one kernel of 8 column tiles walking all 32 rows)
+    g = torch.randn(32, 512)
+    opts = {"outer_split_programs": 64, "outer_split_min_chunk": 8}
+    program = compile_fn(lambda g: g.sum(0), g, options=opts)
+    assert kernel_kinds(program) == ["red", "red"]
+    assert [tuple(b.sizes) for b in program.buffers if tuple(b.sizes) == (4, 512)]
+    assert_matches(run_output_code(program, [g]), g.sum(0), atol=1e-4, rtol=1e-5)
+
+
 def test_row_kernels_met_apart_are_merged():
     # sum(g * w) starts a kernel before the statistics of x are met (nothing shared yet);
     # the dx-like epilogue needs both: one kernel in the end, g read once

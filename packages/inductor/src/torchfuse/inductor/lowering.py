@@ -9,8 +9,11 @@ extern result, an extern argument, or an expensive value read more than once.
 Example: ``y = (x + 1).t()`` is one loader ``idx -> add(load(x, 8*idx[1] + idx[0]), 1.0)``;
 only if ``y`` is an output does it become ``Pointwise(buf0, ranges=[8, 4], …)``.
 
-The per-op rules are in :mod:`torchfuse.inductor.lowerings`; anything without a rule
-becomes an :class:`~torchfuse.inductor.ir.Extern` call of the ATen op.
+The engine owns the one rule registry, :data:`RULES`; the rule modules
+(:mod:`~torchfuse.inductor.lowerings`, :mod:`~torchfuse.inductor.lowerings_index`,
+:mod:`~torchfuse.inductor.user_kernels`) import the engine and :func:`register` into it, and
+the engine never imports them (the package imports them once, through ``compile``). Anything
+without a rule becomes an :class:`~torchfuse.inductor.ir.Extern` call of the ATen op.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sympy
 import torch
@@ -30,6 +34,29 @@ from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.sizes import size_info
 
 Loader = Callable[[Sequence[sympy.Expr]], ir.Value]
+Rule = Callable[["Lowering", S.Node], Any]
+"""A lowering rule: the node's value(s) as :class:`TensorValue` (or raises :class:`Fallback`)."""
+
+RULES: dict[str, Rule] = {}
+"""Every lowering rule, by (functional) op name; filled by :func:`register`."""
+
+EXTERN_BY_DESIGN = frozenset({
+    "aten.mm.default", "aten.bmm.default", "aten.baddbmm.default", "aten.mv.default",
+    "aten.dot.default", "aten.convolution.default",
+})
+"""Ops that are extern calls on purpose (matmuls): not reported as fallbacks."""
+
+
+def register(*names: str) -> Callable[[Rule], Rule]:
+    """Register a rule for the op ``names``; an op registered twice is a bug (asserted)."""
+
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            assert n not in RULES, f"lowering rule for {n} registered twice ({RULES[n].__module__})"
+            RULES[n] = fn
+        return fn
+
+    return deco
 
 
 class LoweringError(RuntimeError):
@@ -430,14 +457,19 @@ class Lowering:
         tiles = max(1, x // 64)  # column tiles of the outer kernel (XBLOCK 64)
         want = -(-self.config.outer_split_programs // tiles)
         most = n // self.config.outer_split_min_chunk
-        if want < 2 or n < 2 * self.config.outer_split_min_chunk:
+        # As many chunks as the program target asks for, but no shorter than the minimum
+        # chunk: a wide gradient ([4096, 768] in BERT) wants 86 chunks and may have 16. Asking
+        # for at least ``want`` chunks left such rows unsplit, 12 programs on 132 SMs
+        # (36 us per bias gradient on the H200, run 2046).
+        top = min(want, most)
+        if top < 2:
             return 0, False
-        for cand in range(want, most + 1):
+        for cand in range(top, 1, -1):  # the most chunks that divide the rows exactly
             if ir.exact_div(rnumel, sympy.Integer(cand)) is not None:
                 return cand, True
         if not symbolic:
             return 0, False
-        return min(want, most), False
+        return top, False
 
     def _keep_dims(self, tv: TensorValue, nd: int, dims: Sequence[int], keepdim: bool) -> TensorValue:
         if not keepdim or not dims:
@@ -464,8 +496,6 @@ class Lowering:
         dlogits, read as it is by ``dlogits @ w`` and transposed by ``dlogits.t() @ h``, was
         written twice by one kernel. Only views that keep every element (transposes,
         permutes, reshapes) qualify: realizing a whole source for a slice of it writes more."""
-        from torchfuse.inductor.lowerings import all_rules
-
         node = self.producer.get(name)
         if node is None or node.op not in _REALIZE_THROUGH or not isinstance(node.args[0], S.TensorRef):
             return None
@@ -477,7 +507,7 @@ class Lowering:
             src_tv = self.through_view(src) or src_tv
         if src_tv.layout is None:
             self.env[src] = src_tv = self.realize(src_tv, self.meta(src))
-        tv = all_rules()[_functional_name(node.op)](self, node)  # the view again, over the buffer
+        tv = RULES[_functional_name(node.op)](self, node)  # the view again, over the buffer
         if not isinstance(tv, TensorValue) or tv.layout is None:
             return None
         self.env[name] = tv
@@ -536,8 +566,6 @@ class Lowering:
 
     # -- driver
     def run(self) -> ir.LoopProgram:
-        from torchfuse.inductor.lowerings import EXTERN_BY_DESIGN, all_rules
-
         g = self.graph
         for inp in g.inputs:
             m = g.values[inp.name]
@@ -549,7 +577,7 @@ class Lowering:
             )
             layout = Layout(inp.name, strides, sympy.Integer(0))
             self.env[inp.name] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)
-        rules = all_rules()
+        rules = RULES
         for node in g.nodes:
             op = _functional_name(node.op)
             rule = rules.get(op)
