@@ -18,6 +18,11 @@ metadata only), and records the chosen kernel with the preparation eager gives i
 - the log-sum-exp is computed when a gradient will be asked for (grad mode on and an input
   that requires grad), as eager does, and is what the backward kernel reads.
 
+A mask that is known to mask nothing (made from constants alone, all ``True``; see
+`torchfuse.capture.known`) is dropped first, on every device: ``transformers`` builds such
+a mask when it cannot look at the data (under a compiler), and drops it in eager mode, where
+the GPU then runs flash attention. BERT called without padding gets flash in training too.
+
 With ``enable_gqa`` and fewer key/value heads than query heads, key and value are repeated
 to the query's heads first (what the math fallback does), and the choice is asked for that.
 A call with dropout, symbolic sizes or any argument that is not a CUDA fake is left to the
@@ -35,6 +40,7 @@ from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend
+from torchfuse.capture.known import KnownValues, noop_mask
 from torchfuse.graph.tracing import FakeTensor, is_symbolic
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
@@ -43,7 +49,7 @@ FUSED_DEVICES = ("cuda",)
 
 
 def _signature(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
-               is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> None:
+               is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False) -> None:
     """The parameters of :data:`SDPA` (a builtin without a signature of its own)."""
 
 
@@ -91,6 +97,23 @@ def fused_call(args: list[Any], kwargs: dict[str, Any],
             key, value = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         return make(q, key, value, mask, is_causal, scale)
     return run
+
+
+def without_noop_mask(args: list[Any], kwargs: dict[str, Any],
+                      known: KnownValues) -> tuple[list[Any], dict[str, Any]]:
+    """The call's arguments with an ``attn_mask`` that is known to mask nothing (see
+    `torchfuse.capture.known.noop_mask`) replaced by ``None``: the same result, and the
+    kernel choice eager gets when the library drops such a mask itself (``transformers``
+    does, in eager mode, for a model called without padding)."""
+    try:
+        bound = _SIG.bind(*args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    mask = bound.arguments.get("attn_mask")
+    if mask is None or not noop_mask(mask, known):
+        return args, kwargs
+    bound.arguments["attn_mask"] = None
+    return list(bound.args), dict(bound.kwargs)
 
 
 def _device_choice(q: FakeTensor, k: FakeTensor, v: FakeTensor, mask: FakeTensor | None,
@@ -147,4 +170,4 @@ def _cudnn(q: Any, k: Any, v: Any, mask: Any, is_causal: bool, scale: float | No
         q, k, v, bias, _wants_lse(q, k, v), 0.0, is_causal, False, scale=scale)[0]
 
 
-__all__ = ["SDPA", "fused_call"]
+__all__ = ["SDPA", "fused_call", "without_noop_mask"]

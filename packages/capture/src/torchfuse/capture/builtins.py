@@ -308,6 +308,9 @@ def _super(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 def _int_like(kind: type) -> Handler:
     def h(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         if args and isinstance(args[0], V.TensorVar):
+            value = current().rec.known.get(args[0].fake)  # made from constants (known.py)
+            if value is not None and value.numel() == 1 and len(args) == 1 and not kwargs:
+                return V.ConstVar(kind(value))
             raise Unsupported(f"{kind.__name__}(tensor) reads a value (data-dependent)", current().loc)
         return _fold(kind)(args, kwargs)
     return h

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from torchfuse.capture import variables as V
-from torchfuse.capture.attention import SDPA, fused_call
+from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, ItemSource, Source
@@ -145,6 +145,7 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
     pargs = [to_py(a) for a in args]
     pkwargs = {k: to_py(v) for k, v in kwargs.items()}
     if value is SDPA:  # the fused kernel eager would run, not the composite's math fallback
+        pargs, pkwargs = without_noop_mask(pargs, pkwargs, ctx.rec.known)
         fused = fused_call(pargs, pkwargs)
         if fused is not None:
             return from_py(ctx.call_torch(fused, [], {}, "scaled_dot_product_attention"))

@@ -34,7 +34,8 @@ from torchfuse.capture.source import (
 )
 from torchfuse.graph import schema as S
 from torchfuse.graph.symbolic import SizeEnv, SpecializationError
-from torchfuse.graph.tracing import DataDependentError, FakeTensor, GraphBuilder, Recorder
+from torchfuse.capture.known import KnownRecorder
+from torchfuse.graph.tracing import DataDependentError, FakeTensor, GraphBuilder
 
 _STACK: list[Capture] = []
 
@@ -61,7 +62,7 @@ class Capture:
 
     def __init__(self, name: str, f_globals: dict[str, Any], closure: tuple[Any, ...] | None,
                  dynamic: DynamicPolicy | None = None) -> None:
-        self.rec = Recorder(GraphBuilder(name))
+        self.rec = KnownRecorder(GraphBuilder(name))
         self.size_env = SizeEnv(loc_fn=lambda: self.loc)
         """The size symbols of this graph; guards and specialization errors name ``self.loc``."""
         self.rec.builder.size_env = self.size_env

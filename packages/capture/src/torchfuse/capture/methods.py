@@ -15,6 +15,8 @@ _DATA_METHODS = {"item": "Tensor.item() reads a value", "tolist": "Tensor.tolist
                  "numpy": "Tensor.numpy() leaves torch", "__bool__": "truth value of a tensor",
                  "__int__": "int(tensor)", "__float__": "float(tensor)", "__index__": "index(tensor)",
                  "backward": "backward() inside a compiled function"}
+_KNOWN_READS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
+"""Of those, the reads answered from a value known at capture (`torchfuse.capture.known`)."""
 
 
 def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -36,6 +38,10 @@ def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Va
 
 def tensor_method(obj: V.TensorVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     ctx = current()
+    if name in _KNOWN_READS and not args and not kwargs:
+        value = ctx.rec.known.get(obj.fake)  # made from constants alone: eager's answer
+        if value is not None and (name == "tolist" or value.numel() == 1):
+            return from_py(getattr(value, name)())
     if _DATA_METHODS.get(name):
         raise Unsupported(f"data-dependent: {_DATA_METHODS[name]}", ctx.loc,
                           "keep the value as a tensor, or do this outside the compiled function")

@@ -133,6 +133,9 @@ def is_same(a: V.Var, b: V.Var) -> bool:
 def truth(a: V.Var) -> bool:
     """``bool(a)`` at capture time; a tensor's truth is data-dependent."""
     if isinstance(a, V.TensorVar):
+        value = current().rec.known.get(a.fake)  # made from constants alone (see known.py)
+        if value is not None and value.numel() == 1:
+            return bool(value)
         raise Unsupported("data-dependent branch: the truth value of a tensor (`if tensor:`) "
                           "is unknown while capturing", current().loc,
                           "use torch.where, or compute the condition outside the compiled function")

@@ -1,0 +1,179 @@
+"""Values known while capturing: tensors computed from constants alone.
+
+Capture runs ops on fake tensors, which have no data. Some tensors a model makes, though,
+depend on no input at all: an attention mask built from ``torch.arange`` over the sequence
+length, a position index, a ``torch.full`` of ``finfo.min``. Their values follow from the
+program and from sizes that the guards fix, so they are the same on every call the graph
+serves. `KnownValues` computes them beside the fakes, on small real CPU tensors, so that
+capture can answer questions eager answers by looking at data:
+
+- ``bool(t)``, ``t.item()``, ``t.all()`` used in Python control flow (``if mask.all():``): the
+  answer is taken from the known value instead of breaking the graph;
+- an attention mask that masks nothing is dropped before ``scaled_dot_product_attention``
+  picks its kernel, as ``transformers`` drops it when it can look at the mask in eager mode.
+  Eager then runs flash attention; with the mask kept, the GPU can only pick the
+  memory-efficient kernel or the math fallback (BERT's training step on an H200).
+
+A value is known when the op makes it from no tensors at all (``arange``, ``ones``, ``full``,
+``scalar_tensor``; never ``empty`` or a random draw) or from tensors that are all known, the
+op is deterministic, no size is symbolic, and each fresh result holds at most
+`MAX_BYTES`. Views of a known tensor are views of its real value, so an in-place write
+through one is seen through the others, as on the device. An in-place op with an unknown
+input forgets the known values of every tensor that shares memory with what it writes. Values are
+computed on the CPU with autocast off; integer and boolean results are exact, and float
+results can differ from the device's in the last bits, which only matters for a Python branch
+that compares a computed float at the edge.
+
+Tensors that come from outside the function (inputs, parameters, buffers, globals) are never
+known: their contents can change between calls without a guard noticing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+from torchfuse.graph.interpreter import no_autocast
+from torchfuse.graph.ops import op_name
+from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder, is_symbolic
+
+MAX_BYTES = 1 << 20
+"""The largest fresh result (in bytes) computed beside the fakes."""
+
+_NEVER = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "exponential",
+          "poisson", "cauchy", "geometric", "log_normal", "random", "empty", "_local_scalar_dense",
+          "set_", "resize")
+"""Name fragments of ops whose results are not a function of their inputs' values (random
+draws, uninitialized memory) or that change storage."""
+
+SCALAR_QUERIES = frozenset({"aten._local_scalar_dense.default", "aten.item.default",
+                            "aten.is_nonzero.default", "aten.equal.default",
+                            "aten.allclose.default"})
+"""Ops that read data into a Python value: answered from known values."""
+
+
+def _deterministic(name: str) -> bool:
+    base = name.split(".")[1] if "." in name else name
+    return not any(word in base for word in _NEVER)
+
+
+def _written(func: Any, args: Any, kwargs: dict[str, Any]) -> list[Any]:
+    """The tensors an op writes to (from its schema's alias annotations)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            val = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+            out += [val] if isinstance(val, torch.Tensor) else []
+    return out
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    elem = t._elem if isinstance(t, FakeTensor) else t
+    return elem.untyped_storage()._cdata
+
+
+class KnownValues:
+    """Real CPU values of the fakes that are computed from constants alone."""
+
+    def __init__(self) -> None:
+        self._values: dict[int, tuple[FakeTensor, torch.Tensor]] = {}
+
+    def get(self, t: Any) -> torch.Tensor | None:
+        """The real value of fake ``t``, when it is known."""
+        entry = self._values.get(id(t)) if isinstance(t, FakeTensor) else None
+        return entry[1] if entry is not None and entry[0] is t else None
+
+    def _real_args(self, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
+        flat, _ = tree_flatten((args, kwargs))
+        for a in flat:
+            if isinstance(a, torch.SymInt | torch.SymFloat):
+                return None
+            if isinstance(a, torch.Tensor) and (not isinstance(a, FakeTensor) or self.get(a) is None):
+                return None  # an input, parameter or buffer: its contents are not the program's
+
+        def real(x: Any) -> Any:
+            if isinstance(x, FakeTensor):
+                return self.get(x)
+            if isinstance(x, torch.device):
+                return torch.device("cpu")
+            return x
+
+        rargs, rkwargs = tree_map(real, args), tree_map(real, kwargs)
+        if "device" in rkwargs:
+            rkwargs["device"] = torch.device("cpu")
+        rkwargs.pop("pin_memory", None)
+        return rargs, rkwargs
+
+    def query(self, func: Any, args: Any, kwargs: dict[str, Any]) -> tuple[bool, Any]:
+        """``(True, answer)`` for a data-reading op (`SCALAR_QUERIES`) on known values."""
+        real = self._real_args(args, kwargs)
+        if real is None:
+            return False, None
+        with no_autocast():
+            return True, func(*real[0], **real[1])
+
+    def after(self, func: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """Called with each recorded op and its fake result: compute the real result when
+        every input is known."""
+        written = _written(func, args, kwargs)
+        real = self._real_args(args, kwargs) if _deterministic(op_name(func)) else None
+        fakes = [o for o in (out if isinstance(out, tuple | list) else [out]) if isinstance(o, torch.Tensor)]
+        if real is None or any(is_symbolic(o) for o in fakes):
+            self._forget(written)
+            return
+        try:
+            with no_autocast():
+                result = func(*real[0], **real[1])
+        except Exception:  # noqa: BLE001 - a value we cannot compute is simply not known
+            self._forget(written)
+            return
+        results = result if isinstance(result, tuple | list) else [result]
+        pairs = [(f, r) for f, r in zip(out if isinstance(out, tuple | list) else [out], results, strict=False)
+                 if isinstance(f, FakeTensor) and isinstance(r, torch.Tensor)]
+        for fake, value in pairs:
+            if value.untyped_storage().nbytes() > MAX_BYTES or value.shape != fake.shape:
+                continue
+            self._values[id(fake)] = (fake, value)
+
+
+    def _forget(self, written: list[Any]) -> None:
+        """Written with data we do not know: every known tensor sharing memory with a
+        written one is forgotten (views share their base's storage)."""
+        if not written or not self._values:
+            return
+        keys = {_storage_key(t) for t in written}
+        self._values = {k: v for k, v in self._values.items() if _storage_key(v[0]) not in keys}
+
+
+class KnownRecorder(Recorder):
+    """A recorder that computes known values beside the fakes (in `known`) and
+    answers data reads on them (`SCALAR_QUERIES`) from those values."""
+
+    def __init__(self, builder: GraphBuilder | None = None) -> None:
+        super().__init__(builder)
+        self.known = KnownValues()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if op_name(func) in SCALAR_QUERIES:
+            answered, value = self.known.query(func, args, kwargs)
+            if answered:
+                return value
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.known.after(func, args, kwargs, out)
+        return out
+
+
+def noop_mask(mask: Any, known: KnownValues) -> bool:
+    """True when ``mask`` (an ``attn_mask``) is known to mask nothing: all ``True`` for a
+    boolean mask, all zeros for an additive one."""
+    value = known.get(mask)
+    if value is None:
+        return False
+    if value.dtype == torch.bool:
+        return bool(value.all())
+    return value.is_floating_point() and bool((value == 0).all())
+
+
+__all__ = ["MAX_BYTES", "SCALAR_QUERIES", "KnownRecorder", "KnownValues", "noop_mask"]

@@ -1,0 +1,117 @@
+"""Values known at capture: tensors made from constants alone answer Python's questions
+(``if t.all():``, ``t.item()``) as eager does, without a break; anything that depends on an
+input, a random draw or uninitialized memory stays unknown and breaks as before."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torchfuse.capture import compile, explain
+
+
+def _ops(c) -> list[str]:
+    return [n.op for r in c.results if r.graph is not None for n in r.graph.nodes]
+
+
+def check(f, *args, breaks: int):
+    c = compile(f, backend="eager")
+    torch.testing.assert_close(c(*args), f(*args))
+    report = explain(f)(*args)
+    assert report.graph_break_count == breaks, report
+    return c
+
+
+def test_branch_on_a_mask_made_from_constants_is_decided_at_capture():
+    def f(x):
+        n = x.shape[0]
+        mask = torch.arange(n)[:, None] >= torch.arange(n)[None, :]  # causal: not all True
+        if mask.all():
+            return x * 2
+        if (torch.arange(n) >= 0).all():  # all True
+            return x.masked_fill(~mask, 0.0) + 1
+        return x
+
+    check(f, torch.randn(5, 5), breaks=0)
+
+
+def test_item_tolist_and_int_of_known_values():
+    def f(x):
+        k = torch.tensor(3) + torch.ones([], dtype=torch.long)  # 4
+        idx = torch.arange(4) * 2
+        return x[: k.item()] * idx.tolist()[-1] + int(k)
+
+    check(f, torch.randn(6), breaks=0)
+
+
+def test_input_dependent_values_still_break():
+    def f(x):
+        if (x > 0).all():
+            return x + 1
+        return x - 1
+
+    check(f, torch.randn(4).abs() + 0.1, breaks=1)
+
+
+def test_random_and_uninitialized_values_are_not_known():
+    def f(x):
+        if (torch.rand(3) < 2.0).all():  # true every time, but a random draw is not a constant
+            x = x + 1
+        if torch.empty(2).numel() == 2:  # sizes are known; the contents of empty are not asked
+            x = x * 2
+        return x
+
+    check(f, torch.randn(3), breaks=1)
+
+
+def test_in_place_write_with_unknown_data_forgets_the_value_and_its_views():
+    def f(x):
+        a = torch.zeros(4)
+        v = a[:2]
+        v.add_(x[:2])  # a's first half now depends on the input
+        if a.any():
+            return x + 1
+        return x - 1
+
+    check(f, torch.randn(4), breaks=1)
+
+
+def test_in_place_write_with_known_data_is_seen_through_views():
+    def f(x):
+        a = torch.zeros(4)
+        a[:2].fill_(1.0)
+        if a.sum().item() == 2.0:
+            return x + a
+        return x - a
+
+    check(f, torch.randn(4), breaks=0)
+
+
+def test_attention_mask_that_masks_nothing_is_dropped():
+    q = torch.randn(2, 3, 6, 8)
+
+    def f(q, m):
+        keep = torch.ones(6, 6, dtype=torch.bool)  # known: masks nothing
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=keep) + \
+            F.scaled_dot_product_attention(q, q, q, attn_mask=m)  # an input mask: kept
+
+    m = torch.ones(6, 6, dtype=torch.bool)
+    m[0, 3:] = False
+    c = check(f, q, m, breaks=0)
+    calls = [n for r in c.results if r.graph is not None for n in r.graph.nodes
+             if "scaled_dot_product" in n.op]
+    assert len(calls) == 2
+    # the first call has no mask argument; the second one reads the input mask
+    masks = [n.kwargs.get("attn_mask") for n in calls]
+    assert masks[0] is None and masks[1] is not None, masks
+
+
+def test_symbolic_sizes_are_not_known():
+    def f(x):
+        if (torch.arange(x.shape[0]) < 100).all():
+            return x + 1
+        return x - 1
+
+    c = compile(f, backend="eager", dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(n)
+        torch.testing.assert_close(c(x), f(x))
