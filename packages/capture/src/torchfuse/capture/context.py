@@ -21,6 +21,7 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.dynamic import DynamicPolicy, symbolic_dims
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.guards import GuardSet, SymbolBinding, watch
+from torchfuse.capture.known import KnownRecorder
 from torchfuse.capture.source import (
     AttrSource,
     DictItemSource,
@@ -34,7 +35,6 @@ from torchfuse.capture.source import (
 )
 from torchfuse.graph import schema as S
 from torchfuse.graph.symbolic import SizeEnv, SpecializationError
-from torchfuse.capture.known import KnownRecorder
 from torchfuse.graph.tracing import DataDependentError, FakeTensor, GraphBuilder
 
 _STACK: list[Capture] = []

@@ -125,11 +125,12 @@ class KnownValues:
         try:
             with no_autocast():
                 result = func(*real[0], **real[1])
-        except Exception:  # noqa: BLE001 - a value we cannot compute is simply not known
+        except Exception:
             self._forget(written)
             return
         results = result if isinstance(result, tuple | list) else [result]
-        pairs = [(f, r) for f, r in zip(out if isinstance(out, tuple | list) else [out], results, strict=False)
+        outs = out if isinstance(out, tuple | list) else [out]
+        pairs = [(f, r) for f, r in zip(outs, results, strict=False)
                  if isinstance(f, FakeTensor) and isinstance(r, torch.Tensor)]
         for fake, value in pairs:
             if value.untyped_storage().nbytes() > MAX_BYTES or value.shape != fake.shape:
