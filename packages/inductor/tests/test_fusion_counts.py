@@ -218,6 +218,17 @@ def test_wide_leading_dim_reduction_takes_the_chunks_it_can():
     assert_matches(run_output_code(program, [g]), g.sum(0), atol=1e-4, rtol=1e-5)
 
 
+def test_short_strided_rows_take_a_short_chunk_and_wide_tiles():
+    # a bias broadcast over a batch of 6: 6 strided rows per column, summed; the chunk is the
+    # row (8 lanes), the tile widens along the contiguous columns
+    x = torch.randn(6, 4, 16, 16)
+    program = compile_fn(lambda x: (x * 2).sum(0, keepdim=True), x)
+    (kernel,) = program.kernels
+    assert {c.meta["RBLOCK"] for c in kernel.configs} == {8}
+    assert min(c.meta["XBLOCK"] for c in kernel.configs) >= 256
+    assert_matches(run_runtime(program, [x]), (x * 2).sum(0, keepdim=True), atol=1e-5, rtol=1e-5)
+
+
 def test_row_kernels_met_apart_are_merged():
     # sum(g * w) starts a kernel before the statistics of x are met (nothing shared yet);
     # the dx-like epilogue needs both: one kernel in the end, g read once
