@@ -9,11 +9,8 @@ extern result, an extern argument, or an expensive value read more than once.
 Example: ``y = (x + 1).t()`` is one loader ``idx -> add(load(x, 8*idx[1] + idx[0]), 1.0)``;
 only if ``y`` is an output does it become ``Pointwise(buf0, ranges=[8, 4], …)``.
 
-The engine owns the one rule registry, :data:`RULES`; the rule modules
-(:mod:`~torchfuse.inductor.lowerings`, :mod:`~torchfuse.inductor.lowerings_index`,
-:mod:`~torchfuse.inductor.user_kernels`) import the engine and :func:`register` into it, and
-the engine never imports them (the package imports them once, through ``compile``). Anything
-without a rule becomes an :class:`~torchfuse.inductor.ir.Extern` call of the ATen op.
+The per-op rules are in :mod:`torchfuse.inductor.lowerings`; anything without a rule
+becomes an :class:`~torchfuse.inductor.ir.Extern` call of the ATen op.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import sympy
 import torch
@@ -34,29 +30,6 @@ from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.sizes import size_info
 
 Loader = Callable[[Sequence[sympy.Expr]], ir.Value]
-Rule = Callable[["Lowering", S.Node], Any]
-"""A lowering rule: the node's value(s) as :class:`TensorValue` (or raises :class:`Fallback`)."""
-
-RULES: dict[str, Rule] = {}
-"""Every lowering rule, by (functional) op name; filled by :func:`register`."""
-
-EXTERN_BY_DESIGN = frozenset({
-    "aten.mm.default", "aten.bmm.default", "aten.baddbmm.default", "aten.mv.default",
-    "aten.dot.default", "aten.convolution.default",
-})
-"""Ops that are extern calls on purpose (matmuls): not reported as fallbacks."""
-
-
-def register(*names: str) -> Callable[[Rule], Rule]:
-    """Register a rule for the op ``names``; an op registered twice is a bug (asserted)."""
-
-    def deco(fn: Rule) -> Rule:
-        for n in names:
-            assert n not in RULES, f"lowering rule for {n} registered twice ({RULES[n].__module__})"
-            RULES[n] = fn
-        return fn
-
-    return deco
 
 
 class LoweringError(RuntimeError):
@@ -496,6 +469,8 @@ class Lowering:
         dlogits, read as it is by ``dlogits @ w`` and transposed by ``dlogits.t() @ h``, was
         written twice by one kernel. Only views that keep every element (transposes,
         permutes, reshapes) qualify: realizing a whole source for a slice of it writes more."""
+        from torchfuse.inductor.lowerings import all_rules
+
         node = self.producer.get(name)
         if node is None or node.op not in _REALIZE_THROUGH or not isinstance(node.args[0], S.TensorRef):
             return None
@@ -507,7 +482,7 @@ class Lowering:
             src_tv = self.through_view(src) or src_tv
         if src_tv.layout is None:
             self.env[src] = src_tv = self.realize(src_tv, self.meta(src))
-        tv = RULES[_functional_name(node.op)](self, node)  # the view again, over the buffer
+        tv = all_rules()[_functional_name(node.op)](self, node)  # the view again, over the buffer
         if not isinstance(tv, TensorValue) or tv.layout is None:
             return None
         self.env[name] = tv
@@ -566,6 +541,8 @@ class Lowering:
 
     # -- driver
     def run(self) -> ir.LoopProgram:
+        from torchfuse.inductor.lowerings import EXTERN_BY_DESIGN, all_rules
+
         g = self.graph
         for inp in g.inputs:
             m = g.values[inp.name]
@@ -577,7 +554,7 @@ class Lowering:
             )
             layout = Layout(inp.name, strides, sympy.Integer(0))
             self.env[inp.name] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)
-        rules = RULES
+        rules = all_rules()
         for node in g.nodes:
             op = _functional_name(node.op)
             rule = rules.get(op)
