@@ -35,7 +35,8 @@ def load_output_code(program: S.Program):
 
 
 def run_output_code(program: S.Program, inputs) -> list:
-    return load_output_code(program).call(list(inputs))
+    """Run the printed ``output_code.py``: the runtime's call function with first configs."""
+    return list(load_output_code(program).call(*inputs))
 
 
 def run_runtime(program: S.Program, inputs) -> list:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from inductor_helpers import BF16_TOL, assert_matches, compile_fn, kernel_kinds, run_output_code, run_runtime
+from inductor_helpers import BF16_TOL, assert_matches, compile_fn, kernel_kinds, run_runtime
 from torchfuse.graph import schema as S
 
 
@@ -35,14 +35,14 @@ def test_seed_function_is_one_reduction_kernel_plus_the_mean():
     assert first.startswith("triton_per_fused_") and all(op in first for op in ("add", "mul", "relu", "sum"))
     # only the row sums and the result reach memory
     assert len(allocated(program)) == 2
-    assert_matches(run_output_code(program, [x, y]), seed_fn(x, y), atol=1e-4, rtol=1e-5)
+    assert_matches(run_runtime(program, [x, y]), seed_fn(x, y), atol=1e-4, rtol=1e-5)
 
 
 def test_softmax_is_one_kernel():
     x = torch.randn(4, 32)
     program = compile_fn(lambda x: x.softmax(-1), x)
     assert kernel_kinds(program) == ["per"]
-    assert_matches(run_output_code(program, [x]), x.softmax(-1))
+    assert_matches(run_runtime(program, [x]), x.softmax(-1))
 
 
 def test_layer_norm_is_one_kernel():
@@ -50,14 +50,14 @@ def test_layer_norm_is_one_kernel():
     fn = lambda x, w, b: F.layer_norm(x, (32,), w, b)
     program = compile_fn(fn, x, w, b)
     assert kernel_kinds(program) == ["per"]
-    assert_matches(run_output_code(program, [x, w, b]), fn(x, w, b), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [x, w, b]), fn(x, w, b), atol=1e-5, rtol=1e-5)
 
 
 def test_written_out_rmsnorm_is_one_kernel():
     x, w = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(32, dtype=torch.bfloat16)
     program = compile_fn(rmsnorm, x, w)
     assert kernel_kinds(program) == ["per"]
-    assert_matches(run_output_code(program, [x, w]), rmsnorm(x, w), **BF16_TOL)
+    assert_matches(run_runtime(program, [x, w]), rmsnorm(x, w), **BF16_TOL)
 
 
 def test_add_layer_norm_returning_both_is_one_kernel():
@@ -65,7 +65,7 @@ def test_add_layer_norm_returning_both_is_one_kernel():
     program = compile_fn(add_layer_norm, *args)
     assert kernel_kinds(program) == ["per"]
     assert len(allocated(program)) == 2
-    assert_matches(run_output_code(program, args), add_layer_norm(*args), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, args), add_layer_norm(*args), atol=1e-5, rtol=1e-5)
 
 
 def test_long_rows_use_one_looped_kernel():
@@ -74,7 +74,7 @@ def test_long_rows_use_one_looped_kernel():
     program = compile_fn(lambda x: x.softmax(-1), x, options=opts)
     assert kernel_kinds(program) == ["red"]
     assert "for roffset in range(0, rnumel, RBLOCK)" in program.kernels[0].source
-    assert_matches(run_output_code(program, [x]), x.softmax(-1))
+    assert_matches(run_runtime(program, [x]), x.softmax(-1))
 
 
 def test_cross_entropy_rows_in_one_kernel():
@@ -84,14 +84,14 @@ def test_cross_entropy_rows_in_one_kernel():
         program = compile_fn(fn, x, t, options=opts)
         # per-row logsumexp and target logit in one kernel, the batch mean in a second
         assert len(program.kernels) == 2
-        assert_matches(run_output_code(program, [x, t]), fn(x, t), atol=1e-5, rtol=1e-5)
+        assert_matches(run_runtime(program, [x, t]), fn(x, t), atol=1e-5, rtol=1e-5)
 
 
 def test_split_reduction_when_few_outputs():
     x = torch.randn(32, 32)
     program = compile_fn(lambda x: x.sum(), x, options={"split_min_rnumel": 256, "split_target": 16})
     assert len(program.kernels) == 2
-    assert_matches(run_output_code(program, [x]), x.sum(), atol=1e-4, rtol=1e-5)
+    assert_matches(run_runtime(program, [x]), x.sum(), atol=1e-4, rtol=1e-5)
 
 
 def test_horizontal_fusion_of_reductions_sharing_input():
@@ -99,7 +99,7 @@ def test_horizontal_fusion_of_reductions_sharing_input():
     fn = lambda x: (x.sum(1), x.amax(1), (x * 2).exp())
     program = compile_fn(fn, x)
     assert len(program.kernels) == 1
-    assert_matches(run_output_code(program, [x]), fn(x), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [x]), fn(x), atol=1e-5, rtol=1e-5)
 
 
 def test_reduction_epilogue_fuses():
@@ -107,14 +107,14 @@ def test_reduction_epilogue_fuses():
     fn = lambda x: (x.sum(1) * 2 + 1).sigmoid()
     program = compile_fn(fn, x)
     assert len(program.kernels) == 1
-    assert_matches(run_output_code(program, [x]), fn(x))
+    assert_matches(run_runtime(program, [x]), fn(x))
 
 
 def test_mismatched_index_is_not_fused_but_correct():
     x = torch.randn(8, 8)
     fn = lambda x: (x.exp() + 1) @ x + (x.exp() + 1).t().sum(0)
     program = compile_fn(fn, x)
-    assert_matches(run_output_code(program, [x]), fn(x), atol=1e-4, rtol=1e-5)
+    assert_matches(run_runtime(program, [x]), fn(x), atol=1e-4, rtol=1e-5)
 
 
 def test_no_cycle_through_an_extern():
@@ -181,7 +181,7 @@ def test_benchmark_shaped_workloads_fuse():
         program = compile_fn(fn, *args)
         assert len(program.kernels) == n_kernels, (fn.__name__, [k.name for k in program.kernels])
         assert program.meta["fallbacks"] == ""
-        assert_matches(run_output_code(program, args), fn(*args), atol=1e-5, rtol=1e-5)
+        assert_matches(run_runtime(program, args), fn(*args), atol=1e-5, rtol=1e-5)
 
 
 def test_reduction_over_leading_dim_uses_wide_tiles():
@@ -190,7 +190,7 @@ def test_reduction_over_leading_dim_uses_wide_tiles():
     program = compile_fn(fn, x, g)
     assert kernel_kinds(program) == ["red"]
     assert program.kernels[0].configs[0].meta["XBLOCK"] > 1
-    assert_matches(run_output_code(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
 
 
 def test_leading_dim_reduction_is_split_into_row_chunks():
@@ -204,7 +204,7 @@ def test_leading_dim_reduction_is_split_into_row_chunks():
     assert kernel_kinds(program) == ["red", "red"]
     partials = [b for b in program.buffers if tuple(b.sizes) == (16, 8)]
     assert len(partials) == 2
-    assert_matches(run_output_code(program, [g, x]), fn(g, x), atol=1e-4, rtol=1e-5)
+    assert_matches(run_runtime(program, [g, x]), fn(g, x), atol=1e-4, rtol=1e-5)
 
 
 def test_wide_leading_dim_reduction_takes_the_chunks_it_can():
@@ -215,7 +215,7 @@ def test_wide_leading_dim_reduction_takes_the_chunks_it_can():
     program = compile_fn(lambda g: g.sum(0), g, options=opts)
     assert kernel_kinds(program) == ["red", "red"]
     assert [tuple(b.sizes) for b in program.buffers if tuple(b.sizes) == (4, 512)]
-    assert_matches(run_output_code(program, [g]), g.sum(0), atol=1e-4, rtol=1e-5)
+    assert_matches(run_runtime(program, [g]), g.sum(0), atol=1e-4, rtol=1e-5)
 
 
 def test_short_strided_rows_take_a_short_chunk_and_wide_tiles():
@@ -236,7 +236,7 @@ def test_row_kernels_met_apart_are_merged():
     fn = lambda g, w, x: (g * w).sum(1, keepdim=True) * x + x.sum(1, keepdim=True) * g
     program = compile_fn(fn, g, w, x)
     assert kernel_kinds(program) == ["per"]
-    assert_matches(run_output_code(program, [g, w, x]), fn(g, w, x), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [g, w, x]), fn(g, w, x), atol=1e-5, rtol=1e-5)
 
 
 def test_value_passed_to_two_matmuls_is_one_buffer():
@@ -249,7 +249,7 @@ def test_value_passed_to_two_matmuls_is_one_buffer():
     program = compile_fn(fn, x, y, w)
     assert kernel_kinds(program) == ["poi"]
     assert program.kernels[0].source.count("tl.store(") == 1
-    assert_matches(run_output_code(program, [x, y, w]), fn(x, y, w), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [x, y, w]), fn(x, y, w), atol=1e-5, rtol=1e-5)
 
 
 def test_value_passed_to_a_matmul_as_is_and_transposed_is_one_buffer():
@@ -265,7 +265,7 @@ def test_value_passed_to_a_matmul_as_is_and_transposed_is_one_buffer():
     assert kernel_kinds(program) == ["poi"]
     src = program.kernels[0].source
     assert src.count("tl.store(") == 1 and "tl.load(in_ptr0 + (xindex)" in src
-    assert_matches(run_output_code(program, [d, w, h]), fn(d, w, h), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [d, w, h]), fn(d, w, h), atol=1e-5, rtol=1e-5)
 
 
 def test_transposed_matmul_argument_is_written_in_memory_order():
@@ -276,7 +276,7 @@ def test_transposed_matmul_argument_is_written_in_memory_order():
     program = compile_fn(fn, x, g)
     src = program.kernels[0].source
     assert "tl.load(in_ptr0 + (xindex)" in src and "tl.store(out_ptr0 + (xindex)" in src
-    assert_matches(run_output_code(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
 
 
 def test_cheap_value_from_narrow_inputs_is_recomputed_not_stored():
@@ -294,7 +294,7 @@ def test_cheap_value_from_narrow_inputs_is_recomputed_not_stored():
     program = compile_fn(fn, x, g)
     big = [b.name for b in program.buffers if tuple(b.sizes) == (16, 32) and b.name in allocated(program)]
     assert not big, big
-    assert_matches(run_output_code(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [x, g]), fn(x, g), atol=1e-5, rtol=1e-5)
 
 
 def test_groups_with_the_same_code_share_one_kernel():
@@ -313,7 +313,7 @@ def test_groups_with_the_same_code_share_one_kernel():
     assert program.kernels[0].meta["launches"] == "2"
     # the grids name each launch's size: the second launch carries its own
     assert launches[0].grid == () and launches[1].grid and "512" in str(launches[1].grid[0])
-    assert_matches(run_output_code(program, [x, y]), fn(x, y), atol=1e-5, rtol=1e-5)
+    assert_matches(run_runtime(program, [x, y]), fn(x, y), atol=1e-5, rtol=1e-5)
     assert_matches(run_runtime(program, [x, y]), fn(x, y), atol=1e-5, rtol=1e-5)
 
 
@@ -360,4 +360,4 @@ def test_pointwise_rows_writes_row_by_chunk_kernels_without_divisions(cols):
     src = program.kernels[0].source
     assert f"// {cols + 7}" not in src and f"% {cols + 7}" not in src and f"// {cols}" not in src
     assert_matches(run_runtime(program, list(inputs)), [_dlogits(*inputs)], atol=2e-2, rtol=2e-2)
-    assert_matches(run_output_code(program, list(inputs)), [_dlogits(*inputs)], atol=2e-2, rtol=2e-2)
+    assert_matches(run_runtime(program, list(inputs)), [_dlogits(*inputs)], atol=2e-2, rtol=2e-2)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 import torch.nn.functional as F
-from inductor_helpers import BF16_TOL, assert_matches, compile_fn, run_output_code
+from inductor_helpers import BF16_TOL, assert_matches, compile_fn, run_runtime
 from torchfuse.graph import schema as S
 
 
@@ -345,7 +345,7 @@ def _inputs(case: OpCase) -> tuple:
 def test_lowering_matches_eager(case: OpCase):
     inputs = _inputs(case)
     program = compile_fn(case.fn, *inputs, options=case.options)
-    out = run_output_code(program, inputs)
+    out = run_runtime(program, inputs)
     assert_matches(out, case.fn(*inputs), **case.tol)
     externs = [s.op for s in program.steps if isinstance(s, S.ExternStep)]
     if case.extern_ok:
@@ -360,7 +360,7 @@ def test_views_do_not_copy():
     program = compile_fn(lambda x: x.t()[1:3], x)
     assert not program.kernels
     assert any(isinstance(s, S.ViewStep) for s in program.steps)
-    out = run_output_code(program, [x])
+    out = run_runtime(program, [x])
     assert out[0].data_ptr() != 0 and out[0].stride() == x.t()[1:3].stride()
 
 
@@ -370,7 +370,7 @@ def test_unknown_op_becomes_extern_and_is_reported():
     program = compile_fn(fn, x)
     assert "cumsum" in program.meta["fallbacks"]
     assert any(isinstance(s, S.ExternStep) and "cumsum" in s.op for s in program.steps)
-    assert_matches(run_output_code(program, [x]), fn(x))
+    assert_matches(run_runtime(program, [x]), fn(x))
 
 
 def test_scatter_one_index_per_row():
@@ -378,7 +378,7 @@ def test_scatter_one_index_per_row():
     for fn in (lambda x, i, s: x.scatter(1, i, s) * 2, lambda x, i, s: x.scatter(1, i, -1.0)):
         program = compile_fn(fn, x, i, s)
         assert program.meta["fallbacks"] == ""
-        assert_matches(run_output_code(program, [x, i, s]), fn(x, i, s))
+        assert_matches(run_runtime(program, [x, i, s]), fn(x, i, s))
 
 
 @pytest.mark.parametrize("options", [None, LOOPED], ids=["persistent", "looped"])
@@ -387,7 +387,7 @@ def test_max_min_propagate_nan_like_eager(options):
     x[1, 3] = float("nan")
     fn = lambda x: (x.amax(1), x.amin(1), x.softmax(1))
     program = compile_fn(fn, x, options=options)
-    for a, b in zip(run_output_code(program, [x]), fn(x), strict=True):
+    for a, b in zip(run_runtime(program, [x]), fn(x), strict=True):
         torch.testing.assert_close(a, b, equal_nan=True)
 
 
@@ -404,5 +404,5 @@ def test_looped_online_logsumexp_edge_rows(rblock):
     opts = {"persistent_rnumel_max": 8, "looped_rblock": rblock}
     program = compile_fn(fn, x, options=opts)
     assert any("red" in k.name for k in program.kernels)
-    for a, b in zip(run_output_code(program, [x]), fn(x), strict=True):
+    for a, b in zip(run_runtime(program, [x]), fn(x), strict=True):
         torch.testing.assert_close(a, b, equal_nan=True)

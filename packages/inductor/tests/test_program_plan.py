@@ -113,7 +113,7 @@ def test_config_from_env_and_logs(capsys):
     compile_fn(lambda x: x.softmax(-1), x, options={"logs": frozenset({"schedule", "output_code"})})
     text = capsys.readouterr().err
     assert "[torchfuse.schedule]" in text and "[torchfuse.output_code]" in text
-    assert "kernel 0 [per]" in text and "def call(args):" in text
+    assert "kernel 0 [per]" in text and "def call(*args):" in text
 
 
 def test_debug_env_writes_artifacts(tmp_path):
@@ -121,3 +121,34 @@ def test_debug_env_writes_artifacts(tmp_path):
     compile_fn(lambda x: x.relu(), x, options={"debug": True, "debug_dir": str(tmp_path)})
     (run_dir,) = list(tmp_path.iterdir())
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(DEBUG_FILES)
+
+
+def test_fusion_decisions_carry_their_reasons():
+    """``fusion.txt`` answers "why were these not fused?"; the schedule verifier ran."""
+    def fn(x):
+        s = x.sum(1, keepdim=True)
+        return x / s, torch.cumsum(x, 0) + s
+
+    program = compile_fn(fn, torch.randn(8, 16))
+    text = program.meta["fusion.txt"]
+    assert "fused into the kernel of" in text
+    assert "not fused into the kernel of buf" in text and ": it is an extern call" in text
+    assert "fusion.txt" in DEBUG_FILES
+
+
+def test_schedule_verifier_catches_a_lost_node_and_an_unstored_value():
+    import dataclasses
+
+    import pytest
+    from torchfuse.inductor.scheduler import ScheduleVerifyError, verify_schedule
+
+    graph, _ = trace(lambda x: (x.exp().sum(1), x.exp() + 1), torch.randn(4, 8))
+    stages = {s.name: s.value for s in compile_graph_stages(graph).stages}
+    prog, sched = stages["dead_code"], stages["schedule"]
+    assert verify_schedule(sched, prog) is sched
+    with pytest.raises(ScheduleVerifyError, match="in no kernel"):
+        verify_schedule(dataclasses.replace(sched, groups=sched.groups[1:]), prog)
+    g = sched.groups[0]
+    with pytest.raises(ScheduleVerifyError, match="in registers"):
+        verify_schedule(dataclasses.replace(sched, groups=(dataclasses.replace(g, stores=frozenset()),
+                                                           *sched.groups[1:])), prog)

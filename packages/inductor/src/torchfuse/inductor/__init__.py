@@ -1,10 +1,10 @@
 """torchfuse-inductor: lowering to a loop IR, scheduling and fusion, Triton codegen.
 
 ``compile_graph(graph) -> Program`` turns a functional Graph into Triton kernels plus a launch
-plan (the format's :class:`~torchfuse.graph.Program`), which ``torchfuse.runtime`` runs.
+plan (the format's [`Program`][torchfuse.graph.Program]), which ``torchfuse.runtime`` runs.
 ``inductor(graph, example_inputs)`` is the backend (autograd + compile + runtime).
 Debug artifacts (``ir_pre_fusion.txt``, ``ir_post_fusion.txt``, ``output_code.py``, per-pass
-timings) are kept in ``Program.meta``; :func:`write_debug` writes them to a directory.
+timings) are kept in ``Program.meta``; `write_debug` writes them to a directory.
 """
 
 from torchfuse.inductor.__about__ import __version__

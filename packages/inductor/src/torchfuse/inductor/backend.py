@@ -4,16 +4,18 @@ With grad mode on and an input that requires grad, the graph goes through
 ``torchfuse.autograd.aot`` (joint graph, partition) and each half is compiled here;
 otherwise the graph is compiled directly. Either way each compiled graph is a Program run by
 ``torchfuse.runtime``. Programs and autograd plans are cached on disk
-(:mod:`torchfuse.inductor.cache`), so a second process compiling the same graphs loads them.
+(`torchfuse.inductor.cache`), so a second process compiling the same graphs loads them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torchfuse.autograd import aot  # at import, not at the first training call (networkx: ~0.3 s)
+from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.interpreter import device_types, no_autocast
 from torchfuse.graph.torchfuse_ops import records_grad
@@ -40,7 +42,9 @@ def compiler(
     with no_autocast(types):
         program = compile_graph(graph, example_inputs, mode=mode, options=options)
         runtime_mode = "reduce-overhead" if mode == "reduce-overhead" else "default"
+        t0 = time.perf_counter()
         fn = load(program, mode=runtime_mode)
+        observe.record_time("runtime.load", time.perf_counter() - t0)
 
     if any(isinstance(step, S.ExternStep) for step in program.steps):
         def run(*inputs: Any) -> list:

@@ -1,7 +1,7 @@
 """On-disk caches of compile results, so that a second process skips the compiler.
 
 Two stores live under the runtime's cache directory (``TORCHFUSE_CACHE_DIR``, read by
-:mod:`torchfuse.runtime.config` alone)::
+[`torchfuse.runtime.config`][torchfuse.runtime.config] alone)::
 
     programs/<key>.zip   the Program compiled from a Graph (a format archive)
     aot/<key>.json       an autograd plan: forward and backward graphs of a partition
@@ -174,7 +174,7 @@ class Store:
 
 
 programs = Store("programs", ".zip")
-"""Compiled Programs by :func:`program_key`."""
+"""Compiled Programs by `program_key`."""
 
 
 def lookup_program(key: str) -> S.Program | None:

@@ -1,5 +1,5 @@
-"""Triton code generation: one :class:`~torchfuse.inductor.scheduler.KernelGroup` becomes
-one ``@triton.jit`` function in a self-contained module (a :class:`~torchfuse.graph.Kernel`).
+"""Triton code generation: one [`KernelGroup`][torchfuse.inductor.scheduler.KernelGroup] becomes
+one ``@triton.jit`` function in a self-contained module (a [`Kernel`][torchfuse.graph.Kernel]).
 
 Three kernel shapes:
 
@@ -16,122 +16,29 @@ Values are computed in float32 for half inputs and cast back on store. Index ari
 32-bit unless a tensor may have 2^31 or more elements (a symbolic size without an upper bound
 may). Sizes that are symbols are kernel arguments (``xnumel``, ``rnumel`` and the symbols an
 index uses, e.g. ``s0`` in ``s0*x1 + x0``); block sizes come from the symbols' hints, a
-persistent ``RBLOCK`` from their bounds (:mod:`torchfuse.inductor.sizes`).
+persistent ``RBLOCK`` from their bounds ([`torchfuse.inductor.sizes`][torchfuse.inductor.sizes]).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import sympy
 from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
-from torchfuse.inductor.ir import VOp
 from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
 from torchfuse.inductor.sizes import size_info
+from torchfuse.inductor.triton_ops import TL_DTYPE, cast_text, const_text, helper_source, helpers_in, render
 
 _LOG2E = 1.4426950408889634
 """log2(e): ``exp(v) = exp2(v * log2(e))``, one FFMA before the ex2 instead of a sub and a mul."""
-
-TL_DTYPE = {
-    "float32": "tl.float32",
-    "float64": "tl.float64",
-    "float16": "tl.float16",
-    "bfloat16": "tl.bfloat16",
-    "int64": "tl.int64",
-    "int32": "tl.int32",
-    "int16": "tl.int16",
-    "int8": "tl.int8",
-    "uint8": "tl.uint8",
-    "bool": "tl.int1",
-}
-
-HELPERS = {
-    "_prod_combine": "def _prod_combine(a, b):\n    return a * b\n",
-    # eager max/min propagate NaN; tl.max/tl.min do not
-    "_max_nan": "def _max_nan(a, b):\n    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)\n",
-    "_min_nan": "def _min_nan(a, b):\n    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)\n",
-    "_tanh": "def _tanh(x):\n    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)\n",
-    "_log1p": (
-        "def _log1p(x):\n    u = 1.0 + x\n    d = u - 1.0\n"
-        "    return tl.where(d == 0.0, x, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))\n"
-    ),
-    "_expm1": (
-        "def _expm1(x):\n    u = tl.exp(x)\n    d = u - 1.0\n    lu = tl.log(u)\n"
-        "    r = d * (x / tl.where(lu == 0.0, 1.0, lu))\n"
-        "    return tl.where(u == 1.0, x, tl.where(d == -1.0, -1.0, r))\n"
-    ),
-    "_pow": (
-        "def _pow(a, b):\n    b = a * 0.0 + b\n    r = tl.exp2(b * tl.log2(tl.abs(a)))\n"
-        "    odd = (b - 2.0 * tl.floor(b * 0.5)) == 1.0\n"
-        "    r = tl.where((a < 0.0) & odd, -r, r)\n"
-        "    r = tl.where((a < 0.0) & (tl.floor(b) != b), float('nan'), r)\n"
-        "    return tl.where(b == 0.0, 1.0, r)\n"
-    ),
-    "_round": (
-        "def _round(x):\n    r = tl.floor(x + 0.5)\n"
-        "    tie = (r - x) == 0.5\n    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0\n"
-        "    return tl.where(tie & odd, r - 1.0, r)\n"
-    ),
-    "_trunc": "def _trunc(x):\n    return tl.where(x >= 0.0, tl.floor(x), tl.ceil(x))\n",
-}
-
-_SIMPLE_CALLS = {
-    VOp.ABS: "tl.abs",
-    VOp.EXP: "tl.exp",
-    VOp.EXP2: "tl.exp2",
-    VOp.LOG: "tl.log",
-    VOp.LOG2: "tl.log2",
-    VOp.SQRT: "tl.sqrt",
-    VOp.RSQRT: "tl.rsqrt",
-    VOp.SIN: "tl.sin",
-    VOp.COS: "tl.cos",
-    VOp.SIGMOID: "tl.sigmoid",
-    VOp.ERF: "tl.erf",
-    VOp.FLOOR: "tl.floor",
-    VOp.CEIL: "tl.ceil",
-    VOp.TANH: "_tanh",
-    VOp.LOG1P: "_log1p",
-    VOp.EXPM1: "_expm1",
-    VOp.ROUND: "_round",
-    VOp.TRUNC: "_trunc",
-}
-_INFIX = {
-    VOp.ADD: "+",
-    VOp.SUB: "-",
-    VOp.MUL: "*",
-    VOp.TRUEDIV: "/",
-    VOp.EQ: "==",
-    VOp.NE: "!=",
-    VOp.LT: "<",
-    VOp.LE: "<=",
-    VOp.GT: ">",
-    VOp.GE: ">=",
-    VOp.AND: "&",
-    VOp.OR: "|",
-    VOp.XOR: "^",
-}
 
 SCALAR, ROWS, FULL = 0, 1, 2
 
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def const_text(value, dtype: str) -> str:
-    if isinstance(value, bool) or dtype == "bool":
-        return "True" if value else "False"
-    if dtype in ir.FLOAT_DTYPES:
-        v = float(value)
-        if math.isnan(v):
-            return 'float("nan")'
-        if math.isinf(v):
-            return 'float("inf")' if v > 0 else 'float("-inf")'
-        return repr(v)
-    return str(int(value))
 
 
 def format_expr(e: sympy.Expr) -> str:
@@ -148,7 +55,7 @@ class _Tmp:
 
 
 class KernelWriter:
-    """Writes one kernel; :meth:`write` returns the format Kernel record."""
+    """Writes one kernel; `write` returns the format Kernel record."""
 
     def __init__(self, group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> None:
         self.g = group
@@ -235,14 +142,14 @@ class KernelWriter:
             if a.dtype == v.dtype:
                 return _Tmp(a.name, a.shape, v.dtype)
             if v.dtype == "bool":
-                return self.tmp(f"({a.name} != 0)", a.shape, "bool")
+                return self.tmp(cast_text(a.name, "bool"), a.shape, "bool")
             if a.shape == SCALAR and a.name.lstrip("-").replace(".", "").replace("e", "").isdigit():
                 return _Tmp(
                     const_text(float(a.name) if v.dtype in ir.FLOAT_DTYPES else int(float(a.name)), v.dtype),
                     SCALAR,
                     v.dtype,
                 )
-            return self.tmp(f"{a.name}.to({TL_DTYPE[v.dtype]})", a.shape, v.dtype)
+            return self.tmp(cast_text(a.name, v.dtype), a.shape, v.dtype)
         if isinstance(v, ir.Load):
             return self.emit_load(v, node, placement)
         args = [self.emit(a, node) for a in v.args]
@@ -250,57 +157,9 @@ class KernelWriter:
         return self.tmp(self.call_text(v, args), shape, v.dtype)
 
     def call_text(self, v: ir.Call, args: list[_Tmp]) -> str:
-        a = [x.name for x in args]
-        op = v.op
-        if op in _INFIX:
-            return f"({a[0]} {_INFIX[op]} {a[1]})"
-        if op in _SIMPLE_CALLS:
-            fn = _SIMPLE_CALLS[op]
-            if fn.startswith("_"):
-                self.helpers.add(fn)
-            return f"{fn}({a[0]})"
-        floaty = v.dtype in ir.FLOAT_DTYPES
-        if op in (VOp.MAX, VOp.MIN):
-            fn = "tl.maximum" if op == VOp.MAX else "tl.minimum"
-            nan = ", propagate_nan=tl.PropagateNan.ALL" if floaty and all(x.shape for x in args) else ""
-            return f"{fn}({a[0]}, {a[1]}{nan})"
-        if op == VOp.NEG:
-            return f"(-{a[0]})"
-        if op == VOp.RECIPROCAL:
-            return f"(1.0 / {a[0]})"
-        if op == VOp.TAN:
-            return f"(tl.sin({a[0]}) / tl.cos({a[0]}))"
-        if op == VOp.SIGN:
-            dt = TL_DTYPE[v.dtype]
-            return f"((0 < {a[0]}).to({dt}) - ({a[0]} < 0).to({dt}))"
-        if op == VOp.NOT:
-            return f"({a[0]} == 0)"
-        if op == VOp.BITNOT:
-            return f"(~{a[0]})"
-        if op == VOp.ISNAN:
-            return f"({a[0]} != {a[0]})"
-        if op == VOp.ISINF:
-            return f'(tl.abs({a[0]}) == float("inf"))'
-        if op == VOp.WHERE:
-            return f"tl.where({a[0]}, {a[1]}, {a[2]})"
-        if op == VOp.POW:
-            self.helpers.add("_pow")
-            return f"_pow({a[0]}, {a[1]})"
-        if op == VOp.FLOORDIV:
-            if floaty:
-                return f"tl.floor({a[0]} / {a[1]})"
-            return (
-                f"tl.where((({a[0]} % {a[1]}) != 0) & (({a[0]} < 0) != ({a[1]} < 0)), "
-                f"{a[0]} // {a[1]} - 1, {a[0]} // {a[1]})"
-            )
-        if op == VOp.REM:
-            if floaty:
-                return f"({a[0]} - {a[1]} * tl.floor({a[0]} / {a[1]}))"
-            return (
-                f"tl.where((({a[0]} % {a[1]}) != 0) & ((({a[0]} % {a[1]}) < 0) != ({a[1]} < 0)), "
-                f"{a[0]} % {a[1]} + {a[1]}, {a[0]} % {a[1]})"
-            )
-        raise NotImplementedError(f"no Triton rendering for {op}")
+        text = render(v.op, [x.name for x in args], v.dtype)
+        self.helpers |= helpers_in(text)
+        return text
 
     def emit_load(self, ld: ir.Load, node: ir.Node, placement) -> _Tmp:
         prod = self.members.get(ld.buffer)
@@ -381,6 +240,16 @@ class KernelWriter:
             return f"tl.reduce({block}, 1, {helper})[:, None]"
         return f"{'tl.max' if rop == ir.ReduceOp.MAX else 'tl.min'}({block}, 1)[:, None]"
 
+    def arg_nan(self, rop: ir.ReduceOp, values: str, indices: str) -> str:
+        """The row's argmax/argmin as eager's: the first NaN wins, ties go to the lower index
+        (``tl.argmax`` skips NaN). Returns the ``[XBLOCK, 1]`` index block's text."""
+        helper = "_argmax_nan" if rop == ir.ReduceOp.ARGMAX else "_argmin_nan"
+        self.helpers.add(helper)
+        name = f"tmp{self.count}"
+        self.count += 1
+        self.line(f"_, {name} = tl.reduce(({values}, {indices}), 1, {helper})")
+        return f"{name}[:, None]"
+
     def full_operand(self, t: _Tmp) -> str:
         if t.shape == FULL:
             return t.name
@@ -405,6 +274,9 @@ class KernelWriter:
             expr = f"(tl.max({masked.name}.to(tl.int8), 1)[:, None] != 0)"
         elif rop == ir.ReduceOp.ALL:
             expr = f"(tl.min({masked.name}.to(tl.int8), 1)[:, None] != 0)"
+        elif v.dtype in ir.FLOAT_DTYPES:
+            rows = "tl.broadcast_to(rindex, [XBLOCK, RBLOCK])"
+            expr = f"{self.arg_nan(rop, masked.name, rows)}.to(tl.int64)"
         else:
             fn = "tl.argmax" if rop == ir.ReduceOp.ARGMAX else "tl.argmin"
             expr = f"{fn}({masked.name}, 1)[:, None].to(tl.int64)"
@@ -550,7 +422,8 @@ class KernelWriter:
             new = f"{acc} & {val}"
         else:
             cmp = ">" if rop == ir.ReduceOp.ARGMAX else "<"
-            self.line(f"take = mask & ({val} {cmp} {acc})")
+            nan = f" | (({val} != {val}) & ({acc} == {acc}))" if acc_dtype in ir.FLOAT_DTYPES else ""
+            self.line(f"take = mask & (({val} {cmp} {acc}){nan})")
             self.line(f"{acc} = tl.where(take, {val}, {acc})")
             self.line(
                 f"{acc}_i = tl.where(take, tl.broadcast_to(rindex.to(tl.int64), [XBLOCK, RBLOCK]), {acc}_i)"
@@ -574,6 +447,8 @@ class KernelWriter:
         if rop in (ir.ReduceOp.ANY, ir.ReduceOp.ALL):
             fn = "tl.max" if rop == ir.ReduceOp.ANY else "tl.min"
             return self.tmp(f"({fn}({acc}.to(tl.int8), 1)[:, None] != 0)", ROWS, "bool")
+        if acc_dtype in ir.FLOAT_DTYPES:
+            return self.tmp(self.arg_nan(rop, acc, f"{acc}_i"), ROWS, "int64")
         best = self.tmp(
             f"{'tl.max' if rop == ir.ReduceOp.ARGMAX else 'tl.min'}({acc}, 1)[:, None]", ROWS, acc_dtype
         )
@@ -635,9 +510,7 @@ class KernelWriter:
         constexprs = ["XBLOCK: tl.constexpr"] + (
             ["RBLOCK: tl.constexpr"] if kind != GroupKind.POINTWISE else []
         )
-        src = ["import triton", "import triton.language as tl"]
-        for h in sorted(self.helpers):
-            src += ["", "", "@triton.jit", HELPERS[h].rstrip()]
+        src = ["import triton", "import triton.language as tl", *helper_source(self.helpers)]
         src += ["", "", "@triton.jit", f"def {name}({', '.join(sig + constexprs)}):", *head, *body, ""]
         idx_kind = "i64" if wide else "i32"
         params = [S.KernelParam(name=p, kind="ptr", dtype=self.prog.buffers[b].dtype) for b, p in ptr_params]
@@ -671,7 +544,7 @@ class KernelWriter:
         return list(dict.fromkeys(sympy.sympify(e) for e in extents))
 
     def index32_expr(self) -> str | None:
-        """The launch argument ``INDEX32``: 1 when every :meth:`index_extents` is below 2**31
+        """The launch argument ``INDEX32``: 1 when every `index_extents` is below 2**31
         for the call's sizes, else 0 (in the format's grammar), or None when nothing here is
         symbolic (then the answer never changes)."""
         extents = self.index_extents()
@@ -683,8 +556,8 @@ class KernelWriter:
         return f"min(1, {2**31 - 1} // ({text}))"
 
     def needs_int64(self) -> bool:
-        """64-bit index math unless every :meth:`index_extents` provably holds fewer than
-        2**31 elements at every allowed size (see :mod:`.sizes`)."""
+        """64-bit index math unless every `index_extents` provably holds fewer than
+        2**31 elements at every allowed size (see `.sizes`)."""
         return not all(self.sizes.fits_int32(e) for e in self.index_extents())
 
     def pointwise_block(self, numel: int) -> tuple[int, int]:

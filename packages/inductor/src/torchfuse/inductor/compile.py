@@ -1,11 +1,13 @@
 """``compile_graph``: the inductor pipeline, one flat list of named passes.
 
-    decompose -> lower -> dead_code -> schedule (fusion) -> codegen -> plan
+    decompose -> matmuls -> lower -> dead_code -> schedule (fusion, verified) -> codegen
+    -> plan -> user_kernels
 
-Every pass returns a new artifact stamped with its name and duration (:class:`Stage`);
-the debug files (``ir_pre_fusion.txt``, ``ir_post_fusion.txt``, ``output_code.py``,
+Every pass returns a new artifact stamped with its name and duration (`Stage`);
+the debug files (``ir_pre_fusion.txt``, ``ir_post_fusion.txt``, ``fusion.txt`` (each fusion
+decision and, for a node kept out of a kernel it shares reads with, why), ``output_code.py``,
 ``timings.txt``) are just these artifacts printed, kept in ``Program.meta`` and written by
-:func:`write_debug`.
+`write_debug`.
 """
 
 from __future__ import annotations
@@ -29,12 +31,23 @@ from torchfuse.inductor.config import config as default_config
 from torchfuse.inductor.decompositions import DECOMPOSITIONS
 from torchfuse.inductor.lowering import lower
 from torchfuse.inductor.pad_mm import pad_matmuls
-from torchfuse.inductor.plan import build_program, output_code
-from torchfuse.inductor.scheduler import KERNEL_KINDS, dead_code_elimination, format_schedule, schedule
+from torchfuse.inductor.plan import build_program
+from torchfuse.inductor.rules import RULE_MODULES as RULE_MODULES  # registers every lowering rule
+from torchfuse.inductor.scheduler import (
+    KERNEL_KINDS,
+    dead_code_elimination,
+    format_decisions,
+    format_schedule,
+    schedule,
+    verify_schedule,
+)
 from torchfuse.inductor.templates import apply_mm_templates
 from torchfuse.inductor.user_kernels import launch_user_kernels
+from torchfuse.runtime.standalone import standalone_source
 
-DEBUG_FILES = ("ir_pre_fusion.txt", "ir_post_fusion.txt", "output_code.py", "timings.txt", "fallbacks.txt")
+DEBUG_FILES = ("ir_pre_fusion.txt", "ir_post_fusion.txt", "fusion.txt", "output_code.py", "timings.txt",
+               "fallbacks.txt")
+"""The debug artifacts a compile keeps in ``Program.meta`` and ``write_debug`` writes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +61,9 @@ class Stage:
 
 @dataclass(frozen=True, slots=True)
 class CompileResult:
+    """What [`compile_graph_stages`][torchfuse.inductor.compile_graph_stages] returns: the
+    Program and every pass's output, in pipeline order."""
+
     program: S.Program
     stages: tuple[Stage, ...]
 
@@ -60,7 +76,7 @@ class CompileResult:
 
 
 DECOMPOSE_NOTE = "inductor.decompose"
-"""``Graph.meta`` key under which :func:`_decompose` says why a symbolic graph was compiled
+"""``Graph.meta`` key under which `_decompose` says why a symbolic graph was compiled
 undecomposed (it ends up in ``fallbacks.txt``)."""
 
 
@@ -116,11 +132,22 @@ def _rewrite_matmuls(st: dict[str, Any], cfg: InductorConfig) -> S.Graph:
     """Matmul rewrites on the decomposed graph: Triton templates with fused epilogues where
     they beat cuBLAS (``max-autotune`` only; the benchmark compiles its candidates in default
     mode, which is what keeps it from recursing), then padding of unaligned half-precision
-    CUDA matmuls (:mod:`.pad_mm`) for the ones left to cuBLAS."""
+    CUDA matmuls (`.pad_mm`) for the ones left to cuBLAS."""
     graph = st["decompose"]
     if st["mode"] == "max-autotune" and cfg.mm_templates != "never":
-        graph = apply_mm_templates(graph, device=graph_device(graph), policy=cfg.mm_templates)
+        graph = apply_mm_templates(graph, device=graph_device(graph), policy=cfg.mm_templates,
+                                   compile_candidate=compile_candidate)
     return pad_matmuls(graph) if cfg.pad_mm else graph
+
+
+def compile_candidate(graph: S.Graph, device: str) -> Callable[..., Any]:
+    """A matmul-template benchmark candidate compiled as default mode compiles it (no
+    templates inside, which is what keeps the benchmark from recursing) and loaded by the
+    runtime: handed to the templates pass, which never imports this pipeline."""
+    import torch
+    from torchfuse.runtime import load
+
+    return load(compile_graph(graph, mode="default"), device=torch.device(device).type)
 
 
 def _codegen(sched, prog: ir.LoopProgram, cfg: InductorConfig) -> dict[int, S.Kernel]:
@@ -134,7 +161,7 @@ PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("lower", lambda st, cfg: ir.verify(lower(st["matmuls"], cfg))),
     # dead code goes after lowering: decompositions return values (mean, rstd) nobody reads
     ("dead_code", lambda st, cfg: ir.verify(dead_code_elimination(st["lower"]))),
-    ("schedule", lambda st, cfg: schedule(st["dead_code"], cfg)),
+    ("schedule", lambda st, cfg: verify_schedule(schedule(st["dead_code"], cfg), st["dead_code"])),
     ("codegen", lambda st, cfg: _codegen(st["schedule"], st["dead_code"], cfg)),
     ("plan", lambda st, cfg: build_program(st["dead_code"], st["schedule"], st["codegen"])),
     ("user_kernels", lambda st, cfg: launch_user_kernels(st["plan"])),  # needs the plan's frees
@@ -149,7 +176,7 @@ def compile_graph_stages(
     mode: str = "default",
     options: dict | None = None,
 ) -> CompileResult:
-    """Run the pipeline and keep every stage (see :func:`compile_graph`)."""
+    """Run the pipeline and keep every stage (see `compile_graph`)."""
     cfg = default_config.with_options(options)
     if mode not in ("default", "max-autotune", "reduce-overhead"):
         raise ValueError(f"unknown mode {mode!r}: use 'default', 'max-autotune' or 'reduce-overhead'")
@@ -162,7 +189,7 @@ def compile_graph_stages(
     program: S.Program = state["user_kernels"]
     pre = ir.format_program(state["dead_code"])
     post = format_schedule(state["schedule"])
-    code = output_code(program)
+    code = standalone_source(program)  # the runtime's own call function: what prints is what runs
     timings = "\n".join(f"{s.name:12s} {s.seconds * 1000:9.2f} ms" for s in stages)
     meta = dict(program.meta)
     note = state["decompose"].meta.get(DECOMPOSE_NOTE)
@@ -172,6 +199,7 @@ def compile_graph_stages(
         {
             "ir_pre_fusion.txt": pre,
             "ir_post_fusion.txt": post,
+            "fusion.txt": format_decisions(state["schedule"]),
             "output_code.py": code,
             "timings.txt": timings + "\n",
             "fallbacks.txt": meta.get("fallbacks", ""),
@@ -182,6 +210,7 @@ def compile_graph_stages(
     program = msgspec.structs.replace(program, meta=meta)
     if "schedule" in cfg.logs:
         observe.get_logger("schedule", force=True).info("%s", post)
+        observe.get_logger("schedule", force=True).info("fusion decisions:\n%s", meta["fusion.txt"])
     if "output_code" in cfg.logs:
         observe.get_logger("output_code", force=True).info("%s", code)
     for st in stages:
@@ -192,11 +221,12 @@ def compile_graph_stages(
 
 def _publish(program: S.Program, graph_name: str, cfg: InductorConfig) -> None:
     """Hand the debug files to ``torchfuse_debug/run_<time>/<graph>/`` and to artifact
-    collectors (:mod:`torchfuse.graph.observe`); an explicit ``debug_dir`` option without the
+    collectors (`torchfuse.graph.observe`); an explicit ``debug_dir`` option without the
     global switch writes there instead."""
     if observe.wants_artifacts():
         for name in DEBUG_FILES:
-            if name in program.meta:
+            # observe writes the entry's timings.txt itself, every package's stages in it
+            if name in program.meta and name != "timings.txt":
                 observe.emit(name, program.meta[name], fallback_name=graph_name)
     elif cfg.debug:
         write_debug(program, os.path.join(cfg.debug_dir, f"{graph_name}_{time.strftime('%Y%m%d_%H%M%S')}"))
@@ -211,14 +241,38 @@ def compile_graph(
 ) -> S.Program:
     """Compile a functional Graph into a Program of Triton kernels and a launch plan.
 
-    ``options`` override fields of :class:`~torchfuse.inductor.config.InductorConfig`
-    (e.g. ``{"persistent_rnumel_max": 1024}``). The debug artifacts are kept in
-    ``Program.meta`` under the names in :data:`DEBUG_FILES`; :func:`write_debug` writes them.
-    ``example_inputs`` are accepted for the backend protocol; sizes come from the graph.
-
     Results are cached on disk by the graph, ``mode`` and options (see
-    :mod:`torchfuse.inductor.cache`): a graph compiled before, by any process, is loaded
-    instead of compiled. :func:`compile_graph_stages` always runs the passes.
+    ``torchfuse.inductor.cache``): a graph compiled before, by any process, is loaded instead
+    of compiled. [`compile_graph_stages`][torchfuse.inductor.compile_graph_stages] always runs
+    the passes and keeps each one's output.
+
+    Args:
+        graph: A functional graph (no in-place or view ops: run it through
+            ``torchfuse.autograd.functionalize`` first, as the ``inductor`` backend does).
+        example_inputs: Accepted for the backend protocol; sizes come from the graph.
+        mode: ``"default"``, ``"max-autotune"`` (Triton matmul templates with fused
+            epilogues, autotuned) or ``"reduce-overhead"`` (the runtime replays CUDA graphs).
+        options: Overrides of [`InductorConfig`][torchfuse.inductor.InductorConfig] fields,
+            e.g. ``{"persistent_rnumel_max": 1024}``.
+
+    Returns:
+        The [`Program`][torchfuse.graph.Program]. Its ``meta`` keeps the debug artifacts
+        under the names in ``DEBUG_FILES`` (``ir_pre_fusion.txt``, ``ir_post_fusion.txt``,
+        ``output_code.py``, …); [`write_debug`][torchfuse.inductor.write_debug] writes them.
+
+    Raises:
+        ValueError: An unknown ``mode``.
+        TypeError: An option that is not an ``InductorConfig`` field.
+        LoweringError: An op with no lowering; the message names the node.
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.graph import trace
+        >>> from torchfuse.inductor import compile_graph
+        >>> graph, _ = trace(lambda x: (x + 1).relu().sum(dim=1), torch.randn(4, 8))
+        >>> program = compile_graph(graph, options={"cache": False})
+        >>> [k.name for k in program.kernels]
+        ['triton_per_fused_add_relu_sum_0']
     """
     cfg = default_config.with_options(options)
     if not cfg.cache:

@@ -11,7 +11,7 @@ Environment variables (all optional):
 * ``TORCHFUSE_MM_TEMPLATES=auto|always|never`` -- the Triton matmul template under
   ``mode="max-autotune"`` (default ``auto``: benchmarked against cuBLAS per shape).
 * ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
-  Programs and autograd plans (:mod:`torchfuse.inductor.cache`; default on). Where they live
+  Programs and autograd plans (`torchfuse.inductor.cache`; default on). Where they live
   is the runtime's ``TORCHFUSE_CACHE_DIR``.
 """
 
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 
 @dataclass(frozen=True, slots=True)
 class InductorConfig:
+    """Settings of the inductor package; ``compile(..., options={...})`` overrides fields by name."""
+
     persistent_rnumel_max: int = 16384
     """Reductions whose row is at most this long keep the whole row in registers."""
     looped_rblock: int = 2048
@@ -66,7 +68,7 @@ class InductorConfig:
     decompose: bool = True
     pad_mm: bool = True
     """Pad float16/bfloat16 CUDA matmuls whose leading dimensions are not 16-byte aligned
-    (:mod:`torchfuse.inductor.pad_mm`)."""
+    ([`torchfuse.inductor.pad_mm`][torchfuse.inductor.pad_mm])."""
     mm_templates: str = "auto"
     """``mode="max-autotune"`` only: ``"auto"`` (the Triton matmul template against cuBLAS,
     benchmarked per shape and cached in ``<cache dir>/mm_choices.json``), ``"always"`` (the

@@ -1,6 +1,6 @@
 """The ``cudagraphs`` backend: capture, then CUDA-graph replay, without code generation.
 
-Each node of the Graph becomes one :class:`~torchfuse.graph.schema.ExternStep` (a call of its
+Each node of the Graph becomes one [`ExternStep`][torchfuse.graph.schema.ExternStep] (a call of its
 ATen op), and the resulting Program is loaded by the runtime in ``reduce-overhead`` mode, which
 records the whole call once into a CUDA graph and replays it. What this buys is launch
 overhead: a graph of many small ops costs one replay instead of one Python dispatch per op.
@@ -31,7 +31,7 @@ def extern_program(graph: S.Graph, *, device: str) -> S.Program:
     """``graph`` as a Program of extern calls, one per node, in graph order.
 
     Buffer names are value names, so node arguments carry over unchanged. Every value keeps
-    its metadata as a :class:`~torchfuse.graph.schema.Buffer`, which the runtime checks inputs
+    its metadata as a [`Buffer`][torchfuse.graph.schema.Buffer], which the runtime checks inputs
     against.
     """
     buffers = tuple(

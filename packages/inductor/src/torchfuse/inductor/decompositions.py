@@ -1,12 +1,19 @@
 """Inductor's decomposition table: composite ATen ops rewritten into the primitive set the
 lowering knows (pointwise ops, ``sum``/``amax``/``amin``…, views, ``mm``).
 
-The table maps an op name to a Python function written with ``torch.ops.aten`` calls. It is
-applied by re-running the graph on fake tensors under a :class:`~torchfuse.graph.Recorder`
-(:func:`decompose`): a node whose op is in the table runs its function, so the ops that
+There is one table of decomposition rules, autograd's
+(`torchfuse.autograd.decompositions.DEFAULT_TABLE`, which joint graphs are decomposed
+with); inductor's `DECOMPOSITIONS` is that table, less the ops its lowering handles
+directly (`LOWERED_DIRECTLY`), plus rules for the ops autograd leaves alone
+(`RULES`), so a forward graph compiled for inference and one compiled for training
+decompose ``gelu`` or ``softmax`` the same way.
+
+The table maps an op name to a Python function written with torch calls. It is
+applied by re-running the graph on fake tensors under a [`Recorder`][torchfuse.graph.Recorder]
+(`decompose`): a node whose op is in the table runs its function, so the ops that
 function calls are recorded in its place; every other node is recorded as it is.
 
-Example (``softmax``)::
+Example (``softmax``, autograd's rule)::
 
     before:  _softmax = aten._softmax.default(x, -1, False)
     after:   amax = aten.amax(x, [-1], True); sub = aten.sub.Tensor(x, amax)
@@ -24,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torchfuse.autograd.decompositions import DEFAULT_TABLE
 
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
@@ -48,26 +56,12 @@ def _numel(x: torch.Tensor, dims: list[int]) -> int:
     return math.prod(x.shape[d] for d in dims) if x.dim() else 1
 
 
-def softmax(x, dim, half_to_float):
-    xf = _up(x)
-    m = aten.amax.default(xf, [dim], True)
-    e = aten.exp.default(aten.sub.Tensor(xf, m))
-    out = aten.div.Tensor(e, aten.sum.dim_IntList(e, [dim], True))
-    return out if half_to_float else _down(out, x.dtype)
-
-
-def log_softmax(x, dim, half_to_float):
-    xf = _up(x)
-    m = aten.amax.default(xf, [dim], True)
-    shifted = aten.sub.Tensor(xf, m)
-    lse = aten.log.default(aten.sum.dim_IntList(aten.exp.default(shifted), [dim], True))
-    out = aten.sub.Tensor(shifted, lse)
-    return out if half_to_float else _down(out, x.dtype)
-
-
 def logsumexp(x, dim, keepdim=False):
     xf = _up(x)
     dims = _dims(x, dim)
+    if _numel(x, dims) == 0:  # amax has no identity; the sum of nothing is 0, its log -inf
+        out = aten.log.default(aten.sum.dim_IntList(aten.exp.default(xf), dims, keepdim))
+        return _down(out, x.dtype)
     m = aten.amax.default(xf, dims, True)
     # rows that are all -inf must give -inf, not nan
     m = aten.where.self(aten.isinf.default(m), aten.zeros_like.default(m), m)
@@ -78,22 +72,6 @@ def logsumexp(x, dim, keepdim=False):
     return _down(out, x.dtype)
 
 
-def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    xf = _up(x)
-    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
-    n = _numel(x, dims)
-    mean = aten.div.Scalar(aten.sum.dim_IntList(xf, dims, True), n)
-    xc = aten.sub.Tensor(xf, mean)
-    var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(xc, xc), dims, True), n)
-    rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
-    out = aten.mul.Tensor(xc, rstd)
-    if weight is not None:
-        out = aten.mul.Tensor(out, weight)
-    if bias is not None:
-        out = aten.add.Tensor(out, bias)
-    return _down(out, x.dtype), mean, rstd
-
-
 def rms_norm(x, normalized_shape, weight=None, eps=None):
     xf = _up(x)
     dims = list(range(x.dim() - len(normalized_shape), x.dim()))
@@ -102,27 +80,6 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     out = aten.mul.Tensor(xf, aten.rsqrt.default(aten.add.Scalar(ms, eps)))
     if weight is not None:
         out = aten.mul.Tensor(out, weight)
-    return _down(out, x.dtype)
-
-
-def silu(x):
-    xf = _up(x)
-    return _down(aten.mul.Tensor(xf, aten.sigmoid.default(xf)), x.dtype)
-
-
-def gelu(x, approximate="none"):
-    xf = _up(x)
-    if approximate == "tanh":
-        inner = aten.mul.Tensor(
-            aten.add.Tensor(xf, aten.mul.Scalar(aten.mul.Tensor(xf, aten.mul.Tensor(xf, xf)), 0.044715)),
-            math.sqrt(2.0 / math.pi),
-        )
-        out = aten.mul.Tensor(aten.mul.Scalar(xf, 0.5), aten.add.Scalar(aten.tanh.default(inner), 1.0))
-    else:
-        out = aten.mul.Tensor(
-            aten.mul.Scalar(xf, 0.5),
-            aten.add.Scalar(aten.erf.default(aten.mul.Scalar(xf, 1.0 / math.sqrt(2.0))), 1.0),
-        )
     return _down(out, x.dtype)
 
 
@@ -145,11 +102,6 @@ def std(x, dim=None, *, correction=None, keepdim=False):
     return _down(aten.sqrt.default(_var(x, dim, correction, keepdim)[0]), x.dtype)
 
 
-def var_mean(x, dim=None, *, correction=None, keepdim=False):
-    v, m = _var(x, dim, correction, keepdim)
-    return _down(v, x.dtype), _down(m, x.dtype)
-
-
 def mean_dim(x, dim, keepdim=False, *, dtype=None):
     out_dtype = dtype or x.dtype
     acc = torch.float32 if out_dtype in _HALF else out_dtype
@@ -160,15 +112,6 @@ def mean_dim(x, dim, keepdim=False, *, dtype=None):
 
 def mean_default(x, *, dtype=None):
     return mean_dim(x, None, False, dtype=dtype)
-
-
-def addmm(bias, a, b, *, beta=1, alpha=1):
-    out = aten.mm.default(a, b)
-    if alpha != 1:
-        out = aten.mul.Scalar(out, alpha)
-    if beta != 1:
-        bias = aten.mul.Scalar(bias, beta)
-    return aten.add.Tensor(out, bias)
 
 
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
@@ -244,22 +187,26 @@ def _min_all(x):
     return aten.amin.default(x, list(range(x.dim())), False)
 
 
-DECOMPOSITIONS: Mapping[str, Callable[..., Any]] = {
-    "aten._softmax.default": softmax,
-    "aten._log_softmax.default": log_softmax,
+LOWERED_DIRECTLY = frozenset({"aten.t.default", "aten.rsub.Tensor", "aten.rsub.Scalar"})
+"""Ops of autograd's table that inductor does not decompose: its lowering has rules for them
+(``t`` is a view; ``rsub`` is one subtraction)."""
+
+OVERRIDES: Mapping[str, Callable[..., Any]] = {
+    # autograd's rule weighs with ``ones_like(t) * mask`` and indexes the class weights with
+    # ``weight[t]`` (a wrap of negative indices): one multiply and one select per element more
+    # in the loss kernel than this one, which computes the same values
+    "aten.nll_loss_forward.default": nll_loss_forward,
+}
+"""Ops of autograd's table that inductor decomposes its own way, each with its reason."""
+
+RULES: Mapping[str, Callable[..., Any]] = {
     "aten.logsumexp.default": logsumexp,
-    "aten.native_layer_norm.default": native_layer_norm,
     "aten.rms_norm.default": rms_norm,
     "aten._fused_rms_norm.default": lambda x, shape, w, eps: (rms_norm(x, shape, w, eps), None),
-    "aten.silu.default": silu,
-    "aten.gelu.default": gelu,
     "aten.var.correction": var,
     "aten.std.correction": std,
-    "aten.var_mean.correction": var_mean,
     "aten.mean.dim": mean_dim,
     "aten.mean.default": mean_default,
-    "aten.addmm.default": addmm,
-    "aten.nll_loss_forward.default": nll_loss_forward,
     "aten.addcmul.default": addcmul,
     "aten.addcdiv.default": addcdiv,
     "aten.lerp.Scalar": lerp_scalar,
@@ -273,4 +220,14 @@ DECOMPOSITIONS: Mapping[str, Callable[..., Any]] = {
     "aten.max.default": _max_all,
     "aten.min.default": _min_all,
 }
-"""op name -> decomposition function (``torch.ops.aten`` calls on fake tensors)."""
+"""Inductor's own rules: ops autograd's table leaves alone that inductor's primitive set does
+not have. None of them is in autograd's table (a test checks it)."""
+
+DECOMPOSITIONS: Mapping[str, Callable[..., Any]] = {
+    **{op: rule for op, rule in DEFAULT_TABLE.items() if op not in LOWERED_DIRECTLY},
+    **OVERRIDES,
+    **RULES,
+}
+"""op name -> decomposition function: autograd's table (one rule per op for both packages:
+``gelu``, ``softmax``, ``layer_norm`` … are written once, there), less
+`LOWERED_DIRECTLY`, plus `RULES`."""

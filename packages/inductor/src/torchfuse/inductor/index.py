@@ -1,7 +1,7 @@
 """Index algebra of the loop IR: floor division and modulo as sympy functions we control
-(:class:`FloorDiv`, :class:`ModIdx`), exact division, bounds of index expressions over loop
+(`FloorDiv`, `ModIdx`), exact division, bounds of index expressions over loop
 ranges and size symbols, simplification, printing, and the shape helpers (``unflatten``,
-``contiguous_strides``, ``product``). :mod:`torchfuse.inductor.ir` re-exports all of it.
+``contiguous_strides``, ``product``). [`torchfuse.inductor.ir`][torchfuse.inductor.ir] re-exports all of it.
 """
 
 from __future__ import annotations
@@ -325,6 +325,8 @@ def print_index(e: sympy.Expr, names: Mapping | None = None, fmt: bool = False) 
 def unflatten(flat: sympy.Expr, sizes: Iterable[sympy.Expr]) -> list[sympy.Expr]:
     """Row-major coordinates of a flat index into ``sizes``."""
     sizes = list(sizes)
+    if any(s == 0 for s in sizes):  # an empty iteration space: no index is ever computed, so
+        return [flat] * len(sizes)  # any expression does (this one keeps loads and stores masked)
     out: list[sympy.Expr] = []
     rest = flat
     for i in range(len(sizes) - 1, -1, -1):

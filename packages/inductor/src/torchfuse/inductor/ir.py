@@ -1,17 +1,17 @@
 """The loop IR: what a tensor computation is, element by element, before it becomes a kernel.
 
-One vocabulary for this level (:class:`VOp` for scalar operations, :class:`ReduceOp` for
+One vocabulary for this level (`VOp` for scalar operations, `ReduceOp` for
 reductions). A *value* is a small expression tree evaluated at one point of an iteration
-space: :class:`Load` (a buffer at a sympy index), :class:`Const`, :class:`IndexValue`,
-:class:`Cast` and :class:`Call`. A *node* computes one buffer:
+space: `Load` (a buffer at a sympy index), `Const`, `IndexValue`,
+`Cast` and `Call`. A *node* computes one buffer:
 
-* :class:`Pointwise` -- ``buf[store_index(x)] = body(x)`` for every ``x`` in ``ranges``;
-* :class:`Reduction` -- ``buf[store_index(x)] = reduce_r body(x, r)``;
-* :class:`Extern` -- an ATen call (matmuls, anything without a lowering).
+* `Pointwise` -- ``buf[store_index(x)] = body(x)`` for every ``x`` in ``ranges``;
+* `Reduction` -- ``buf[store_index(x)] = reduce_r body(x, r)``;
+* `Extern` -- an ATen call (matmuls, anything without a lowering).
 
 Index expressions are sympy expressions over the node's loop variables (``x0, x1, …`` for
 ``ranges``, ``r0, r1, …`` for ``rranges``) and size symbols (``s0``). Floor division and
-modulo are the two sympy functions :class:`FloorDiv` and :class:`ModIdx` so that printing
+modulo are the two sympy functions `FloorDiv` and `ModIdx` so that printing
 and simplification stay under our control. Example (``sum((x + y) * 2, dim=1)`` on 4x8)::
 
     buf0 = Reduction(ranges=[4], rranges=[8], reduce=sum)
@@ -77,7 +77,6 @@ class VOp(enum.Enum):
     POW = "pow"
     MAX = "maximum"
     MIN = "minimum"
-    ATAN2 = "atan2"
     EQ = "eq"
     NE = "ne"
     LT = "lt"
@@ -157,7 +156,6 @@ BINARY = frozenset(
         VOp.POW,
         VOp.MAX,
         VOp.MIN,
-        VOp.ATAN2,
         VOp.EQ,
         VOp.NE,
         VOp.LT,
@@ -190,7 +188,6 @@ FLOAT_ONLY = frozenset(
         VOp.SIGMOID,
         VOp.ERF,
         VOp.RECIPROCAL,
-        VOp.ATAN2,
         VOp.POW,
     }
 )
@@ -278,7 +275,7 @@ def value_size(v: Value) -> int:
 
 
 def loads_of(v: Value) -> list[Load]:
-    """Every :class:`Load` in ``v``, indirect index loads included."""
+    """Every `Load` in ``v``, indirect index loads included."""
     out: list[Load] = []
     stack = [v]
     # Values are DAGs (a value read twice is one shared object): visit each node once, or a

@@ -1,6 +1,6 @@
-"""Lowering: a (decomposed) Graph becomes a :class:`~torchfuse.inductor.ir.LoopProgram`.
+"""Lowering: a (decomposed) Graph becomes a [`LoopProgram`][torchfuse.inductor.ir.LoopProgram].
 
-Each graph value is held as a :class:`TensorValue`: its sizes, dtype and a *loader*, a
+Each graph value is held as a `TensorValue`: its sizes, dtype and a *loader*, a
 function from an index (one sympy expression per dimension) to an IR value. Pointwise ops
 compose loaders, views remap indices, so neither computes or copies anything. A value
 becomes a buffer (is *realized*) only when it must: it is a graph output, a reduction or
@@ -9,8 +9,11 @@ extern result, an extern argument, or an expensive value read more than once.
 Example: ``y = (x + 1).t()`` is one loader ``idx -> add(load(x, 8*idx[1] + idx[0]), 1.0)``;
 only if ``y`` is an output does it become ``Pointwise(buf0, ranges=[8, 4], …)``.
 
-The per-op rules are in :mod:`torchfuse.inductor.lowerings`; anything without a rule
-becomes an :class:`~torchfuse.inductor.ir.Extern` call of the ATen op.
+The engine owns the one rule registry, `RULES`; the rule modules
+([`lowerings`][torchfuse.inductor.lowerings], [`lowerings_index`][torchfuse.inductor.lowerings_index],
+[`user_kernels`][torchfuse.inductor.user_kernels]) import the engine and `register` into it, and
+the engine never imports them (the package imports them once, through ``compile``). Anything
+without a rule becomes an [`Extern`][torchfuse.inductor.ir.Extern] call of the ATen op.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sympy
 import torch
@@ -30,6 +34,29 @@ from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.sizes import size_info
 
 Loader = Callable[[Sequence[sympy.Expr]], ir.Value]
+Rule = Callable[["Lowering", S.Node], Any]
+"""A lowering rule: the node's value(s) as `TensorValue` (or raises `Fallback`)."""
+
+RULES: dict[str, Rule] = {}
+"""Every lowering rule, by (functional) op name; filled by `register`."""
+
+EXTERN_BY_DESIGN = frozenset({
+    "aten.mm.default", "aten.bmm.default", "aten.baddbmm.default", "aten.mv.default",
+    "aten.dot.default", "aten.convolution.default",
+})
+"""Ops that are extern calls on purpose (matmuls): not reported as fallbacks."""
+
+
+def register(*names: str) -> Callable[[Rule], Rule]:
+    """Register a rule for the op ``names``; an op registered twice is a bug (asserted)."""
+
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            assert n not in RULES, f"lowering rule for {n} registered twice ({RULES[n].__module__})"
+            RULES[n] = fn
+        return fn
+
+    return deco
 
 
 class LoweringError(RuntimeError):
@@ -62,7 +89,7 @@ class TensorValue:
 
 def expr_of(e: S.Expr) -> sympy.Expr:
     """A size expression of the format as a sympy index expression: ``//`` and ``%`` become
-    :class:`~torchfuse.inductor.ir.FloorDiv` and :class:`~torchfuse.inductor.ir.ModIdx`
+    `FloorDiv` and `ModIdx`
     (sizes are non-negative), so they print and simplify like every other index."""
     if isinstance(e, int):
         return sympy.Integer(e)
@@ -147,7 +174,7 @@ def _dtype_of(v: ir.Value) -> str:
 
 
 class Lowering:
-    """Walks the graph once; :meth:`run` returns the LoopProgram."""
+    """Walks the graph once; `run` returns the LoopProgram."""
 
     def __init__(self, graph: S.Graph, config: InductorConfig) -> None:
         self.graph = graph
@@ -402,7 +429,7 @@ class Lowering:
     def _split_factor(self, ranges, rranges, rop) -> tuple[int, bool]:
         """``(k, exact)``: cut each row into ``k`` chunks (0: no split); ``exact`` when ``k``
         divides the row length for every size (else the chunks are ``ceil(n/k)`` long and the
-        tail is masked). Decided from hints: it is a performance choice (see :mod:`.sizes`)."""
+        tail is masked). Decided from hints: it is a performance choice (see `.sizes`)."""
         xnumel, rnumel = ir.product(ranges), ir.product(rranges)
         if rop not in ir.SPLITTABLE:
             return 0, False
@@ -419,7 +446,7 @@ class Lowering:
 
     def _outer_split_factor(self, ranges, rranges, rop, dims, kept) -> tuple[int, bool]:
         """How many row chunks a reduction over leading dims is split into (0: none), and
-        whether they divide the rows exactly (see :meth:`_split_factor`)."""
+        whether they divide the rows exactly (see `_split_factor`)."""
         xnumel, rnumel = ir.product(ranges), ir.product(rranges)
         if rop not in ir.SPLITTABLE or not kept:
             return 0, False
@@ -469,8 +496,6 @@ class Lowering:
         dlogits, read as it is by ``dlogits @ w`` and transposed by ``dlogits.t() @ h``, was
         written twice by one kernel. Only views that keep every element (transposes,
         permutes, reshapes) qualify: realizing a whole source for a slice of it writes more."""
-        from torchfuse.inductor.lowerings import all_rules
-
         node = self.producer.get(name)
         if node is None or node.op not in _REALIZE_THROUGH or not isinstance(node.args[0], S.TensorRef):
             return None
@@ -482,7 +507,7 @@ class Lowering:
             src_tv = self.through_view(src) or src_tv
         if src_tv.layout is None:
             self.env[src] = src_tv = self.realize(src_tv, self.meta(src))
-        tv = all_rules()[_functional_name(node.op)](self, node)  # the view again, over the buffer
+        tv = RULES[_functional_name(node.op)](self, node)  # the view again, over the buffer
         if not isinstance(tv, TensorValue) or tv.layout is None:
             return None
         self.env[name] = tv
@@ -541,8 +566,6 @@ class Lowering:
 
     # -- driver
     def run(self) -> ir.LoopProgram:
-        from torchfuse.inductor.lowerings import EXTERN_BY_DESIGN, all_rules
-
         g = self.graph
         for inp in g.inputs:
             m = g.values[inp.name]
@@ -554,7 +577,7 @@ class Lowering:
             )
             layout = Layout(inp.name, strides, sympy.Integer(0))
             self.env[inp.name] = TensorValue(sizes, m.dtype, strided_loader(layout, m.dtype), layout)
-        rules = all_rules()
+        rules = RULES
         for node in g.nodes:
             op = _functional_name(node.op)
             rule = rules.get(op)
@@ -599,7 +622,7 @@ _REALIZE_THROUGH = frozenset({
     "aten.t.default", "aten.transpose.int", "aten.permute.default", "aten.view.default",
     "aten._unsafe_view.default", "aten.reshape.default",
 })
-"""View ops :meth:`Lowering.through_view` looks through: each keeps every element of its source."""
+"""View ops `Lowering.through_view` looks through: each keeps every element of its source."""
 
 
 def _chunk(rnumel: sympy.Expr, k: int, exact: bool) -> sympy.Expr:

@@ -1,10 +1,11 @@
 """The lowering rules: ATen op name -> how it becomes loaders and loop-IR nodes.
 
-Each rule takes the :class:`~torchfuse.inductor.lowering.Lowering` and the graph node and
-returns a :class:`~torchfuse.inductor.lowering.TensorValue` (or a list, for ops with several
-outputs). A rule raises :class:`~torchfuse.inductor.lowering.Fallback` to have the op called
-through ATen instead. Ops listed in :data:`EXTERN_BY_DESIGN` (matmuls) are extern calls on
-purpose and are not reported as fallbacks.
+Each rule takes the [`Lowering`][torchfuse.inductor.lowering.Lowering] and the graph node and
+returns a [`TensorValue`][torchfuse.inductor.lowering.TensorValue] (or a list, for ops with several
+outputs), and is registered into the engine's table with
+[`register`][torchfuse.inductor.lowering.register] (an op registered twice fails at import). A
+rule raises [`Fallback`][torchfuse.inductor.lowering.Fallback] to have the op called through
+ATen instead. Views and indexing: `.lowerings_index`.
 """
 
 from __future__ import annotations
@@ -18,37 +19,16 @@ from torchfuse.graph.ops import resolve_op
 from torchfuse.inductor import ir
 from torchfuse.inductor.ir import VOp
 from torchfuse.inductor.lowering import (
+    RULES,
     Fallback,
     Lowering,
     TensorValue,
+    _functional_name,
     cast,
     expr_of,
+    register,
     result_dtype,
 )
-
-Rule = Callable[[Lowering, S.Node], Any]
-RULES: dict[str, Rule] = {}
-"""Pointwise, factory and reduction rules (views and indexing: :mod:`.lowerings_index`)."""
-EXTERN_BY_DESIGN = frozenset(
-    {
-        "aten.mm.default",
-        "aten.bmm.default",
-        "aten.baddbmm.default",
-        "aten.mv.default",
-        "aten.dot.default",
-        "aten.convolution.default",
-    }
-)
-
-
-def register(*names: str):
-    def deco(fn: Rule) -> Rule:
-        for n in names:
-            RULES[n] = fn
-        return fn
-
-    return deco
-
 
 # ----------------------------------------------------------------------------- argument access
 
@@ -75,8 +55,6 @@ def _decode(L: Lowering, a: S.Argument) -> Any:
 
 def bind(L: Lowering, node: S.Node) -> dict[str, Any]:
     """Arguments by schema name, defaults filled in."""
-    from torchfuse.inductor.lowering import _functional_name
-
     schema = resolve_op(_functional_name(node.op))._schema
     out: dict[str, Any] = {}
     for i, arg in enumerate(schema.arguments):
@@ -118,10 +96,10 @@ def _value(x: Any, sizes, dtype: str):
         return lambda idx: cast(ld(idx), dtype)
     if isinstance(x, sympy.Expr):
         return lambda idx: cast(ir.IndexValue(x), dtype)
-    return lambda idx: ir.Const(_pyval(x, dtype), dtype)
+    return lambda idx: ir.Const(pyval(x, dtype), dtype)
 
 
-def _pyval(x, dtype):
+def pyval(x, dtype):
     if dtype == "bool":
         return bool(x)
     if dtype in ir.FLOAT_DTYPES:
@@ -188,7 +166,7 @@ for _name, _vop in _UNARY.items():
 @register("aten.relu.default")
 def _relu(L, node):
     x = bind(L, node)["self"]
-    return pointwise(L, node, lambda a: call(VOp.MAX, a, ir.Const(_pyval(0, a.dtype), a.dtype)), [x])
+    return pointwise(L, node, lambda a: call(VOp.MAX, a, ir.Const(pyval(0, a.dtype), a.dtype)), [x])
 
 
 @register("aten.isnan.default", "aten.isinf.default", "aten.logical_not.default", "aten.bitwise_not.default")
@@ -210,7 +188,6 @@ _BINARY = {
     "true_divide": VOp.TRUEDIV,
     "maximum": VOp.MAX,
     "minimum": VOp.MIN,
-    "atan2": VOp.ATAN2,
     "remainder": VOp.REM,
     "floor_divide": VOp.FLOORDIV,
     "bitwise_and": VOp.AND,
@@ -314,7 +291,7 @@ def _pow(L, node):
 
             def mul_n(p, n=int(e)):
                 if n == 0:
-                    return ir.Const(_pyval(1, p.dtype), p.dtype)
+                    return ir.Const(pyval(1, p.dtype), p.dtype)
                 out = p
                 for _ in range(n - 1):
                     out = call(VOp.MUL, out, p)
@@ -454,7 +431,7 @@ def _full(L, node):
         v = 1 if "ones" in name else 0
     if isinstance(v, sympy.Expr):
         raise Fallback("symbolic fill")
-    return TensorValue(sizes, out, lambda idx: ir.Const(_pyval(v, out), out), None, (name,), 0)
+    return TensorValue(sizes, out, lambda idx: ir.Const(pyval(v, out), out), None, (name,), 0)
 
 
 @register("aten.arange.start_step", "aten.arange.default", "aten.arange.start")
@@ -556,16 +533,9 @@ register("aten.argmin.default")(_arg_rule(ir.ReduceOp.ARGMIN))
 def check_table() -> list[str]:
     """Names in the table that torch does not know (a test asserts this is empty)."""
     bad = []
-    for name in all_rules():
+    for name in RULES:
         try:
             resolve_op(name)
         except LookupError:
             bad.append(name)
     return bad
-
-
-def all_rules() -> dict[str, Rule]:
-    """Every lowering rule, by op name."""
-    from torchfuse.inductor import lowerings_index, user_kernels
-
-    return {**RULES, **lowerings_index.RULES, **user_kernels.RULES}

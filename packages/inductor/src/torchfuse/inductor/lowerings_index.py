@@ -3,7 +3,8 @@
 
 Views never copy: a strided value takes the view's strides from the graph; a lazy value
 gets an index remap. Indexing by tensors loads the index first and uses it inside the
-address (an *indirect* load). Rules are collected in :data:`RULES`.
+address (an *indirect* load). Rules are registered into the engine's table
+([`register`][torchfuse.inductor.lowering.register]).
 """
 
 from __future__ import annotations
@@ -14,20 +15,17 @@ import sympy
 from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.ir import VOp
-from torchfuse.inductor.lowering import Fallback, Layout, Lowering, TensorValue, cast, expr_of, strided_loader
-from torchfuse.inductor.lowerings import _pyval, bind, broadcast_loader, call, out_meta
-
-RULES: dict[str, Callable] = {}
-
-
-def register(*names: str):
-    def deco(fn):
-        for n in names:
-            RULES[n] = fn
-        return fn
-
-    return deco
-
+from torchfuse.inductor.lowering import (
+    Fallback,
+    Layout,
+    Lowering,
+    TensorValue,
+    cast,
+    expr_of,
+    register,
+    strided_loader,
+)
+from torchfuse.inductor.lowerings import bind, broadcast_loader, call, out_meta, pyval
 
 # ----------------------------------------------------------------------------- views
 
@@ -379,7 +377,7 @@ def _pad(L, node):
         for c in conds[1:]:
             ok = call(VOp.AND, ok, c)
         inside = ir.guard(cast(x.loader(src), cdt), ok)
-        return call(VOp.WHERE, ok, inside, ir.Const(_pyval(value, cdt), cdt))
+        return call(VOp.WHERE, ok, inside, ir.Const(pyval(value, cdt), cdt))
 
     return TensorValue(sizes, out, load, None, (*x.origins, "constant_pad_nd"), x.ops + 1)
 
@@ -395,7 +393,7 @@ def _tri(L, node):
     def load(idx):
         row, col = idx[-2], idx[-1]
         keep = call(VOp.GE if upper else VOp.LE, ir.IndexValue(col - row), ir.IndexValue(sympy.sympify(k)))
-        return call(VOp.WHERE, keep, cast(x.loader(idx), cdt), ir.Const(_pyval(0, cdt), cdt))
+        return call(VOp.WHERE, keep, cast(x.loader(idx), cdt), ir.Const(pyval(0, cdt), cdt))
 
     return TensorValue(sizes, out, load, None, (*x.origins, node.op.split(".")[1]), x.ops + 1)
 
@@ -419,7 +417,7 @@ def _scatter(L, node):
     def load(idx):
         at = [*idx[:d], sympy.Integer(0), *idx[d + 1 :]]
         hit = call(VOp.EQ, cast(index.loader(at), "int64"), cast(ir.IndexValue(idx[d]), "int64"))
-        new = cast(src.loader(at), cdt) if isinstance(src, TensorValue) else ir.Const(_pyval(src, cdt), cdt)
+        new = cast(src.loader(at), cdt) if isinstance(src, TensorValue) else ir.Const(pyval(src, cdt), cdt)
         return call(VOp.WHERE, hit, new, cast(x.loader(idx), cdt))
 
     ops = x.ops + index.ops + (src.ops if isinstance(src, TensorValue) else 0)

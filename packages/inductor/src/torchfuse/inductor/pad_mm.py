@@ -8,7 +8,7 @@ whose leading dimension is 50257 elements: on the H200 it ran on a CUTLASS ``ali
 ``gpu_20261130_1350``; 3.36 of our 4.21 ms of GPU time for a whole GPT-2 inference call).
 
 The rewrite, for ``aten.mm(a[M, K], b[K, N])`` with float16/bfloat16 operands on CUDA, static
-sizes, and at least :data:`MIN_FLOPS` of work:
+sizes, and at least `MIN_FLOPS` of work:
 
 * K unaligned (``a``'s leading dim when ``a`` is row-major, ``b``'s when ``b`` is
   column-major, as in ``x @ w.t()``): both operands padded along K with zeros, which add

@@ -20,7 +20,7 @@ Fusion is greedy over nodes in program order. A node joins an existing kernel wh
 With symbolic sizes (``s0``) every "same domain" and "same point" question above is sympy
 equality, never a comparison of hints; a reduction is persistent only when its row has an
 upper bound that fits, and a looped one over a row as short as its hint keeps a persistent
-path for such rows (``KernelGroup.fits``). The rules: :mod:`torchfuse.inductor.sizes`.
+path for such rows (``KernelGroup.fits``). The rules: [`torchfuse.inductor.sizes`][torchfuse.inductor.sizes].
 
 Example, ``softmax`` over rows of 8: ``amax`` (REDUCE), ``exp(x - amax)`` (FULL), ``sum``
 (REDUCE), ``exp / sum`` (FULL) all land in one kernel over domain ``(rows, 8)``; only the
@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import sympy
 from torchfuse.inductor import ir
@@ -92,15 +93,51 @@ class KernelGroup:
     """A looped reduction over a symbolic row length: rows of at most ``fits`` elements (the
     hint's power of two) take a persistent path in the same kernel, longer rows the loop.
     0: no such path."""
+    by_name: Mapping[str, Placement] = field(init=False, repr=False, compare=False)
+    """`placements` by node name (built once)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_name", dict(self.placements))
 
     def placement(self, name: str) -> Placement:
-        return dict(self.placements)[name]
+        return self.by_name[name]
 
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
     groups: tuple[KernelGroup, ...]
     """In execution order."""
+    decisions: tuple[str, ...] = ()
+    """Why each node joined its kernel, or why it did not join a kernel it could have shared
+    reads with (``fusion.txt``, and the ``schedule`` log channel)."""
+
+
+@dataclass(slots=True)
+class _Group:
+    """A kernel while the scheduler builds it."""
+
+    kind: GroupKind
+    nodes: list[ir.Node]
+    xnumel: sympy.Expr
+    rnumel: sympy.Expr
+    placed: dict[str, Placement]
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A node fits a kernel: the bytes of reads it shares with it, and the kernel after."""
+
+    shared: int
+    xnumel: sympy.Expr
+    rnumel: sympy.Expr
+    placed: dict[str, Placement]
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A node does not fit a kernel, and why."""
+
+    reason: str
 
 
 def _numels(node: ir.Node) -> tuple[sympy.Expr, sympy.Expr]:
@@ -159,7 +196,8 @@ class _Builder:
         self.config = config
         self.sizes = size_info(tuple(prog.symbols))
         self.producer: dict[str, int] = {}  # buffer -> group index
-        self.groups: list[dict] = []
+        self.groups: list[_Group] = []
+        self.decisions: list[str] = []
         self.group_deps: list[set[int]] = []
         self.readers: dict[str, set[int]] = {}  # buffer -> groups reading it
         self.consumers: dict[str, set[str]] = {}
@@ -203,13 +241,16 @@ class _Builder:
         return False
 
     # -- validation of a candidate kernel
-    def place(self, nodes: list[ir.Node], xnumel, rnumel) -> dict[str, Placement] | None:
+    def place(self, nodes: list[ir.Node], xnumel, rnumel) -> dict[str, Placement] | Reject:
+        """Every node's placement in a kernel over ``(xnumel, rnumel)``, or why there is none."""
         roles: dict[str, Role] = {}
         maps: dict[str, dict] = {}
         for n in nodes:
             role = _role(n, xnumel, rnumel)
             if role is None:
-                return None
+                nx, nr = _numels(n)
+                return Reject(f"{n.name} ({nx} x {nr}) fits neither the domain {xnumel} x {rnumel} "
+                              "nor its rows")
             roles[n.name] = role
             maps[n.name] = dict(_varmap(n, role, xnumel, rnumel))
         bounds = {XI: xnumel, RI: rnumel}
@@ -223,12 +264,14 @@ class _Builder:
                 prod = by_name.get(ld.buffer)
                 if prod is None:
                     continue
-                if ld.indirect or ld.mask is not None or (roles[prod.name] == Role.FULL and not ctx_full):
-                    return None
+                if ld.indirect or ld.mask is not None:
+                    return Reject(f"{n.name} reads {prod.name} through an indirect or masked load")
+                if roles[prod.name] == Role.FULL and not ctx_full:
+                    return Reject(f"{n.name} (one value per row) reads {prod.name} (one per element)")
                 lhs = ir.simplify_index(ld.index.xreplace(maps[n.name]), bounds)
                 rhs = ir.simplify_index(prod.store_index.xreplace(maps[prod.name]), bounds)
                 if lhs != rhs:
-                    return None
+                    return Reject(f"{n.name} reads {prod.name} at {lhs}, where it is computed at {rhs}")
                 pp = phase[prod.name]
                 if roles[prod.name] == Role.FULL:
                     p = max(p, pp)
@@ -279,36 +322,38 @@ class _Builder:
             return None
         return m.name if norm(m.body, m.name) == inner.args[0] else None
 
-    def try_add(self, gi: int, node: ir.Node):
+    def try_add(self, gi: int, node: ir.Node) -> Fit | Reject:
         g = self.groups[gi]
-        if g["kind"] not in KERNEL_KINDS or len(g["nodes"]) >= self.config.max_fusion_size:
-            return None
+        if g.kind not in KERNEL_KINDS:
+            return Reject(f"it is an {g.kind.value} call")
+        if len(g.nodes) >= self.config.max_fusion_size:
+            return Reject(f"it has max_fusion_size={self.config.max_fusion_size} nodes")
         shared = 0
-        produced = {m.name for m in g["nodes"]}
-        group_reads = {b for m in g["nodes"] for b in ir.reads(m)}
+        produced = {m.name for m in g.nodes}
+        group_reads = {b for m in g.nodes for b in ir.reads(m)}
         for b in ir.reads(node):
             if b in produced or b in group_reads:
                 shared += self.bytes_of(b)
         if shared == 0:
-            return None
+            return Reject("no bytes are shared")
         for b in ir.reads(node):
             h = self.producer.get(b)
             if h is not None and h != gi and self.reaches(h, gi):
-                return None
-        X, R = g["xnumel"], g["rnumel"]
+                return Reject(f"{b} comes from {self.label(h)}, which needs this kernel first: a cycle")
+        X, R = g.xnumel, g.rnumel
         nx, nr = _numels(node)
         if isinstance(node, ir.Reduction) and R == 1:
             if not (_eq(X, nx * nr) or _eq(X, nx)):
-                return None
+                return Reject(f"a reduction of {nx} x {nr} covers neither its {X} elements nor its rows")
             X, R = nx, nr
-        nodes = [*g["nodes"], node]
-        placed = self.place(nodes, X, R)
-        if placed is None:
-            return None
+        placed = self.place([*g.nodes, node], X, R)
+        if isinstance(placed, Reject):
+            return placed
         if R != 1 and not self._persistent(R):
-            if max(p.phase for p in placed.values()) + 1 > self.config.max_loop_phases:
-                return None
-        return shared, X, R, placed
+            phases = max(p.phase for p in placed.values()) + 1
+            if phases > self.config.max_loop_phases:
+                return Reject(f"{phases} passes over the row (max_loop_phases={self.config.max_loop_phases})")
+        return Fit(shared, X, R, placed)
 
     def _persistent(self, rnumel) -> bool:
         # the whole row sits in registers: it needs a bound on the longest row (see .sizes)
@@ -323,13 +368,14 @@ class _Builder:
             X, R = _numels(node)
             kind = GroupKind.POINTWISE
         placed = self.place([node], X, R) if kind == GroupKind.POINTWISE else {}
-        self.groups.append({"kind": kind, "nodes": [node], "xnumel": X, "rnumel": R, "placed": placed})
+        assert not isinstance(placed, Reject), placed  # a node alone always places
+        self.groups.append(_Group(kind, [node], X, R, placed))
         self.group_deps.append(set())
         self._record(len(self.groups) - 1, node)
 
     def run(self) -> Schedule:
         for node in self.prog.nodes:
-            best = None
+            best: tuple[int, Fit] | None = None
             if isinstance(node, ir.Pointwise | ir.Reduction):
                 # only kernels that produce or read what this node reads can save traffic
                 cands: set[int] = set()
@@ -339,30 +385,42 @@ class _Builder:
                         cands.add(self.producer[b])
                 for gi in sorted(cands):
                     res = self.try_add(gi, node)
-                    if res is not None and (best is None or res[0] > best[1][0]):
+                    if isinstance(res, Reject):
+                        self.decide(f"{node.name} not fused into {self.label(gi)}: {res.reason}")
+                    elif best is None or res.shared > best[1].shared:
                         best = (gi, res)
             if best is None:
                 self.new_group(node)
                 continue
-            gi, (_, X, R, placed) = best
+            gi, fit = best
             g = self.groups[gi]
-            g["nodes"].append(node)
-            g["xnumel"], g["rnumel"], g["placed"] = X, R, placed
+            g.nodes.append(node)
+            g.xnumel, g.rnumel, g.placed = fit.xnumel, fit.rnumel, fit.placed
             self._record(gi, node)
-            log.debug("fuse %s into kernel %d (domain %s x %s)", node.name, gi, X, R)
+            self.decide(f"{node.name} fused into {self.label(gi)} (domain {fit.xnumel} x {fit.rnumel}, "
+                        f"{fit.shared} bytes shared)")
         self.merge()
         if self.config.pointwise_rows:
             self.split_rows(self.config.pointwise_rows)
-        return Schedule(self.finish(self.order()))
+        return Schedule(self.finish(self.order()), tuple(self.decisions))
+
+    def label(self, gi: int) -> str:
+        """A kernel named by its first node (kernel numbers change when kernels are ordered)."""
+        return f"the kernel of {self.groups[gi].nodes[0].name}"
+
+    def decide(self, text: str) -> None:
+        """Record one fusion decision."""
+        self.decisions.append(text)
+        log.debug("%s", text)
 
     def split_rows(self, min_row: int) -> None:
         """Pointwise kernels over long rows whose length is not a power of two become row x
         chunk kernels (``InductorConfig.pointwise_rows``): ``xnumel`` the rows, ``rnumel`` the
         row length, so indices are ``row * stride + col`` instead of divisions of a flat index."""
         for g in self.groups:
-            if g["kind"] != GroupKind.POINTWISE or g["rnumel"] != 1:
+            if g.kind != GroupKind.POINTWISE or g.rnumel != 1:
                 continue
-            shapes = {tuple(n.ranges) for n in g["nodes"]}
+            shapes = {tuple(n.ranges) for n in g.nodes}
             if len(shapes) != 1:
                 continue
             (ranges,) = shapes
@@ -370,11 +428,11 @@ class _Builder:
             if row is None or not row.is_Integer or int(row) < min_row or int(row) & (int(row) - 1) == 0:
                 continue
             rows = ir.product(ranges[:-1])
-            placed = self.place(g["nodes"], rows, row)
-            if placed is None:
+            placed = self.place(g.nodes, rows, row)
+            if isinstance(placed, Reject):
                 continue
-            g["xnumel"], g["rnumel"], g["placed"] = rows, row, placed
-            log.debug("kernel of %s: rows x chunks (%s x %s)", g["nodes"][0].name, rows, row)
+            g.xnumel, g.rnumel, g.placed = rows, row, placed
+            log.debug("kernel of %s: rows x chunks (%s x %s)", g.nodes[0].name, rows, row)
 
     def merge(self) -> None:
         """A second chance for reduction kernels the greedy pass kept apart because neither
@@ -388,41 +446,47 @@ class _Builder:
             changed = False
             by_domain: dict[tuple, list[int]] = {}
             for i, g in enumerate(self.groups):
-                if g["nodes"] and g["kind"] in KERNEL_KINDS and g["rnumel"] != 1:
-                    by_domain.setdefault((g["xnumel"], g["rnumel"]), []).append(i)
+                if g.nodes and g.kind in KERNEL_KINDS and g.rnumel != 1:
+                    by_domain.setdefault((g.xnumel, g.rnumel), []).append(i)
             for live in by_domain.values():
                 for a in live:
                     for b in live:
-                        if b <= a or not self.groups[a]["nodes"] or not self.groups[b]["nodes"]:
+                        if b <= a or not self.groups[a].nodes or not self.groups[b].nodes:
                             continue
-                        if self._try_merge(a, b, order):
+                        res = self._try_merge(a, b, order)
+                        if res is None:
                             changed = True
+                        elif res.reason:
+                            self.decide(f"{self.label(b)} not merged into {self.label(a)}: {res.reason}")
 
-    def _try_merge(self, a: int, b: int, order: dict[str, int]) -> bool:
+    def _try_merge(self, a: int, b: int, order: dict[str, int]) -> Reject | None:
+        """Merge kernel ``b`` into kernel ``a``; None when done, else why not (an empty
+        reason: the two were never candidates)."""
         ga, gb = self.groups[a], self.groups[b]
-        X, R = ga["xnumel"], ga["rnumel"]
-        if R == 1 or not (_eq(X, gb["xnumel"]) and _eq(R, gb["rnumel"])):
-            return False
-        if len(ga["nodes"]) + len(gb["nodes"]) > self.config.max_fusion_size:
-            return False
-        reads_a = {x for m in ga["nodes"] for x in ir.reads(m)} | {m.name for m in ga["nodes"]}
+        into, merged = self.label(a), self.label(b)
+        X, R = ga.xnumel, ga.rnumel
+        if R == 1 or not (_eq(X, gb.xnumel) and _eq(R, gb.rnumel)):
+            return Reject("")
+        if len(ga.nodes) + len(gb.nodes) > self.config.max_fusion_size:
+            return Reject(f"together over max_fusion_size={self.config.max_fusion_size} nodes")
+        reads_a = {x for m in ga.nodes for x in ir.reads(m)} | {m.name for m in ga.nodes}
         most = self.sizes.upper(X * R)
         small = most is not None and most <= self.config.merge_small_numel
-        if not small and not any(x in reads_a for m in gb["nodes"] for x in ir.reads(m)):
-            return False  # nothing shared: two kernels cost no more traffic than one
+        if not small and not any(x in reads_a for m in gb.nodes for x in ir.reads(m)):
+            return Reject("")  # nothing shared: two kernels cost no more traffic than one
         # merging must not close a cycle through a third kernel
         for src, dst in ((a, b), (b, a)):
             if any(h != dst and self.reaches(h, dst) for h in self.deps(src)):
-                return False
-        nodes = sorted([*ga["nodes"], *gb["nodes"]], key=lambda n: order[n.name])
+                return Reject("a third kernel sits between them: a cycle")
+        nodes = sorted([*ga.nodes, *gb.nodes], key=lambda n: order[n.name])
         placed = self.place(nodes, X, R)
-        if placed is None:
-            return False
+        if isinstance(placed, Reject):
+            return placed
         phases = max(p.phase for p in placed.values()) + 1
         if not self._persistent(R) and phases > self.config.max_loop_phases:
-            return False
-        ga["nodes"], ga["placed"] = nodes, placed
-        gb["nodes"], gb["placed"] = [], {}
+            return Reject(f"{phases} passes over the row (max_loop_phases={self.config.max_loop_phases})")
+        ga.nodes, ga.placed = nodes, placed
+        gb.nodes, gb.placed = [], {}
         self.group_deps[a] = (self.group_deps[a] | self.group_deps[b]) - {a, b}
         self.group_deps[b] = set()
         for deps in self.group_deps:
@@ -436,25 +500,25 @@ class _Builder:
             if b in groups:
                 groups.discard(b)
                 groups.add(a)
-        log.debug("merge kernel %d into kernel %d", b, a)
-        return True
+        self.decide(f"{merged} merged into {into} (domain {X} x {R})")
+        return None
 
     def order(self) -> list[int]:
         """A topological order of kernels that, among the ready ones, runs first the one that
         frees the most memory (a greedy bound on peak memory)."""
-        alive = [i for i, g in enumerate(self.groups) if g["nodes"]]
+        alive = [i for i, g in enumerate(self.groups) if g.nodes]
         deps = {i: self.deps(i) for i in alive}
         done: list[int] = []
         remaining_reads: dict[str, int] = {}
         for i in alive:
-            for b in {b for m in self.groups[i]["nodes"] for b in ir.reads(m)}:
+            for b in {b for m in self.groups[i].nodes for b in ir.reads(m)}:
                 remaining_reads[b] = remaining_reads.get(b, 0) + 1
         pending = set(alive)
         while pending:
             ready = [i for i in sorted(pending) if deps[i] <= set(done)]
 
             def gain(i: int) -> int:
-                reads = {b for m in self.groups[i]["nodes"] for b in ir.reads(m)}
+                reads = {b for m in self.groups[i].nodes for b in ir.reads(m)}
                 freed = sum(
                     self.bytes_of(b)
                     for b in reads
@@ -462,11 +526,11 @@ class _Builder:
                     and self.prog.buffers.get(b) is not None
                     and self.prog.buffers[b].kind != "input"
                 )
-                made = sum(self.bytes_of(b) for m in self.groups[i]["nodes"] for b in ir.writes(m))
+                made = sum(self.bytes_of(b) for m in self.groups[i].nodes for b in ir.writes(m))
                 return freed - made
 
             pick = max(ready, key=lambda i: (gain(i), -i)) if self.config.memory_order else ready[0]
-            for b in {b for m in self.groups[pick]["nodes"] for b in ir.reads(m)}:
+            for b in {b for m in self.groups[pick].nodes for b in ir.reads(m)}:
                 remaining_reads[b] -= 1
             done.append(pick)
             pending.discard(pick)
@@ -477,35 +541,35 @@ class _Builder:
         out: list[KernelGroup] = []
         for k, gi in enumerate(order):
             g = self.groups[gi]
-            names = {m.name for m in g["nodes"]}
-            kind = g["kind"]
-            placed = g["placed"]
+            names = {m.name for m in g.nodes}
+            kind = g.kind
+            placed = g.placed
             phases = 1 + max((p.phase for p in placed.values()), default=0)
             outer = False
-            if kind == GroupKind.POINTWISE and g["rnumel"] != 1:
-                kind = GroupKind.PERSISTENT if self._persistent(g["rnumel"]) else GroupKind.LOOPED
+            if kind == GroupKind.POINTWISE and g.rnumel != 1:
+                kind = GroupKind.PERSISTENT if self._persistent(g.rnumel) else GroupKind.LOOPED
                 outer = self._outer(g) and phases <= self.config.max_loop_phases
                 if outer:  # rows are strided in memory: tiles of many rows, short chunks of r
                     kind = GroupKind.LOOPED
             fits = 0
-            if kind == GroupKind.LOOPED and not outer and not g["rnumel"].is_Integer:
+            if kind == GroupKind.LOOPED and not outer and not g.rnumel.is_Integer:
                 # unbounded, so looped; but rows as long as the hint's fit in registers: the
                 # kernel checks the row length per call and keeps such rows persistent
-                hint = self.sizes.hint(g["rnumel"])
+                hint = self.sizes.hint(g.rnumel)
                 if hint <= self.config.persistent_rnumel_max:
                     fits = max(16, 1 << max(0, hint - 1).bit_length())
             stores = frozenset(
                 m.name
-                for m in g["nodes"]
+                for m in g.nodes
                 if m.name in outputs or any(c not in names for c in self.consumers.get(m.name, ()))
             )
             out.append(
                 KernelGroup(
                     k,
                     kind,
-                    tuple(g["nodes"]),
-                    g["xnumel"],
-                    g["rnumel"],
+                    tuple(g.nodes),
+                    g.xnumel,
+                    g.rnumel,
                     tuple(placed.items()),
                     stores,
                     phases,
@@ -515,14 +579,14 @@ class _Builder:
             )
         return tuple(out)
 
-    def _outer(self, g: dict) -> bool:
+    def _outer(self, g: _Group) -> bool:
         """True when the kernel's reads are contiguous along x and strided along r (a
         reduction over a leading dim, e.g. the weight gradient of a layer_norm)."""
-        bounds = {XI: g["xnumel"], RI: g["rnumel"]}
-        names = {m.name for m in g["nodes"]}
+        bounds = {XI: g.xnumel, RI: g.rnumel}
+        names = {m.name for m in g.nodes}
         inner = outer = 0
-        for m in g["nodes"]:
-            p = g["placed"][m.name]
+        for m in g.nodes:
+            p = g.placed[m.name]
             if p.role == Role.ROW:
                 continue
             for ld in ir.loads_of(m.body):
@@ -564,6 +628,56 @@ def dead_code_elimination(prog: ir.LoopProgram) -> ir.LoopProgram:
 
 def schedule(prog: ir.LoopProgram, config: InductorConfig) -> Schedule:
     return _Builder(prog, config).run()
+
+
+class ScheduleVerifyError(AssertionError):
+    """A schedule that breaks an invariant (a compiler bug, not a user error)."""
+
+
+def verify_schedule(s: Schedule, prog: ir.LoopProgram) -> Schedule:
+    """Check the invariants of a schedule of ``prog``; returns it unchanged.
+
+    Every node of the program is in exactly one group, and every node of a kernel has a
+    placement; groups run in an order where each buffer is written before it is read; a
+    kernel stores every output it computes and every value another group reads.
+    """
+    where: dict[str, int] = {}
+    for g in s.groups:
+        for n in g.nodes:
+            if n.name in where:
+                raise ScheduleVerifyError(f"{n.name} is in kernels {where[n.name]} and {g.index}")
+            where[n.name] = g.index
+            if g.kind in KERNEL_KINDS and n.name not in g.by_name:
+                raise ScheduleVerifyError(f"{n.name} has no placement in kernel {g.index}")
+    missing = [n.name for n in prog.nodes if n.name not in where]
+    if missing:
+        raise ScheduleVerifyError(f"nodes in no kernel: {missing}")
+    written = set(prog.inputs)
+    outputs = {o for o in prog.outputs if isinstance(o, str)}
+    last_read: dict[str, int] = {}  # buffer -> the last group reading it
+    for g in s.groups:
+        for n in g.nodes:
+            for b in ir.reads(n):
+                last_read[b] = max(last_read.get(b, -1), g.index)
+    for g in s.groups:
+        inside = {w for n in g.nodes for w in ir.writes(n)}
+        for n in g.nodes:
+            for b in ir.reads(n):
+                if b not in written and b not in inside:
+                    raise ScheduleVerifyError(f"kernel {g.index} reads {b} before any kernel writes it")
+        if g.kind in KERNEL_KINDS:
+            unstored = sorted(n.name for n in g.nodes if n.name not in g.stores
+                              and (n.name in outputs or last_read.get(n.name, -1) > g.index))
+            if unstored:
+                raise ScheduleVerifyError(f"kernel {g.index} keeps {unstored} in registers; "
+                                          "they are read later")
+        written |= inside
+    return s
+
+
+def format_decisions(s: Schedule) -> str:
+    """``fusion.txt``: every fusion decision, with its reason."""
+    return "".join(f"{d}\n" for d in s.decisions)
 
 
 def format_schedule(s: Schedule) -> str:

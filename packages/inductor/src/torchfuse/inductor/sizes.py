@@ -7,10 +7,10 @@ and each kind has one source of truth:
 
 1. **Equality of sizes is algebra.** Fusion asks "do these two nodes iterate over the same
    domain?" and "is this value read at the point where it is computed?". Both are answered by
-   sympy equality after :func:`~torchfuse.inductor.ir.simplify_index`, never by hints: two
+   sympy equality after `simplify_index`, never by hints: two
    sizes that only happen to be equal for the example inputs are different sizes.
 2. **Whatever correctness depends on comes from bounds** (the symbols' ranges, here
-   :meth:`SizeInfo.upper`):
+   `SizeInfo.upper`):
 
    * a *persistent* reduction keeps a whole row in registers, so its ``RBLOCK`` must cover the
      longest row: a symbolic row length is persistent only when its upper bound is at most
@@ -25,7 +25,7 @@ and each kind has one source of truth:
      64-bit (``tl.program_id(0).to(tl.int64)``, ``i64`` size parameters). Triton would
      otherwise wrap around silently past 2**31 elements: the cost of 64-bit index math is
      small next to a wrong answer at a size the compiler never saw.
-3. **Performance choices come from hints** (:meth:`SizeInfo.hint`): ``XBLOCK``, warps, the
+3. **Performance choices come from hints** (`SizeInfo.hint`): ``XBLOCK``, warps, the
    looped ``RBLOCK`` candidates, the fusion cost model's byte counts, and whether (and in how
    many parts) a reduction is split. A choice made from a hint must be correct for every
    size: a split reduction over a symbolic row length ``n`` cuts it into ``k`` chunks of
@@ -82,7 +82,7 @@ class SizeInfo:
 
     def interval(self, e: sympy.Expr) -> tuple[float, float]:
         """``(lo, hi)`` holding every value of ``e`` (interval arithmetic; loose, never wrong):
-        the format package's :func:`~torchfuse.graph.symbolic.interval`, taught the loop IR's
+        the format package's [`interval`][torchfuse.graph.symbolic.interval], taught the loop IR's
         ``FloorDiv`` and ``ModIdx``."""
         return interval(e, lambda s: self.ranges.get(s, (-math.inf, math.inf)), _index_functions)
 
@@ -102,7 +102,7 @@ def _index_functions(e: sympy.Basic, rec) -> tuple[float, float] | None:
 
 @functools.lru_cache(maxsize=256)
 def size_info(symbols: tuple[S.Symbol, ...]) -> SizeInfo:
-    """The :class:`SizeInfo` of a graph's (or Program's) symbol table."""
+    """The `SizeInfo` of a graph's (or Program's) symbol table."""
     hints: dict[sympy.Symbol, int] = {}
     ranges: dict[sympy.Symbol, tuple[float, float]] = {}
     for s in symbols:

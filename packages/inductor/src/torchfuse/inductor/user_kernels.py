@@ -2,12 +2,12 @@
 
 Two steps, one on each side of scheduling:
 
-* :func:`lower_user_kernel` (the lowering rule) makes the node an :class:`~torchfuse.inductor.ir.Extern`:
+* `lower_user_kernel` (the lowering rule) makes the node an [`Extern`][torchfuse.inductor.ir.Extern]:
   its inputs are realized as buffers with the strides the graph recorded (the kernel
   addresses memory with them), and the scheduler fuses nothing across it, so pointwise work
   before and after it still fuses into generated kernels of its own;
-* :func:`launch_user_kernels` (a pass over the finished Program) turns each such extern step
-  into the user's :class:`~torchfuse.graph.schema.Kernel` and a :class:`LaunchStep`. The op is
+* `launch_user_kernels` (a pass over the finished Program) turns each such extern step
+  into the user's [`Kernel`][torchfuse.graph.schema.Kernel] and a `LaunchStep`. The op is
   functional, so each pointer the kernel writes gets a buffer of its own first, filled by a
   ``CopyStep``, unless the input buffer dies at this launch (a temporary, not a graph input
   or output, not viewed, read by nothing later): then the kernel writes into it in place.
@@ -32,17 +32,15 @@ from torchfuse.graph.ops import rename_arg
 from torchfuse.graph.torchfuse_ops import TRITON_KERNEL
 from torchfuse.graph.tracing import mutated_arguments
 from torchfuse.graph.user_kernels import loads
+from torchfuse.inductor.lowering import register
 
 _I32 = 2**31
 
 
+@register(TRITON_KERNEL)
 def lower_user_kernel(L: Any, node: S.Node) -> None:
     """Lowering rule: an extern call by design (a barrier for fusion)."""
     L.extern(node)
-
-
-RULES = {TRITON_KERNEL: lower_user_kernel}
-"""Lowering rules this module owns, by op name."""
 
 
 def mutates_inputs(graph: S.Graph) -> bool:
@@ -210,4 +208,4 @@ def launch_user_kernels(program: S.Program) -> S.Program:
         buffers=tuple(b for b in program.buffers if b.name not in dropped))
 
 
-__all__ = ["RULES", "launch_user_kernels", "lower_user_kernel", "mutates_inputs", "user_kernel"]
+__all__ = ["launch_user_kernels", "lower_user_kernel", "mutates_inputs", "user_kernel"]

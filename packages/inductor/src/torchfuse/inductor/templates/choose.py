@@ -1,6 +1,6 @@
 """Template or cuBLAS, per shape: benchmark both once, keep the faster, remember the answer.
 
-For one matched matmul (:class:`~torchfuse.inductor.templates.matmul.Matmul`) the
+For one matched matmul ([`Matmul`][torchfuse.inductor.templates.matmul.Matmul]) the
 candidates are
 
 * ``extern`` -- the matmul and its epilogue compiled the way default mode compiles them
@@ -10,17 +10,17 @@ candidates are
   eager calls the same cuBLAS kernel, and its separate pointwise kernels only make the
   template look better on long epilogues (a warning says when this stand-in ran);
 * ``template <config>`` -- the same small graph with the template in place, one per config
-  (:func:`~torchfuse.inductor.templates.matmul.fit_configs`), run the same way, so both
+  ([`fit_configs`][torchfuse.inductor.templates.matmul.fit_configs]), run the same way, so both
   sides pay the same launch path.
 
 Inputs are random tensors with the graph's sizes, strides, offsets and dtypes. The default
-timer (:func:`cuda_bench`) is Triton's ``do_bench`` (CUDA events, the first call compiles
+timer (`cuda_bench`) is Triton's ``do_bench`` (CUDA events, the first call compiles
 outside the timed runs), median of about 50 ms of runs. The template wins when it is faster
 than ``extern`` by more than ``margin``.
 
 Decisions are stored in ``<cache_dir>/mm_choices.json`` (one JSON object, rewritten
 atomically) under a key naming the op, sizes, strides, dtypes, the epilogue's
-:meth:`~torchfuse.inductor.templates.epilogue.Epilogue.signature`, the device name, the
+[`signature`][torchfuse.inductor.templates.epilogue.Epilogue.signature], the device name, the
 torch and Triton versions, the float32 dot precision, the template version and the
 candidate configs. Both times are stored, so a changed ``margin`` needs no new measurement.
 Each decision is logged on the ``schedule`` channel::
@@ -47,10 +47,17 @@ import torch
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import to_dtype
-from torchfuse.inductor.templates.matmul import Matmul, MMConfig, fit_configs
+from torchfuse.graph.verify import verify
+from torchfuse.inductor.templates.matmul import DEFAULT_CONFIGS, Matmul, MMConfig, fit_configs
+from torchfuse.inductor.templates.rewrite import find_matmuls, rewrite
 
-TEMPLATE_VERSION = 1
-"""Bumped when the generated kernel changes in a way that can change its speed."""
+TEMPLATE_VERSION = 2
+"""Bumped when the generated kernel changes in a way that can change its speed (2: the
+epilogue is the loop IR rendered by [`torchfuse.inductor.triton_ops`][torchfuse.inductor.triton_ops])."""
+
+POLICIES = ("auto", "always", "never")
+"""``auto``: benchmark per shape and keep the faster; ``always``: the template with its first
+config, no benchmark; ``never``: leave the graph as it is."""
 
 CACHE_FILE = "mm_choices.json"
 
@@ -71,6 +78,11 @@ class Candidate:
 
 Bench = Callable[[Candidate], float]
 """A timer: the time of one ``candidate.run()`` in milliseconds (``inf`` when it cannot run)."""
+
+CompileCandidate = Callable[[S.Graph, str], Callable[..., Any]]
+"""Compiles a candidate's graph for a device into a callable, the way default mode would.
+The pipeline that runs this pass passes its own (``inductor.compile.compile_candidate``):
+a pass never imports the pipeline that contains it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,16 +235,15 @@ def region_graph(graph: S.Graph, mm: Matmul) -> tuple[S.Graph, Matmul]:
     return sub, dataclasses.replace(mm, index=0, epilogue=epi)
 
 
-def _runner(graph: S.Graph, tensors: list[torch.Tensor], device: str) -> tuple[Callable[[], object], str]:
+def _runner(graph: S.Graph, tensors: list[torch.Tensor], device: str,
+            compile_candidate: CompileCandidate | None) -> tuple[Callable[[], object], str]:
     """A callable running ``graph`` as default mode would (compiled), else eagerly."""
     from torchfuse.graph.interpreter import run as interpret
 
+    if compile_candidate is None:
+        return (lambda: interpret(graph, *tensors)), "eager"
     try:
-        from torchfuse.inductor.compile import compile_graph
-        from torchfuse.runtime import load
-
-        # default mode: the very pipeline the extern path takes, and no templates inside it
-        fn = load(compile_graph(graph, mode="default"), device=torch.device(device).type)
+        fn = compile_candidate(graph, device)
         return (lambda: fn(*tensors)), "compiled"
     except Exception as e:  # measuring must not fail the compile: eager runs the same matmul
         log.warning("torchfuse: mm choice: compiling %s failed (%s: %s); timing it eagerly",
@@ -240,12 +251,11 @@ def _runner(graph: S.Graph, tensors: list[torch.Tensor], device: str) -> tuple[C
         return (lambda: interpret(graph, *tensors)), "eager"
 
 
-def candidates(graph: S.Graph, mm: Matmul, configs: Sequence[MMConfig],
-               fp32_precision: str) -> list[Candidate]:
+def candidates(graph: S.Graph, mm: Matmul, configs: Sequence[MMConfig], fp32_precision: str,
+               compile_candidate: CompileCandidate | None = None) -> list[Candidate]:
     """The extern candidate first, then one template candidate per fitted config. Inputs and
-    programs are made on a candidate's first run (a fake timer may never run them)."""
-    from torchfuse.inductor.templates.rewrite import rewrite
-
+    programs are made on a candidate's first run (a fake timer may never run them); each is
+    compiled with ``compile_candidate`` (None: run by the graph interpreter)."""
     sub, local = region_graph(graph, mm)
     tensors: list[torch.Tensor] = []
 
@@ -259,7 +269,7 @@ def candidates(graph: S.Graph, mm: Matmul, configs: Sequence[MMConfig],
 
         def run() -> object:
             if not built:
-                built.append(_runner(make(), inputs(), mm.device)[0])
+                built.append(_runner(make(), inputs(), mm.device, compile_candidate)[0])
             return built[0]()
 
         return run
@@ -272,7 +282,8 @@ def candidates(graph: S.Graph, mm: Matmul, configs: Sequence[MMConfig],
 
 
 def choose(graph: S.Graph, mm: Matmul, *, configs: Sequence[MMConfig], bench: Bench,
-           cache: DecisionCache, margin: float, fp32_precision: str) -> tuple[MMConfig | None, Decision]:
+           cache: DecisionCache, margin: float, fp32_precision: str,
+           compile_candidate: CompileCandidate | None = None) -> tuple[MMConfig | None, Decision]:
     """The config to use for ``mm`` (None: keep the extern matmul) and the decision behind it,
     measured with ``bench`` unless ``cache`` has it."""
     key = decision_key(mm, configs, fp32_precision)
@@ -281,7 +292,7 @@ def choose(graph: S.Graph, mm: Matmul, *, configs: Sequence[MMConfig], bench: Be
     if decision is None:
         times: dict[MMConfig | None, float] = {}
         on_gpu = mm.device.startswith("cuda")
-        for cand in candidates(graph, mm, configs, fp32_precision):
+        for cand in candidates(graph, mm, configs, fp32_precision, compile_candidate):
             try:
                 with torch.cuda.device(mm.device) if on_gpu else contextlib.nullcontext():
                     times[cand.config] = float(bench(cand))
@@ -301,7 +312,88 @@ def choose(graph: S.Graph, mm: Matmul, *, configs: Sequence[MMConfig], bench: Be
     return (decision.config if use else None), decision
 
 
+# ----------------------------------------------------------------------------- the pass
+
+
+def _fp32_precision() -> str:
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def apply_mm_templates(
+    graph: S.Graph,
+    *,
+    device: str,
+    policy: str = "auto",
+    cache_dir: Path | None = None,
+    bench: Bench | None = None,
+    configs: Sequence[MMConfig] = DEFAULT_CONFIGS,
+    margin: float = 0.02,
+    check: bool = True,
+    compile_candidate: CompileCandidate | None = None,
+) -> S.Graph:
+    """Replace static-shape matmuls (``mm``, ``addmm``, ``bmm``) and their pointwise epilogues
+    by Triton template launches (see the module doc for the before/after).
+
+    ``device`` is the device the graph will run on. ``policy`` (`POLICIES`): ``"auto"``
+    benchmarks each new shape against the extern (cuBLAS) path and keeps the template only
+    when it is faster by more than ``margin``; it considers CUDA matmuls, or any device when
+    a ``bench`` timer is given (default `cuda_bench`). Decisions are cached in
+    ``<cache_dir>/mm_choices.json`` (default: the runtime's ``TORCHFUSE_CACHE_DIR``).
+    ``"always"`` takes the template with the first of ``configs`` that fits, on any device,
+    without measuring; ``"never"`` returns ``graph`` unchanged. Symbolic sizes are left
+    alone. ``check`` runs [`verify`][torchfuse.graph.verify.verify] on the result.
+    ``compile_candidate`` compiles the benchmark candidates (the pipeline passes its own,
+    `torchfuse.inductor.compile.compile_candidate`; None: they run through the graph
+    interpreter).
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown mm template policy {policy!r}; use one of {', '.join(POLICIES)}")
+    if policy == "never":
+        return graph
+    measured = policy == "auto"
+    if measured and bench is None and not device.startswith("cuda"):
+        return graph  # nothing to measure against without a GPU timer
+
+    def device_ok(d: str) -> bool:
+        return policy == "always" or bench is not None or d.startswith("cuda")
+
+    found = find_matmuls(graph, device_ok)
+    if not found:
+        return graph
+    precision = _fp32_precision()
+    chosen: list[tuple[Matmul, MMConfig]] = []
+    if measured:
+        store = DecisionCache(cache_dir if cache_dir is not None else default_cache_dir())
+        timer = bench or cuda_bench
+        for mm in found:
+            cfg, _ = choose(graph, mm, configs=configs, bench=timer, cache=store, margin=margin,
+                            fp32_precision=precision, compile_candidate=compile_candidate)
+            if cfg is not None:
+                chosen.append((mm, cfg))
+    else:
+        chosen = [(mm, fit_configs(configs, mm)[0]) for mm in found]
+    out = rewrite(graph, chosen, fp32_precision=precision)
+    if check and chosen:
+        verify(out)
+    return out
+
+
 __all__ = [
-    "CACHE_FILE", "TEMPLATE_VERSION", "Bench", "Candidate", "Decision", "DecisionCache", "candidates",
-    "choose", "cuda_bench", "decision_key", "default_cache_dir", "device_name", "random_like", "region_graph",
+    "CACHE_FILE",
+    "POLICIES",
+    "TEMPLATE_VERSION",
+    "Bench",
+    "Candidate",
+    "CompileCandidate",
+    "Decision",
+    "DecisionCache",
+    "apply_mm_templates",
+    "candidates",
+    "choose",
+    "cuda_bench",
+    "decision_key",
+    "default_cache_dir",
+    "device_name",
+    "random_like",
+    "region_graph",
 ]

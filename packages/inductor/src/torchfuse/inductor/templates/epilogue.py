@@ -2,9 +2,12 @@
 
 An epilogue is the region of pointwise nodes that consume a matmul's result and can be
 computed from the output tile alone, so that the template writes only the region's final
-value. The op vocabulary is :class:`EOp` (one table, :data:`OPS`, maps graph op names into
-it); rules test the property sets :data:`BINARY`, :data:`UNARY`, :data:`CASTS`,
-:data:`RESHAPES`, never op names.
+value. Which graph ops may join is a property of the op (`BINARY`, `UNARY`,
+`CASTS`, `RESHAPES`); what they compute is not decided here: the region is
+lowered by the ordinary lowering rules into one loop-IR value
+(`Value`) over the accumulator (``load(acc, …)``) and the
+extra inputs (``load(x0, …)``), and the template renders that value with the same table as
+every other kernel ([`torchfuse.inductor.triton_ops`][torchfuse.inductor.triton_ops]).
 
 A region grows from the matmul in graph order and stops at the first node that reads a
 region value but is not an epilogue op (a reduction, a view that moves elements, an op on
@@ -13,136 +16,67 @@ only value read outside it is its last one: an intermediate read by anything els
 ``x`` of ``y = relu(x); return x, y``) would otherwise have to be written too. Values
 inside a region are never materialized; their shapes may differ from the matmul's only by
 a row-major split of the rows (``view(mm, [b, t, n])``), so every one of them is indexed by
-the same ``(batch, row, col)`` of the output tile. Tensors read from outside (a bias, a
-residual) are *extra inputs*: anything that broadcasts to the tile, addressed with its own
-strides over ``(batch, row, col)`` (0 where it is broadcast).
+the same ``(batch, row, col)`` of the output tile (the loads' indices carry no information
+and are left at 0). Tensors read from outside (a bias, a residual) are *extra inputs*:
+anything that broadcasts to the tile, addressed with its own strides over
+``(batch, row, col)`` (0 where it is broadcast).
 
 Example (``F.gelu(x @ w.t() + b)`` after decomposition)::
 
-    mm = aten.mm(x, t);  add = aten.add.Tensor(mm, b);  mul = aten.mul.Scalar(add, 0.5)
-    mul_1 = aten.mul.Scalar(add, 0.7071);  erf = aten.erf(mul_1)
-    add_1 = aten.add.Scalar(erf, 1.0);  mul_2 = aten.mul.Tensor(mul, add_1)
+    mm = aten.mm(x, t);  add = aten.add.Tensor(mm, b);  mul = aten.mul.Tensor(add, 0.5)
+    mul_1 = aten.mul.Tensor(add, 0.7071);  erf = aten.erf(mul_1)
+    add_1 = aten.add.Tensor(erf, 1);  mul_2 = aten.mul.Tensor(mul, add_1)
 
-becomes the epilogue (``x0`` is ``b`` read with strides ``(0, 0, 1)``)::
+becomes the epilogue value (``x0`` is ``b``, read with strides ``(0, 0, 1)``)::
 
-    v0 = acc + x0;  v1 = v0 * 0.5;  v2 = v0 * 0.7071;  v3 = tl.erf(v2)
-    v4 = v3 + 1.0;  v5 = v1 * v4                       -> stored as mul_2
+    mul(mul(add(load(acc, 0), load(x0, 0)), 0.5),
+        add(erf(mul(add(load(acc, 0), load(x0, 0)), 0.7071067811865476)), 1.0))
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import sympy
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import UnknownOpError, node_inputs, resolve_op, tensor_refs
 from torchfuse.graph.tracing import mutated_arguments
+from torchfuse.inductor import ir
 
-
-class EOp(enum.Enum):
-    """The ops an epilogue computes (all in float32 on the tile)."""
-
-    ADD = enum.auto()
-    SUB = enum.auto()
-    MUL = enum.auto()
-    DIV = enum.auto()
-    NEG = enum.auto()
-    RELU = enum.auto()
-    SIGMOID = enum.auto()
-    TANH = enum.auto()
-    ERF = enum.auto()
-    EXP = enum.auto()
-    SILU = enum.auto()
-    GELU = enum.auto()
-    CONVERT = enum.auto()
-    VIEW = enum.auto()
-
-
-BINARY = frozenset({EOp.ADD, EOp.SUB, EOp.MUL, EOp.DIV})
+BINARY = frozenset({
+    "aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar",
+    "aten.mul.Tensor", "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar",
+})
 """Two operands, tensors or scalars, broadcast to the output."""
-SCALED = frozenset({EOp.ADD, EOp.SUB})
+SCALED = frozenset({"aten.add.Tensor", "aten.add.Scalar", "aten.sub.Tensor", "aten.sub.Scalar"})
 """Binary ops with an ``alpha`` multiplying their second operand."""
-UNARY = frozenset({EOp.NEG, EOp.RELU, EOp.SIGMOID, EOp.TANH, EOp.ERF, EOp.EXP, EOp.SILU, EOp.GELU})
-CASTS = frozenset({EOp.CONVERT})
+UNARY = frozenset({
+    "aten.neg.default", "aten.relu.default", "aten.sigmoid.default", "aten.tanh.default",
+    "aten.erf.default", "aten.exp.default",
+})
+CASTS = frozenset({"aten._to_copy.default"})
 """A dtype conversion (``_to_copy`` with a dtype and nothing that moves the data)."""
-RESHAPES = frozenset({EOp.VIEW})
+RESHAPES = frozenset({"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"})
 """A row-major reshape that keeps the last dimension: the same elements, the same tile."""
+EPILOGUE_OPS = BINARY | UNARY | CASTS | RESHAPES
+"""Graph ops an epilogue accepts (each lowered by its ordinary lowering rule)."""
 
-OPS: Mapping[str, EOp] = {
-    "aten.add.Tensor": EOp.ADD,
-    "aten.add.Scalar": EOp.ADD,
-    "aten.sub.Tensor": EOp.SUB,
-    "aten.sub.Scalar": EOp.SUB,
-    "aten.mul.Tensor": EOp.MUL,
-    "aten.mul.Scalar": EOp.MUL,
-    "aten.div.Tensor": EOp.DIV,
-    "aten.div.Scalar": EOp.DIV,
-    "aten.neg.default": EOp.NEG,
-    "aten.relu.default": EOp.RELU,
-    "aten.sigmoid.default": EOp.SIGMOID,
-    "aten.tanh.default": EOp.TANH,
-    "aten.erf.default": EOp.ERF,
-    "aten.exp.default": EOp.EXP,
-    "aten.silu.default": EOp.SILU,
-    "aten.gelu.default": EOp.GELU,
-    "aten._to_copy.default": EOp.CONVERT,
-    "aten.view.default": EOp.VIEW,
-    "aten._unsafe_view.default": EOp.VIEW,
-    "aten.reshape.default": EOp.VIEW,
-}
-"""Graph op names an epilogue accepts, and what each computes."""
+TILE_DTYPES = frozenset({"float16", "bfloat16", "float32"})
+"""Dtypes of every value an epilogue reads or makes (the tile is computed in float32)."""
 
-FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32"})
-"""Dtypes of every value an epilogue reads or makes (it computes in float32)."""
+ACC = "acc"
+"""The buffer name standing for the matmul's float32 accumulator tile in an epilogue value."""
 
 
-# ----------------------------------------------------------------------------- the epilogue IR
+def extra_name(i: int) -> str:
+    """The buffer name standing for extra input ``i`` (loaded as a float32 tile)."""
+    return f"x{i}"
 
 
-@dataclass(frozen=True, slots=True)
-class Acc:
-    """The matmul's float32 accumulator tile."""
-
-
-@dataclass(frozen=True, slots=True)
-class Val:
-    """The result of epilogue step ``index``."""
-
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class Ext:
-    """Extra input ``index`` (:attr:`Epilogue.extras`), loaded at the tile's indices."""
-
-    index: int
-
-
-@dataclass(frozen=True, slots=True)
-class Const:
-    """A Python scalar of the graph."""
-
-    value: float
-
-
-Operand = Acc | Val | Ext | Const
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One epilogue op; ``value`` names the graph value it computes."""
-
-    op: EOp
-    args: tuple[Operand, ...]
-    value: str
-    alpha: float = 1.0
-    dtype: str = ""
-    """Target dtype of a :data:`CASTS` op."""
-    approximate: str = "none"
-    """``gelu``'s form: ``none`` (erf) or ``tanh``."""
+# ----------------------------------------------------------------------------- the epilogue
 
 
 Strides3 = tuple[int, int, int]
@@ -160,12 +94,16 @@ class Extra:
 
 @dataclass(frozen=True, slots=True)
 class Epilogue:
-    """The steps after the matmul, the graph nodes they replace and the value they store."""
+    """What the template computes after the matmul, the graph nodes it replaces and the value
+    it stores."""
 
-    steps: tuple[Step, ...]
+    value: ir.Value
+    """The stored value, over `ACC` and the extras (``x0``, ``x1`` …), in float32."""
+    ops: tuple[str, ...]
+    """Short names of the computing ops, in order (``add``, ``relu``; no views or casts)."""
     extras: tuple[Extra, ...]
     nodes: tuple[int, ...]
-    """Indices (in ``graph.nodes``) of the nodes the steps come from."""
+    """Indices (in ``graph.nodes``) of the nodes the value comes from."""
     out: str
     """The graph value the template produces (the matmul's own when there are no steps)."""
     out_meta: S.TensorMeta
@@ -173,29 +111,37 @@ class Epilogue:
 
     def signature(self) -> str:
         """A stable text of what the epilogue computes (for decision-cache keys and logs)."""
-        parts = []
-        for s in self.steps:
-            args = ",".join(operand_text(a) for a in s.args)
-            extra = (f"*{s.alpha:g}" if s.alpha != 1.0 else "") + (f":{s.dtype}" if s.dtype else "")
-            extra += f":{s.approximate}" if s.op is EOp.GELU else ""
-            parts.append(f"{s.op.name.lower()}({args}){extra}")
         extras = ";".join(f"x{i}:{e.dtype}{list(e.strides)}" for i, e in enumerate(self.extras))
-        return f"{'>'.join(parts) or 'none'}|{extras}|out:{self.out_meta.dtype}{list(self.out_strides)}"
+        return f"{let_form(self.value)}|{extras}|out:{self.out_meta.dtype}{list(self.out_strides)}"
 
     def summary(self) -> str:
         """``+add+relu`` style, for log lines."""
-        return "".join(f"+{s.op.name.lower()}" for s in self.steps if s.op not in RESHAPES)
+        return "".join(f"+{op}" for op in self.ops)
 
 
-def operand_text(a: Operand) -> str:
-    """An operand as the epilogue's Triton text names it: ``acc``, ``v<i>``, ``x<i>`` or a literal."""
-    if isinstance(a, Acc):
-        return "acc"
-    if isinstance(a, Val):
-        return f"v{a.index}"
-    if isinstance(a, Ext):
-        return f"x{a.index}"
-    return repr(a.value)
+def let_form(value: ir.Value) -> str:
+    """``value`` with each shared subvalue named once: ``v0=add(acc,x0);v1=mul(v0,v0);v1``
+    (the tree form repeats a value read twice, and grows with every reuse)."""
+    steps: list[str] = []
+    names: dict[ir.Value, str] = {}
+
+    def go(v: ir.Value) -> str:
+        if v in names:
+            return names[v]
+        if isinstance(v, ir.Load):
+            text = v.buffer
+        elif isinstance(v, ir.Const):
+            text = repr(v.value)
+        else:
+            args = [go(v.arg)] if isinstance(v, ir.Cast) else [go(a) for a in getattr(v, "args", ())]
+            op = f"to_{v.dtype}" if isinstance(v, ir.Cast) else getattr(getattr(v, "op", None), "value", "?")
+            steps.append(f"v{len(steps)}={op}({','.join(args)})")
+            text = f"v{len(steps) - 1}"
+        names[v] = text
+        return text
+
+    last = go(value)
+    return ";".join([*steps, last])
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -220,7 +166,7 @@ class Domain:
     def strides_of(self, sizes: Sequence[int], strides: Sequence[int],
                    shape: Sequence[int]) -> Strides3 | None:
         """Strides over ``(batch, row, col)`` of a tensor broadcast to ``shape`` (a shape the
-        domain :meth:`holds`), or None when it does not broadcast or its row dims do not
+        domain `holds`), or None when it does not broadcast or its row dims do not
         collapse into one stride."""
         if len(sizes) > len(shape):
             return None
@@ -262,119 +208,93 @@ def mutates(node: S.Node) -> bool:
 
 
 class _Grower:
-    """Turns graph nodes into epilogue steps (one :meth:`step` per node, or None)."""
+    """Decides, node by node, whether a graph node joins the region (`step`)."""
 
     def __init__(self, graph: S.Graph, domain: Domain, device: str) -> None:
         self.graph = graph
         self.domain = domain
         self.device = device
-        self.region: dict[str, Operand] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
+        """Region values and their shapes."""
         self.extras: dict[str, Extra] = {}
 
-    def extra(self, name: str, shape: tuple[int, ...]) -> Ext | None:
+    def extra(self, name: str, shape: tuple[int, ...]) -> bool:
         meta = self.graph.values.get(name)
-        if not static_meta(meta) or meta.dtype not in FLOAT_DTYPES or meta.device != self.device:
-            return None
+        if not static_meta(meta) or meta.dtype not in TILE_DTYPES or meta.device != self.device:
+            return False
         strides = self.domain.strides_of(meta.sizes, meta.strides, shape)  # type: ignore[arg-type]
         if strides is None:
-            return None
+            return False
         known = self.extras.get(name)
         if known is not None and known.strides != strides:
-            return None  # one extra, one addressing: the same tensor broadcast two ways is rare
+            return False  # one extra, one addressing: the same tensor broadcast two ways is rare
         self.extras[name] = Extra(name, meta.dtype, strides)
-        return Ext(list(self.extras).index(name))
+        return True
 
-    def operand(self, a: S.Argument, shape: tuple[int, ...]) -> Operand | None:
+    def operand(self, a: S.Argument, shape: tuple[int, ...], region_only: bool = False) -> bool:
         if isinstance(a, S.TensorRef):
-            if a.name in self.region:
+            if a.name in self.shapes:
                 # region values are tiles of this very shape; a broadcast one would repeat rows
-                return self.region[a.name] if self.shapes[a.name] == shape else None
-            return self.extra(a.name, shape)
-        if isinstance(a, S.Int | S.Float) and not isinstance(a.value, str) and math.isfinite(a.value):
-            return Const(float(a.value))
-        return None
+                return self.shapes[a.name] == shape
+            return not region_only and self.extra(a.name, shape)
+        if region_only:
+            return False
+        return isinstance(a, S.Int | S.Float) and not isinstance(a.value, str) and math.isfinite(a.value)
 
-    def step(self, node: S.Node) -> Step | None:
-        op = OPS.get(node.op)
-        if op is None or len(node.outputs) != 1:
-            return None
-        out = node.outputs[0]
-        meta = self.graph.values.get(out)
-        if (not static_meta(meta) or meta.dtype not in FLOAT_DTYPES or meta.requires_grad
+    def step(self, node: S.Node) -> bool:
+        """Whether ``node`` (which reads a region value) joins the region."""
+        op = node.op
+        if op not in EPILOGUE_OPS or len(node.outputs) != 1:
+            return False
+        meta = self.graph.values.get(node.outputs[0])
+        if (not static_meta(meta) or meta.dtype not in TILE_DTYPES or meta.requires_grad
                 or meta.device != self.device or not self.domain.holds(meta.sizes)):
-            return None
+            return False
         shape = tuple(meta.sizes)  # type: ignore[arg-type]
         if op in BINARY:
-            return self._binary(op, node, shape, out)
-        if op in UNARY:
-            return self._unary(op, node, shape, out)
-        if op in CASTS:
-            return self._cast(op, node, shape, out)
-        if op in RESHAPES:
+            ok = self._binary(node, shape)
+        elif op in CASTS:
+            ok = self._cast(node, shape)
+        elif op in RESHAPES:
             first = node.args[0] if node.args else None
-            if isinstance(first, S.TensorRef) and first.name in self.region:
-                return Step(op, (self.region[first.name],), out)
-            return None
-        raise AssertionError(f"epilogue op {op} has no rule")
+            ok = isinstance(first, S.TensorRef) and first.name in self.shapes
+        else:
+            unary = len(node.args) == 1 and not node.kwargs
+            ok = unary and self.operand(node.args[0], shape, region_only=True)
+        if ok:
+            self.shapes[node.outputs[0]] = shape
+        return ok
 
-    def _binary(self, op: EOp, node: S.Node, shape: tuple[int, ...], out: str) -> Step | None:
+    def _binary(self, node: S.Node, shape: tuple[int, ...]) -> bool:
         if len(node.args) != 2 or set(node.kwargs) - {"alpha"}:
-            return None
-        alpha = 1.0
+            return False
         if "alpha" in node.kwargs:
             a = node.kwargs["alpha"]
-            if op not in SCALED or not isinstance(a, S.Int | S.Float) or isinstance(a.value, str):
-                return None
-            alpha = float(a.value)
-        args = tuple(self.operand(a, shape) for a in node.args)
-        if any(a is None for a in args):
-            return None
-        return Step(op, args, out, alpha=alpha)  # type: ignore[arg-type]
+            if node.op not in SCALED or not isinstance(a, S.Int | S.Float) or isinstance(a.value, str):
+                return False
+        return all(self.operand(a, shape) for a in node.args)
 
-    def _unary(self, op: EOp, node: S.Node, shape: tuple[int, ...], out: str) -> Step | None:
-        approximate = "none"
-        if op is EOp.GELU:
-            if len(node.args) > 2 or set(node.kwargs) - {"approximate"}:
-                return None
-            a = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else S.Str("none"))
-            if not isinstance(a, S.Str) or a.value not in ("none", "tanh"):
-                return None
-            approximate = a.value
-        elif len(node.args) != 1 or node.kwargs:
-            return None
-        x = self.operand(node.args[0], shape)
-        if not isinstance(x, Acc | Val):
-            return None
-        return Step(op, (x,), out, approximate=approximate)
-
-    def _cast(self, op: EOp, node: S.Node, shape: tuple[int, ...], out: str) -> Step | None:
+    def _cast(self, node: S.Node, shape: tuple[int, ...]) -> bool:
         if len(node.args) != 1:
-            return None
+            return False
         kw = node.kwargs
         dtype = kw.get("dtype")
-        if not isinstance(dtype, S.DtypeArg) or dtype.name not in FLOAT_DTYPES:
-            return None
+        if not isinstance(dtype, S.DtypeArg) or dtype.name not in TILE_DTYPES:
+            return False
         device, layout = kw.get("device", S.NoneArg()), kw.get("layout", S.NoneArg())
         pinned = kw.get("pin_memory", S.NoneArg())
         if not isinstance(device, S.NoneArg) and not (isinstance(device, S.DeviceArg)
                                                      and device.name == self.device):
-            return None
+            return False
         if not isinstance(layout, S.NoneArg) and not (isinstance(layout, S.LayoutArg)
                                                      and layout.name == "strided"):
-            return None
+            return False
         if not isinstance(pinned, S.NoneArg) and not (isinstance(pinned, S.Bool) and not pinned.value):
-            return None
+            return False
         if set(kw) - {"dtype", "device", "layout", "pin_memory", "non_blocking", "memory_format"}:
-            return None
-        x = self.operand(node.args[0], shape)  # memory_format: only the stored value's layout counts
-        if not isinstance(x, Acc | Val):
-            return None
-        return Step(op, (x,), out, dtype=dtype.name)
-
-    def add(self, step: Step, shape: tuple[int, ...], index: int) -> None:
-        self.region[step.value] = Val(index)
-        self.shapes[step.value] = shape
+            return False
+        # memory_format: only the stored value's layout counts
+        return self.operand(node.args[0], shape, region_only=True)
 
 
 def grow_epilogue(graph: S.Graph, start: int, domain: Domain, device: str, *,
@@ -391,32 +311,21 @@ def grow_epilogue(graph: S.Graph, start: int, domain: Domain, device: str, *,
     value = node.outputs[0]
     meta = graph.values[value]
     g = _Grower(graph, domain, device)
-    steps: list[Step] = []
     shape = tuple(meta.sizes)  # type: ignore[arg-type]
-    g.region[value] = Acc()
     g.shapes[value] = shape
-    if bias is not None:
-        ext = g.extra(bias, shape)
-        if ext is None:
-            return None
-        steps.append(Step(EOp.ADD, (Acc(), ext), value))
-        g.region[value] = Val(0)
+    if bias is not None and not g.extra(bias, shape):
+        return None
     members: list[int] = []
     for j in range(start + 1, len(graph.nodes)):
         n = graph.nodes[j]
-        if not any(r in g.region for r in node_inputs(n)):
+        if not any(r in g.shapes for r in node_inputs(n)):
             if mutates(n):
                 break  # the template runs where the epilogue ends: nothing may write before it
             continue
-        if j in claimed:
+        if j in claimed or not g.step(n):
             break
-        step = g.step(n)
-        if step is None:
-            break
-        steps.append(step)
         members.append(j)
-        g.add(step, tuple(graph.values[step.value].sizes), len(steps) - 1)  # type: ignore[arg-type]
-    return _cut(graph, start, value, steps, members, g, domain, uses)
+    return _cut(graph, start, value, members, g, domain, bias, uses)
 
 
 def value_uses(graph: S.Graph) -> dict[str, list[int]]:
@@ -428,12 +337,11 @@ def value_uses(graph: S.Graph) -> dict[str, list[int]]:
     return out
 
 
-def _cut(graph: S.Graph, start: int, value: str, steps: list[Step], members: list[int],
-         g: _Grower, domain: Domain, uses: Mapping[str, Sequence[int]] | None) -> Epilogue | None:
+def _cut(graph: S.Graph, start: int, value: str, members: list[int], g: _Grower, domain: Domain,
+         bias: str | None, uses: Mapping[str, Sequence[int]] | None) -> Epilogue | None:
     """The longest prefix of the region whose only value read outside it is its last."""
     uses = value_uses(graph) if uses is None else uses
     outputs = {n for o in graph.outputs for n in tensor_refs([o.value])}
-    fixed = len(steps) - len(members)  # steps of the matmul itself (addmm's bias)
     for p in range(len(members), -1, -1):
         inside = {start, *members[:p]}
         produced = [value] + [graph.nodes[j].outputs[0] for j in members[:p]]
@@ -445,8 +353,7 @@ def _cut(graph: S.Graph, start: int, value: str, steps: list[Step], members: lis
         strides = domain.strides_of(meta.sizes, meta.strides, meta.sizes)  # type: ignore[arg-type]
         if strides is None or meta.storage_offset != 0 or _broadcast_store(meta):
             continue
-        kept = steps[:fixed + p]
-        return _renumber_extras(kept, g, tuple(members[:p]), last, meta, strides)
+        return _lower(graph, start, tuple(members[:p]), g, bias, meta, strides)
     return None
 
 
@@ -455,26 +362,51 @@ def _broadcast_store(meta: S.TensorMeta) -> bool:
     return any(st == 0 and size != 1 for size, st in zip(meta.sizes, meta.strides, strict=True))
 
 
-def _renumber_extras(steps: list[Step], g: _Grower, nodes: tuple[int, ...], out: str,
-                     meta: S.TensorMeta, strides: Strides3) -> Epilogue:
-    """Keep only the extras the kept steps read, numbered in order of first use."""
-    order: dict[int, int] = {}
-    for s in steps:
-        for a in s.args:
-            if isinstance(a, Ext) and a.index not in order:
-                order[a.index] = len(order)
-    every = list(g.extras.values())
-    new_steps = tuple(
-        Step(s.op, tuple(Ext(order[a.index]) if isinstance(a, Ext) else a for a in s.args), s.value,
-             s.alpha, s.dtype, s.approximate)
-        for s in steps
-    )
-    extras = tuple(every[i] for i in sorted(order, key=order.__getitem__))
-    return Epilogue(new_steps, extras, nodes, out, meta, strides)
+def _lower(graph: S.Graph, start: int, nodes: tuple[int, ...], g: _Grower, bias: str | None,
+           meta: S.TensorMeta, strides: Strides3) -> Epilogue:
+    """The kept region as one loop-IR value, lowered by the ordinary rules: the matmul's
+    result is the accumulator (plus ``bias``), tensors from outside are the extras, numbered
+    in order of first use."""
+    from torchfuse.inductor.config import InductorConfig
+    from torchfuse.inductor.lowering import Lowering, TensorValue, expr_of
+    from torchfuse.inductor.rules import RULES
+
+    region = {graph.nodes[start].outputs[0], *(graph.nodes[j].outputs[0] for j in nodes)}
+    order = [bias] if bias is not None else []
+    for j in nodes:
+        order += [r for r in tensor_refs(list(graph.nodes[j].args)) if r not in region]
+    extras = tuple(g.extras[name] for name in dict.fromkeys(order))
+    index = {e.name: i for i, e in enumerate(extras)}
+    L = Lowering(graph, InductorConfig())
+
+    def tile(name: str, buffer: str) -> TensorValue:
+        # every value of the region is read at the tile's own (batch, row, col): no index
+        m = graph.values[name]
+        load = ir.Load(buffer, sympy.Integer(0), "float32")
+        return TensorValue(tuple(expr_of(s) for s in m.sizes), m.dtype, lambda idx: load)
+
+    for e in extras:
+        L.env[e.name] = tile(e.name, extra_name(index[e.name]))
+    mm = graph.nodes[start].outputs[0]
+    acc = tile(mm, ACC)
+    ops: list[str] = []
+    if bias is not None:
+        plus = ir.Call(ir.VOp.ADD, (acc.loader(()), L.env[bias].loader(())), "float32")
+        acc = TensorValue(acc.sizes, acc.dtype, lambda idx: plus)
+        ops.append("add")
+    L.env[mm] = acc
+    for j in nodes:
+        n = graph.nodes[j]
+        L.env[n.outputs[0]] = RULES[n.op](L, n)
+        if n.op not in RESHAPES | CASTS:
+            ops.append(n.op.split(".")[1])
+    value = L.env[graph.nodes[nodes[-1]].outputs[0] if nodes else mm]
+    assert isinstance(value, TensorValue) and not L.nodes, "an epilogue rule made a buffer"
+    return Epilogue(value.loader([sympy.Integer(0)] * len(value.sizes)), tuple(ops), extras, nodes,
+                    graph.nodes[nodes[-1]].outputs[0] if nodes else mm, meta, strides)
 
 
 __all__ = [
-    "BINARY", "CASTS", "FLOAT_DTYPES", "OPS", "RESHAPES", "SCALED", "UNARY", "Acc", "Const", "Domain", "EOp",
-    "Epilogue", "Ext", "Extra", "Operand", "Step", "Val", "grow_epilogue", "mutates", "operand_text",
-    "static_meta", "value_uses",
+    "ACC", "BINARY", "CASTS", "EPILOGUE_OPS", "RESHAPES", "SCALED", "TILE_DTYPES", "UNARY", "Domain",
+    "Epilogue", "Extra", "extra_name", "grow_epilogue", "mutates", "static_meta", "value_uses",
 ]

@@ -1,9 +1,9 @@
 """The Triton matmul template: which graph matmuls it takes, and the kernel it writes for one.
 
-:func:`match_matmul` accepts ``aten.mm``, ``aten.addmm`` (``beta = alpha = 1``) and
+`match_matmul` accepts ``aten.mm``, ``aten.addmm`` (``beta = alpha = 1``) and
 ``aten.bmm`` whose operands have static sizes, strides and offsets and a float16, bfloat16 or
 float32 dtype; strides are free (``x @ w.t()`` reads ``w`` transposed in place).
-:func:`kernel_source` writes one ``@triton.jit`` function per matmul and epilogue:
+`kernel_source` writes one ``@triton.jit`` function per matmul and epilogue:
 
 * a tiled product over ``BLOCK_M x BLOCK_N`` output tiles with a float32 accumulator and
   ``tl.dot``, ``BLOCK_K`` at a time;
@@ -12,12 +12,14 @@ float32 dtype; strides are free (``x @ w.t()`` reads ``w`` transposed in place).
 * edges handled without masks in the K loop when the sizes allow it: ``EVEN_M``/``EVEN_N``/
   ``EVEN_K`` are constexprs decided per config; rows and columns past the edge read wrapped
   (valid) memory and are never stored;
-* the epilogue (:mod:`.epilogue`) applied to the tile in float32, extra inputs loaded with
-  their own strides at the tile's indices, one cast to the output dtype, one masked store.
+* the epilogue (`.epilogue`, a loop-IR value) applied to the tile in float32, rendered
+  by the same table as every kernel (`torchfuse.inductor.triton_ops`), extra inputs
+  loaded with their own strides at the tile's indices, one cast to the output dtype, one
+  masked store.
 
 Strides are constexprs: shapes are static here, and Triton then knows which loads are
-contiguous. :func:`kernel_spec` packs source, arguments and grid for one launch config into
-the user-kernel description of :mod:`torchfuse.graph.user_kernels`.
+contiguous. `kernel_spec` packs source, arguments and grid for one launch config into
+the user-kernel description of [`torchfuse.graph.user_kernels`][torchfuse.graph.user_kernels].
 """
 
 from __future__ import annotations
@@ -29,18 +31,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from torchfuse.graph import schema as S
+from torchfuse.inductor import ir
 from torchfuse.inductor.templates.epilogue import (
-    CASTS,
-    FLOAT_DTYPES,
-    RESHAPES,
+    TILE_DTYPES,
     Domain,
-    EOp,
     Epilogue,
-    Step,
     Strides3,
-    operand_text,
     static_meta,
 )
+from torchfuse.inductor.triton_ops import TL_DTYPE, cast_text, const_text, helper_source, helpers_in, render
 
 
 class MMKind(enum.Enum):
@@ -65,7 +64,6 @@ BIASED = frozenset({MMKind.ADDMM})
 MAX_BATCH = 65535
 """Largest batch the grid's second axis takes on CUDA."""
 
-_TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32"}
 _SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 
 
@@ -98,7 +96,7 @@ DEFAULT_CONFIGS: tuple[MMConfig, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class MatmulOperands:
-    """What :func:`match_matmul` reads off a matmul node (the epilogue comes later)."""
+    """What `match_matmul` reads off a matmul node (the epilogue comes later)."""
 
     kind: MMKind
     a: str
@@ -171,7 +169,7 @@ def match_matmul(graph: S.Graph, node: S.Node, device_ok: Callable[[str], bool])
     assert a is not None and b is not None and out is not None
     if out.requires_grad or not device_ok(out.device):
         return None
-    if len({a.dtype, b.dtype, out.dtype}) != 1 or out.dtype not in FLOAT_DTYPES:
+    if len({a.dtype, b.dtype, out.dtype}) != 1 or out.dtype not in TILE_DTYPES:
         return None
     if len({a.device, b.device, out.device}) != 1:
         return None
@@ -190,7 +188,7 @@ def match_matmul(graph: S.Graph, node: S.Node, device_ok: Callable[[str], bool])
 
 
 def with_epilogue(ops: MatmulOperands, index: int, epilogue: Epilogue) -> Matmul:
-    """The :class:`Matmul` of ``ops`` at ``graph.nodes[index]`` with ``epilogue``."""
+    """The `Matmul` of ``ops`` at ``graph.nodes[index]`` with ``epilogue``."""
     return Matmul(*(getattr(ops, f.name) for f in fields(MatmulOperands)), index=index, epilogue=epilogue)
 
 
@@ -209,58 +207,38 @@ def fit_configs(configs: Sequence[MMConfig], mm: Matmul) -> tuple[MMConfig, ...]
 
 # ----------------------------------------------------------------------------- epilogue rendering
 
-_TANH = '''
-@triton.jit
-def _tem_tanh(x):
-    # tl has no tanh on every backend; near 0 the exp form cancels, so a short series there
-    ax = tl.abs(x)
-    e = tl.exp(-2.0 * ax)
-    x2 = x * x
-    r = tl.where(ax < 0.0625, ax * (1.0 + x2 * (-0.3333333333333333 + x2 * 0.13333333333333333)),
-                 (1.0 - e) / (1.0 + e))
-    return tl.where(x < 0.0, -r, r)
-'''
 
-_SQRT1_2 = 0.7071067811865476
-_SQRT_2_OVER_PI = 0.7978845608028654
+def render_epilogue(value: ir.Value) -> tuple[list[str], str]:
+    """The lines computing the epilogue ``value`` (``v<i> = …``, each value once) and the
+    name of its result. The accumulator and the extras are float32 tiles already
+    (``acc``, ``x<i>``): a conversion of one to float32 costs nothing."""
+    lines: list[str] = []
+    done: dict[ir.Value, tuple[str, str]] = {}
 
+    def emit(text: str, dtype: str) -> tuple[str, str]:
+        name = f"v{len(lines)}"
+        lines.append(f"{name} = {text}")
+        return name, dtype
 
-def _gelu(x: str, approximate: str) -> str:
-    if approximate == "tanh":
-        return f"0.5 * {x} * (1.0 + _tem_tanh({_SQRT_2_OVER_PI!r} * ({x} + 0.044715 * {x} * {x} * {x})))"
-    return f"0.5 * {x} * (1.0 + tl.erf({x} * {_SQRT1_2!r}))"
+    def go(v: ir.Value) -> tuple[str, str]:
+        hit = done.get(v)
+        if hit is not None:
+            return hit
+        if isinstance(v, ir.Load):
+            out = (v.buffer, "float32")
+        elif isinstance(v, ir.Const):
+            out = (const_text(v.value, v.dtype), v.dtype)
+        elif isinstance(v, ir.Cast):
+            arg, dtype = go(v.arg)
+            out = (arg, dtype) if dtype == v.dtype else emit(cast_text(arg, v.dtype), v.dtype)
+        elif isinstance(v, ir.Call):
+            out = emit(render(v.op, [go(a)[0] for a in v.args], v.dtype), v.dtype)
+        else:
+            raise AssertionError(f"an epilogue computes on the tile only, not {v!r}")
+        done[v] = out
+        return out
 
-
-def _scaled(s: Step, b: str) -> str:
-    return b if s.alpha == 1.0 else f"({b} * {s.alpha!r})"
-
-
-def _convert(s: Step, x: str) -> str:
-    # a narrowing conversion rounds, as eager's does; computing goes on in float32
-    return x if s.dtype == "float32" else f"{x}.to({_TL_DTYPE[s.dtype]}).to(tl.float32)"
-
-
-EXPRESSIONS: Mapping[EOp, Callable[[Step, list[str]], str]] = {
-    EOp.ADD: lambda s, a: f"{a[0]} + {_scaled(s, a[1])}",
-    EOp.SUB: lambda s, a: f"{a[0]} - {_scaled(s, a[1])}",
-    EOp.MUL: lambda s, a: f"{a[0]} * {a[1]}",
-    EOp.DIV: lambda s, a: f"{a[0]} / {a[1]}",
-    EOp.NEG: lambda s, a: f"-{a[0]}",
-    EOp.RELU: lambda s, a: f"tl.where({a[0]} < 0.0, 0.0, {a[0]})",  # keeps NaN, as eager
-    EOp.SIGMOID: lambda s, a: f"tl.sigmoid({a[0]})",
-    EOp.TANH: lambda s, a: f"_tem_tanh({a[0]})",
-    EOp.ERF: lambda s, a: f"tl.erf({a[0]})",
-    EOp.EXP: lambda s, a: f"tl.exp({a[0]})",
-    EOp.SILU: lambda s, a: f"{a[0]} * tl.sigmoid({a[0]})",
-    EOp.GELU: lambda s, a: _gelu(a[0], s.approximate),
-    EOp.CONVERT: lambda s, a: _convert(s, a[0]),
-    EOp.VIEW: lambda s, a: a[0],
-}
-"""The Triton expression of each epilogue op over its operands' texts."""
-
-
-def _needs_tanh(epi: Epilogue) -> bool:
-    return any(s.op is EOp.TANH or (s.op is EOp.GELU and s.approximate == "tanh") for s in epi.steps)
+    return lines, go(value)[0]
 
 
 def _offset(strides: Strides3, prefix: str, batched: bool) -> tuple[str, str | None]:
@@ -299,8 +277,7 @@ def needs_int64(mm: Matmul) -> bool:
 def kernel_name(mm: Matmul) -> str:
     """``triton_tem_fused_mm_add_relu``: the matmul and (at most six of) its epilogue's
     computing ops (views and conversions left out)."""
-    ops = [s.op.name.lower() for s in mm.epilogue.steps if s.op not in RESHAPES | CASTS]
-    return "_".join(["triton_tem_fused", mm.kind.name.lower(), *ops[:6]])
+    return "_".join(["triton_tem_fused", mm.kind.name.lower(), *mm.epilogue.ops[:6]])
 
 
 def interpreting() -> bool:
@@ -382,19 +359,18 @@ def kernel_source(mm: Matmul, *, fp32_precision: str = "ieee", upcast_dot: bool 
         offset, m = _offset(epi.extras[i].strides, f"X{i}", batched)
         masked = f", mask={m}, other=0.0" if m else ""
         lines.append(f"x{i} = tl.load(x{i}_ptr + {offset}{masked}).to(tl.float32)")
-    for i, s in enumerate(epi.steps):
-        lines.append(f"v{i} = {EXPRESSIONS[s.op](s, [operand_text(a) for a in s.args])}")
-    result = f"v{len(epi.steps) - 1}" if epi.steps else "acc"
+    steps, result = render_epilogue(epi.value)
+    lines += steps
     offset, _ = _offset(epi.out_strides, "O", batched)
-    lines.append(f"tl.store(out_ptr + {offset}, {result}.to({_TL_DTYPE[epi.out_meta.dtype]}), mask=mask)")
+    lines.append(f"tl.store(out_ptr + {offset}, {result}.to({TL_DTYPE[epi.out_meta.dtype]}), mask=mask)")
     body = "\n".join(f"    {line}" for line in lines)
-    helpers = _TANH if _needs_tanh(epi) else ""
-    return (f"import triton\nimport triton.language as tl\n{helpers}\n\n@triton.jit\n"
+    helpers = "\n".join(helper_source(set().union(*map(helpers_in, steps))))
+    return (f"import triton\nimport triton.language as tl\n{helpers}\n\n\n@triton.jit\n"
             f"def {kernel_name(mm)}(\n    {signature},\n):\n{body}\n")
 
 
 def kernel_spec(mm: Matmul, source: str, config: MMConfig) -> dict[str, Any]:
-    """The user-kernel description (:mod:`torchfuse.graph.user_kernels`) of one launch.
+    """The user-kernel description (`torchfuse.graph.user_kernels`) of one launch.
 
     Tensors are ``[*mm.tensors(), out]``: ``a``, ``b``, the extras, then the output buffer.
     """
@@ -421,7 +397,7 @@ def kernel_spec(mm: Matmul, source: str, config: MMConfig) -> dict[str, Any]:
 
 
 __all__ = [
-    "BATCHED", "BIASED", "DEFAULT_CONFIGS", "EXPRESSIONS", "MATMULS", "MMConfig", "MMKind", "Matmul",
+    "BATCHED", "BIASED", "DEFAULT_CONFIGS", "MATMULS", "MMConfig", "MMKind", "Matmul",
     "MatmulOperands", "fit_configs", "interpreting", "kernel_name", "kernel_source", "kernel_spec",
-    "match_matmul", "needs_int64", "with_epilogue",
+    "match_matmul", "needs_int64", "render_epilogue", "with_epilogue",
 ]

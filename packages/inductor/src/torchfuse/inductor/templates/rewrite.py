@@ -1,4 +1,5 @@
-"""The graph pass: matmuls and their epilogues replaced by template launches.
+"""The graph rewrite: matmuls and their epilogues replaced by template launches (the pass
+that decides which, `apply_mm_templates`, calls `rewrite`).
 
 Before (``relu(x @ w.t() + b)``, decomposed)::
 
@@ -16,41 +17,31 @@ After::
 
 The template's node defines the epilogue's last value under its own name, so everything
 reading it (graph outputs included) is untouched. It sits where that value was defined:
-every input it reads is defined before it, and :func:`~.epilogue.grow_epilogue` stops a
+every input it reads is defined before it, and `grow_epilogue` stops a
 region at any node that may write memory, so moving the matmul's reads there is safe.
-Inductor lowers the node as an opaque launch (:mod:`torchfuse.inductor.user_kernels`),
+Inductor lowers the node as an opaque launch (`torchfuse.inductor.user_kernels`),
 realizing ``t`` with the strides the graph records, and writes ``relu_buf`` in place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import msgspec
-import torch
 from torchfuse.graph import schema as S
 from torchfuse.graph.torchfuse_ops import TORCHFUSE_OPSET, TRITON_KERNEL
 from torchfuse.graph.user_kernels import dumps
-from torchfuse.graph.verify import verify
-from torchfuse.inductor.templates.choose import Bench, DecisionCache, choose, cuda_bench, default_cache_dir
 from torchfuse.inductor.templates.epilogue import grow_epilogue, value_uses
 from torchfuse.inductor.templates.matmul import (
-    DEFAULT_CONFIGS,
     MATMULS,
     Matmul,
     MMConfig,
-    fit_configs,
     interpreting,
     kernel_source,
     kernel_spec,
     match_matmul,
     with_epilogue,
 )
-
-POLICIES = ("auto", "always", "never")
-"""``auto``: benchmark per shape and keep the faster; ``always``: the template with its first
-config, no benchmark; ``never``: leave the graph as it is."""
 
 EMPTY_STRIDED = "aten.empty_strided.default"
 
@@ -133,63 +124,4 @@ def rewrite(graph: S.Graph, chosen: Sequence[tuple[Matmul, MMConfig]], *,
     return msgspec.structs.replace(graph, nodes=tuple(nodes), values=values, opsets=opsets)
 
 
-def _fp32_precision() -> str:
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
-
-
-def apply_mm_templates(
-    graph: S.Graph,
-    *,
-    device: str,
-    policy: str = "auto",
-    cache_dir: Path | None = None,
-    bench: Bench | None = None,
-    configs: Sequence[MMConfig] = DEFAULT_CONFIGS,
-    margin: float = 0.02,
-    check: bool = True,
-) -> S.Graph:
-    """Replace static-shape matmuls (``mm``, ``addmm``, ``bmm``) and their pointwise epilogues
-    by Triton template launches (see the module doc for the before/after).
-
-    ``device`` is the device the graph will run on. ``policy`` (:data:`POLICIES`): ``"auto"``
-    benchmarks each new shape against the extern (cuBLAS) path and keeps the template only
-    when it is faster by more than ``margin``; it considers CUDA matmuls, or any device when
-    a ``bench`` timer is given (default :func:`~.choose.cuda_bench`). Decisions are cached in
-    ``<cache_dir>/mm_choices.json`` (default: the runtime's ``TORCHFUSE_CACHE_DIR``).
-    ``"always"`` takes the template with the first of ``configs`` that fits, on any device,
-    without measuring; ``"never"`` returns ``graph`` unchanged. Symbolic sizes are left
-    alone. ``check`` runs :func:`~torchfuse.graph.verify.verify` on the result.
-    """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown mm template policy {policy!r}; use one of {', '.join(POLICIES)}")
-    if policy == "never":
-        return graph
-    measured = policy == "auto"
-    if measured and bench is None and not device.startswith("cuda"):
-        return graph  # nothing to measure against without a GPU timer
-
-    def device_ok(d: str) -> bool:
-        return policy == "always" or bench is not None or d.startswith("cuda")
-
-    found = find_matmuls(graph, device_ok)
-    if not found:
-        return graph
-    precision = _fp32_precision()
-    chosen: list[tuple[Matmul, MMConfig]] = []
-    if measured:
-        store = DecisionCache(cache_dir if cache_dir is not None else default_cache_dir())
-        timer = bench or cuda_bench
-        for mm in found:
-            cfg, _ = choose(graph, mm, configs=configs, bench=timer, cache=store, margin=margin,
-                            fp32_precision=precision)
-            if cfg is not None:
-                chosen.append((mm, cfg))
-    else:
-        chosen = [(mm, fit_configs(configs, mm)[0]) for mm in found]
-    out = rewrite(graph, chosen, fp32_precision=precision)
-    if check and chosen:
-        verify(out)
-    return out
-
-
-__all__ = ["EMPTY_STRIDED", "POLICIES", "apply_mm_templates", "find_matmuls", "rewrite"]
+__all__ = ["EMPTY_STRIDED", "find_matmuls", "rewrite"]
