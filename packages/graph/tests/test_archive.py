@@ -147,14 +147,16 @@ def _drop_hash(d):
 def test_bad_json_and_bad_tensors_without_hash(tmp_path):
     _resave(fixture_path("matmul_weights"), tmp_path / "d")
     _drop_hash(tmp_path / "d")
+    with pytest.raises(ArchiveError, match="no content_hash"):  # required unless opted out
+        load(tmp_path / "d")
     (tmp_path / "d" / "tensors.safetensors").write_bytes(b"\x00" * 16)
     with pytest.raises(ArchiveError, match=r"tensors\.safetensors is damaged"):
-        load(tmp_path / "d")
+        load(tmp_path / "d", check_hash=False)
     _resave(fixture_path("reduction"), tmp_path / "e")
     _drop_hash(tmp_path / "e")
     (tmp_path / "e" / "document.json").write_text('{"name": "g", "nodes": [}')
     with pytest.raises(ArchiveError, match="not valid JSON"):
-        load(tmp_path / "e")
+        load(tmp_path / "e", check_hash=False)
     (tmp_path / "e" / "document.json").write_text('{"name": 3}')
     with pytest.raises(ArchiveError, match="invalid graph document"):
-        load(tmp_path / "e")
+        load(tmp_path / "e", check_hash=False)

@@ -1,5 +1,6 @@
 """The reference interpreter: semantics, errors, overriding."""
 
+import msgspec
 import pytest
 import torch
 from torchfuse.graph import Interpreter, InterpreterError, run, trace
@@ -19,6 +20,10 @@ def test_failing_node_is_named_with_its_source_line():
     g = S.Graph(**{f: getattr(g, f) for f in g.__struct_fields__ if f != "nodes"},
                 nodes=tuple(S.Node(**{f: getattr(n, f) for f in n.__struct_fields__ if f != "loc"}, loc=loc)
                             for n in g.nodes))
+    # the value table (wrongly) records w as 5x4, so the inputs pass their check and mm fails
+    w = g.inputs[1].name
+    g = msgspec.structs.replace(g, values={**g.values, w: msgspec.structs.replace(
+        g.values[w], sizes=(5, 4), strides=(4, 1))})
     with pytest.raises(InterpreterError, match=r"node 'mm' \[aten.mm.default\] failed \(from model.py:7 in forward: y = x @ w\)"):
         run(g, torch.randn(2, 3), torch.randn(5, 4))
 

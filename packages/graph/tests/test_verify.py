@@ -181,8 +181,8 @@ def test_program_grid_and_symbols():
 
 def test_program_kernel_source_and_scalar_args():
     p = _program()
-    k = replace(p.kernels[0], source="import triton\n\ndef other(x):\n    pass\n")
-    with pytest.raises(VerificationError, match="defines no function"):
+    k = replace(p.kernels[0], source="import triton\n\n@triton.jit\ndef other(x):\n    pass\n")
+    with pytest.raises(VerificationError, match=r"defines no @triton\.jit function"):
         verify_program(replace(p, kernels=(k,)))
     launch = p.steps[1]
     bad = _with_step(p, 1, replace(launch, args=(*launch.args[:3], S.TensorRef(name="x"))))

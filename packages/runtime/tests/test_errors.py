@@ -16,6 +16,7 @@ from torchfuse.runtime import (
     InterpreterRequiredError,
     InvalidProgramError,
     KernelCompileError,
+    UntrustedCodeError,
     load,
 )
 
@@ -129,11 +130,16 @@ def test_invalid_programs_are_rejected_at_load():
 def test_kernel_source_that_does_not_import():
     prog = P.scale_program("cpu")
     broken = msgspec.structs.replace(prog.kernels[0], source="import triton\ndef scale(:\n")
-    with pytest.raises(KernelCompileError, match=r"kernel 'scale'.*failed to import"):
+    # checked before anything imports it; trusted, it is imported and fails there
+    with pytest.raises(UntrustedCodeError, match=r"kernel 'scale'.*does not parse"):
         load(msgspec.structs.replace(prog, kernels=(broken,)))
+    with pytest.raises(KernelCompileError, match=r"kernel 'scale'.*failed to import"):
+        load(msgspec.structs.replace(prog, kernels=(broken,)), trust_code=True)
     missing = msgspec.structs.replace(prog.kernels[0], entry="other")
-    with pytest.raises(KernelCompileError, match="no function named 'other'"):
+    with pytest.raises(UntrustedCodeError, match=r"defines no @triton\.jit function 'other'"):
         load(msgspec.structs.replace(prog, kernels=(missing,)))
+    with pytest.raises(KernelCompileError, match="no function named 'other'"):
+        load(msgspec.structs.replace(prog, kernels=(missing,)), trust_code=True)
 
 
 def test_corrupt_archives(tmp_path):

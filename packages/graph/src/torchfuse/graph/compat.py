@@ -6,7 +6,7 @@ tuples with ``<``/``>``, never with ``==``: a reader at 1.3 must accept 1.0 … 
 
 A document of an older major is upgraded on its raw JSON dict, one major at a time, before
 typed decoding: ``UPGRADERS[n]`` turns a major-``n`` document into a major-``n + 1`` one.
-All names here are re-exported by :mod:`torchfuse.graph.versioning`, which also holds the
+All names here are re-exported by `torchfuse.graph.versioning`, which also holds the
 schema gate.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 
 FORMAT_NAME = "torchfuse.graph"
 FORMAT_VERSION: tuple[int, int] = (1, 0)
+"""The (major, minor) format version this package writes; it reads any minor of its major."""
 
 RawDocument = dict[str, Any]
 Upgrader = Callable[[RawDocument, str], RawDocument]
@@ -39,8 +40,8 @@ def _missing_upgraders(major: int) -> list[int]:
 def check_version(name: Any, version: Any, *, source: str = "document") -> tuple[int, int]:
     """Validate a document's format name and version; returns the version as a tuple.
 
-    Older majors are accepted when :data:`UPGRADERS` can bring them to the current major
-    (call :func:`upgrade` on the raw document before decoding it).
+    Older majors are accepted when `UPGRADERS` can bring them to the current major
+    (call `upgrade` on the raw document before decoding it).
     """
     if name != FORMAT_NAME:
         raise FormatVersionError(f"{source}: format {name!r} is not {FORMAT_NAME!r}")

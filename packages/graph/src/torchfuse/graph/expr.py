@@ -24,7 +24,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z_0-9]*)|(//|==|!=|<=|>=|[-+*%(),<>]))")
+_TOKEN = re.compile(r"[ \t]*(?:([0-9]{1,40})|([A-Za-z_][A-Za-z_0-9]*)|(//|==|!=|<=|>=|[-+*%(),<>]))")
+
+MAX_LENGTH = 16384
+"""The longest expression string `parse` reads (a format document comes from anywhere:
+its expressions are bounded in length, literal size and nesting)."""
+MAX_NESTING = 64
+"""The deepest nesting of parentheses, calls and unary minus signs `parse` accepts."""
+MAX_DEPTH = 256
+"""The deepest expression tree `parse` accepts (``a + b + c`` is two deep): every walk
+over a tree is recursive, so depth is what must stay bounded."""
 
 
 class ExprError(ValueError):
@@ -58,8 +67,12 @@ Ast = Num | Name | BinOp | Call
 
 
 def _tokenize(text: str) -> list[str]:
+    if not isinstance(text, str):
+        raise ExprError(f"an expression is an int or a string, not {type(text).__name__}")
+    if len(text) > MAX_LENGTH:
+        raise ExprError(f"expression of {len(text)} characters is longer than {MAX_LENGTH}")
     pos, out = 0, []
-    text = text.rstrip()
+    text = text.rstrip(" \t")
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
@@ -74,6 +87,7 @@ class _Parser:
         self.text = text
         self.toks = _tokenize(text)
         self.i = 0
+        self.depth = 0
 
     def peek(self) -> str | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -115,10 +129,25 @@ class _Parser:
     def unary(self) -> Ast:
         if self.peek() == "-":
             self.take()
-            return BinOp("-", Num(0), self.unary())
+            self.depth += 1
+            try:
+                if self.depth > MAX_NESTING:
+                    raise ExprError(f"expression nests deeper than {MAX_NESTING} in {self.text[:80]!r}")
+                return BinOp("-", Num(0), self.unary())
+            finally:
+                self.depth -= 1
         return self.atom()
 
     def atom(self) -> Ast:
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise ExprError(f"expression nests deeper than {MAX_NESTING} in {self.text[:80]!r}")
+            return self._atom()
+        finally:
+            self.depth -= 1
+
+    def _atom(self) -> Ast:
         tok = self.take()
         if tok.isdigit():
             return Num(int(tok))
@@ -141,7 +170,22 @@ class _Parser:
 @lru_cache(maxsize=4096)
 def parse(text: str) -> Ast:
     """Parse an expression string into a small immutable AST."""
-    return _Parser(text).parse()
+    tree = _Parser(text).parse()
+    if _depth(tree) > MAX_DEPTH:
+        raise ExprError(f"expression tree deeper than {MAX_DEPTH}: {text[:80]!r}...")
+    return tree
+
+
+def _depth(tree: Ast) -> int:
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(node, BinOp):
+            stack += [(node.lhs, d + 1), (node.rhs, d + 1)]
+        elif isinstance(node, Call):
+            stack += [(a, d + 1) for a in node.args]
+    return deepest
 
 
 _BINOPS = {
@@ -168,9 +212,22 @@ def _eval(node: Ast, env: Mapping[str, int]) -> int:
         except KeyError:
             raise ExprError(f"unbound symbol {node.name!r}") from None
     if isinstance(node, BinOp):
-        return _BINOPS[node.op](_eval(node.lhs, env), _eval(node.rhs, env))
+        lhs, rhs = _eval(node.lhs, env), _eval(node.rhs, env)
+        if node.op in ("//", "%") and rhs == 0:
+            raise ExprError(f"division by zero ({_show(node)} with {dict(env)})")
+        return _BINOPS[node.op](lhs, rhs)
     args = [_eval(a, env) for a in node.args]
     return min(args) if node.fn == "min" else max(args)
+
+
+def _show(node: Ast) -> str:
+    if isinstance(node, Num):
+        return str(node.value)
+    if isinstance(node, Name):
+        return node.name
+    if isinstance(node, Call):
+        return f"{node.fn}({', '.join(_show(a) for a in node.args)})"
+    return f"({_show(node.lhs)} {node.op} {_show(node.rhs)})"
 
 
 def evaluate(expr: int | str, env: Mapping[str, int] | None = None) -> int:

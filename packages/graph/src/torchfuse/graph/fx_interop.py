@@ -2,12 +2,12 @@
 
 torch.fx is an interop target only; nothing in torchfuse depends on it internally.
 
-* :func:`to_fx` builds a ``GraphModule`` with one ``call_function`` node per Graph node
+* `to_fx` builds a ``GraphModule`` with one ``call_function`` node per Graph node
   (targets are the ``torch.ops.aten`` overloads), ``operator.getitem`` for multi-output ops,
   and ``aten.sym_size.int`` plus integer arithmetic for size symbols. Each fx node keeps the
   format record it came from in ``node.meta["torchfuse"]`` and the value metadata in
   ``node.meta["torchfuse_meta"]``.
-* :func:`from_fx` runs a ``GraphModule`` under the :class:`~torchfuse.graph.tracing.Recorder`
+* `from_fx` runs a ``GraphModule`` under the [`Recorder`][torchfuse.graph.tracing.Recorder]
   on fake tensors, so any fx graph (ATen-level or ``symbolic_trace`` output with modules and
   torch functions) comes back as ATen nodes. Sizes come back concrete.
 """
@@ -24,9 +24,9 @@ from torch.utils._pytree import tree_leaves
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import BinOp, Call, Name, Num, parse
 from torchfuse.graph.ops import decode_arg, flatten_result, meta_of, resolve_op
-from torchfuse.graph.printer import _Names
+from torchfuse.graph.printer import _Names, comment_text
 from torchfuse.graph.tracing import GraphBuilder, Recorder
-from torchfuse.graph.verify import SYMBOL_SOURCE
+from torchfuse.graph.verify import SYMBOL_SOURCE, VerificationError, is_identifier
 
 _FX_BINOPS = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
@@ -87,6 +87,10 @@ class _FxBuilder:
             elif sym.hint is not None:
                 self.syms[sym.name] = sym.hint
         for node in g.nodes:
+            bad = [k for k in node.kwargs if not is_identifier(k)]
+            if bad:  # torch.fx writes keywords into the code it generates, as they are
+                raise VerificationError(f"graph {g.name!r}, node {node.name!r}: keyword {bad[0]!r} is not an "
+                                        "identifier", node.name)
             args = tuple(self.arg(a) for a in node.args)
             kwargs = {k: self.arg(v) for k, v in node.kwargs.items()}
             op = resolve_op(node.op)
@@ -95,8 +99,10 @@ class _FxBuilder:
             call = self.node(op, args, kwargs, name=self.names(node.outputs[0]) if single else None)
             call.meta["torchfuse"] = node
             if node.loc is not None:
-                call.meta["stack_trace"] = (f'  File "{node.loc.file}", line {node.loc.line}, in '
-                                            f"{node.loc.function or '<unknown>'}\n    {node.loc.text or ''}")
+                loc = node.loc  # one line each: torch.fx writes them into comments of its code
+                call.meta["stack_trace"] = (
+                    f'  File "{comment_text(loc.file)}", line {loc.line}, in '
+                    f"{comment_text(loc.function or '<unknown>')}\n    {comment_text(loc.text or '')}")
             if single:
                 self.env[node.outputs[0]] = call
                 call.meta["torchfuse_meta"] = g.values.get(node.outputs[0])
@@ -151,7 +157,7 @@ def from_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[torch.Tensor], *,
     """A Graph recorded by running ``gm`` on fakes of ``example_inputs``.
 
     Placeholders become inputs under their fx names (and kinds, when the module came from
-    :func:`to_fx`); parameters and buffers the module reads become ``parameter``/``buffer``
+    `to_fx`); parameters and buffers the module reads become ``parameter``/``buffer``
     inputs after them, with ``target`` set to their qualified name; other real tensors become
     ``constant`` inputs. Pass a dict as ``constants`` to receive those tensors by input name.
     The outputs are the leaves of what ``gm`` returns. ``requires_grad`` of the inputs is

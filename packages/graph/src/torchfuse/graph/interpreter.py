@@ -4,7 +4,7 @@
 outputs as a list. Every other consumer of a Graph (inductor, the runtime, autograd's
 retracing) is tested against it.
 
-:class:`Interpreter` is overridable, node by node, like ``torch.fx.Interpreter``: autograd
+`Interpreter` is overridable, node by node, like ``torch.fx.Interpreter``: autograd
 re-runs graphs on fake tensors through it, and tests can intercept single ops.
 
 A Graph runs with **autocast off**. Capture records autocast's work as it happened: every cast
@@ -12,13 +12,14 @@ autocast inserted is a ``_to_copy`` node, and every op carries the dtype autocas
 (ops inside ``torch.autocast(enabled=False)`` regions or inside composite kernels, which
 autocast leaves alone in eager, stay as they ran). Re-running those ops under an autocast that
 is still enabled around the call would cast them a second time, and differently from eager
-(an fp32 ``bmm`` of rotary embeddings would become bf16), so :meth:`Interpreter.run` and every
-pass or compiled function that runs a Graph's ops does it inside :class:`no_autocast`.
+(an fp32 ``bmm`` of rotary embeddings would become bf16), so `Interpreter.run` and every
+pass or compiled function that runs a Graph's ops does it inside `no_autocast`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -32,17 +33,133 @@ class InterpreterError(RuntimeError):
     """A node failed while the graph ran; the message names the node and its source line."""
 
 
+class InputError(InterpreterError, ValueError):
+    """Inputs that do not fit the graph: wrong count, a non-tensor, or a dtype, rank or size
+    other than the value table records, a size symbol out of its range, or a symbol guard
+    capture recorded (a branch it folded away) that does not hold. ``index`` is the position
+    of the offending input (``None`` for a count mismatch or a guard) and ``name`` its value
+    name. Messages follow the runtime's ``InputError``."""
+
+    def __init__(self, message: str, *, index: int | None = None, name: str | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.name = name
+
+
+_SOURCE = re.compile(r"input:([0-9]{1,9})\.size\(([0-9]{1,9})\)")
+
+
+def _source(sym: S.Symbol, n_inputs: int) -> tuple[int, int] | None:
+    m = _SOURCE.fullmatch(sym.source or "")
+    return (int(m.group(1)), int(m.group(2))) if m and int(m.group(1)) < n_inputs else None
+
+
 def bind_symbols(symbols: Sequence[S.Symbol], inputs: Sequence[Any]) -> dict[str, int]:
-    """Values of size symbols whose ``source`` is ``input:<i>.size(<d>)``."""
+    """Values of size symbols whose ``source`` is ``input:<i>.size(<d>)``, else their hints."""
     env: dict[str, int] = {}
     for sym in symbols:
-        src = sym.source or ""
-        if src.startswith("input:") and ".size(" in src:
-            idx, dim = src[len("input:"):].split(".size(")
-            env[sym.name] = int(inputs[int(idx)].shape[int(dim.rstrip(")"))])
+        src = _source(sym, len(inputs))
+        shape = getattr(inputs[src[0]], "shape", ()) if src else ()
+        if src and src[1] < len(shape):
+            env[sym.name] = int(shape[src[1]])
         elif sym.hint is not None:
             env[sym.name] = sym.hint
     return env
+
+
+def _describe(sizes: Sequence[S.Expr]) -> str:
+    return "(" + ", ".join(str(e) for e in sizes) + ")"
+
+
+def check_inputs(graph: S.Graph, inputs: Sequence[Any]) -> dict[str, int]:
+    """Check ``inputs`` against what ``graph`` was captured for and return the size symbols'
+    values (`bind_symbols`); raise `InputError` naming the input otherwise.
+
+    Checked: the count; each input is a tensor of the value table's dtype and rank, with the
+    sizes the table records (expressions evaluated with the symbols bound from the inputs);
+    each symbol within its range; and every ``SymbolGuard`` of the graph. Strides and devices
+    are not checked (the interpreter runs any layout), nor sizes that are ``SymInt`` (fake
+    tensors), nor the saved values a backward graph receives from its forward.
+    """
+    from torchfuse.graph.expr import ExprError, free_symbols
+    from torchfuse.graph.ops import dtype_name
+
+    n = len(graph.inputs)
+    if len(inputs) != n:
+        names = ", ".join(i.name for i in graph.inputs)
+        raise InputError(f"graph {graph.name!r} takes {n} inputs ({names}), got {len(inputs)}")
+    saved = _num_saved(graph)
+    for i, (inp, value) in enumerate(zip(graph.inputs, inputs, strict=True)):
+        meta = graph.values.get(inp.name) if i >= saved else None
+        what = f"graph {graph.name!r}: input {i} ({inp.name!r})"
+        if meta is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise InputError(f"{what}: expected a tensor, got {type(value).__name__}", index=i, name=inp.name)
+        if dtype_name(value.dtype) != meta.dtype:
+            raise InputError(f"{what}: expected dtype {meta.dtype}, got {value.dtype}", index=i,
+                             name=inp.name)
+        if value.dim() != len(meta.sizes):
+            raise InputError(f"{what}: expected {len(meta.sizes)} dimensions {_describe(meta.sizes)}, got "
+                             f"shape {tuple(value.shape)}", index=i, name=inp.name)
+    env = bind_symbols(graph.symbols, inputs)
+    concrete = env
+    for sym in graph.symbols:
+        value = concrete.get(sym.name)
+        if value is not None and (value < sym.min or (sym.max is not None and value > sym.max)):
+            hi = "inf" if sym.max is None else sym.max
+            raise InputError(f"graph {graph.name!r}: size symbol {sym.name} (from {sym.source}) is {value}, "
+                             f"outside its range [{sym.min}, {hi}]")
+    for i, (inp, value) in enumerate(zip(graph.inputs, inputs, strict=True)):
+        meta = graph.values.get(inp.name) if i >= saved else None
+        if meta is None:
+            continue
+        for d, (size, got) in enumerate(zip(meta.sizes, value.shape, strict=True)):
+            if isinstance(got, torch.SymInt):
+                continue
+            try:
+                want = evaluate(size, concrete)
+            except ExprError:
+                continue  # a symbol no input binds and without a hint
+            if want != got:
+                want_all = [_try_eval(e, concrete) for e in meta.sizes]
+                raise InputError(
+                    f"graph {graph.name!r}: input {i} ({inp.name!r}): expected shape {_describe(meta.sizes)}"
+                    f" = {tuple(want_all)}, got {tuple(value.shape)} (dim {d})", index=i, name=inp.name)
+    for guard in graph.guards:
+        if not isinstance(guard, S.SymbolGuard):
+            continue
+        try:
+            if not free_symbols(guard.expr) <= concrete.keys() or evaluate(guard.expr, concrete):
+                continue
+        except ExprError:
+            continue
+        where = f" (from {guard.loc}: {guard.loc.text})" if guard.loc and guard.loc.text else (
+            f" (from {guard.loc})" if guard.loc else "")
+        values = ", ".join(f"{s} = {concrete[s]}" for s in sorted(free_symbols(guard.expr)))
+        raise InputError(f"graph {graph.name!r}: the graph was captured for {guard.expr}{where}, "
+                         f"which these inputs break ({values})")
+    return env
+
+
+def _num_saved(graph: S.Graph) -> int:
+    """The leading inputs of a backward graph that another graph computed and saved (autograd
+    writes their count in ``meta["autograd.num_saved"]``): not checked, as they are what the
+    forward's kernels returned, which may differ from the meta kernels' sizes (eval-mode
+    ``native_batch_norm`` saves empty statistics on the CPU)."""
+    try:
+        return max(0, int(graph.meta.get("autograd.num_saved", "0")))
+    except ValueError:
+        return 0
+
+
+def _try_eval(expr: S.Expr, env: dict[str, int]) -> S.Expr:
+    from torchfuse.graph.expr import ExprError
+
+    try:
+        return evaluate(expr, env)
+    except ExprError:
+        return expr
 
 
 def _autocast_types() -> tuple[str, ...]:
@@ -104,7 +221,7 @@ def no_autocast(device_types: Iterable[str] | None = None) -> contextlib.Abstrac
 
 class Interpreter:
     """Runs a Graph node by node, with autocast off (see the module doc). Override
-    :meth:`call_node` to change how ops run."""
+    `call_node` to change how ops run."""
 
     def __init__(self, graph: S.Graph) -> None:
         self.graph = graph
@@ -114,22 +231,17 @@ class Interpreter:
 
     def run(self, *inputs: Any) -> list[Any]:
         g = self.graph
-        if len(inputs) != len(g.inputs):
-            raise InterpreterError(
-                f"graph {g.name!r} takes {len(g.inputs)} inputs "
-                f"({', '.join(i.name for i in g.inputs)}), got {len(inputs)}"
-            )
+        self.symbols = check_inputs(g, inputs)
         env: dict[str, Any] = {inp.name: v for inp, v in zip(g.inputs, inputs, strict=True)}
-        self.symbols = bind_symbols(g.symbols, inputs)
         with no_autocast():
             return self._run_nodes(env)
 
     def _run_nodes(self, env: dict[str, Any]) -> list[Any]:
         g = self.graph
         for node in g.nodes:
-            args = [decode_arg(a, env, self.symbols) for a in node.args]
-            kwargs = {k: decode_arg(a, env, self.symbols) for k, a in node.kwargs.items()}
             try:
+                args = [decode_arg(a, env, self.symbols) for a in node.args]
+                kwargs = {k: decode_arg(a, env, self.symbols) for k, a in node.kwargs.items()}
                 result = self.call_node(node, args, kwargs)
             except Exception as e:
                 where = f" (from {node.loc}: {node.loc.text})" if node.loc and node.loc.text else (
@@ -153,9 +265,29 @@ class Interpreter:
 
 
 def run(graph: S.Graph, *inputs: Any) -> list[Any]:
-    """Run ``graph`` eagerly on ``inputs``; returns the list of outputs.
+    """Run ``graph`` eagerly on ``inputs`` with the reference interpreter.
 
-    >>> run(graph, torch.ones(2), torch.ones(2))   # doctest: +SKIP
-    [tensor([2., 2.])]
+    The interpreter is the living definition of what a Graph means: each node's op is called
+    on real tensors in order, size symbols are bound from the inputs' sizes, and every other
+    consumer of the format is tested against it.
+
+    Args:
+        graph: The graph to run.
+        *inputs: One value per graph input, in order (user inputs, then parameters, buffers
+            and constants).
+
+    Returns:
+        The list of outputs, one per graph output.
+
+    Raises:
+        InterpreterError: A node failed; the message names the node, its op and its source
+            line.
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.graph import run, trace
+        >>> graph, _ = trace(lambda x, y: x + y, torch.ones(2), torch.ones(2))
+        >>> run(graph, torch.ones(2), torch.ones(2))
+        [tensor([2., 2.])]
     """
     return Interpreter(graph).run(*inputs)

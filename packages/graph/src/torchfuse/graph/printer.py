@@ -1,6 +1,6 @@
 """Graphs and guards as readable, runnable Python.
 
-:func:`to_python` prints a Graph as a function with one line per node::
+`to_python` prints a Graph as a function with one line per node::
 
     import torch
 
@@ -11,16 +11,17 @@
         return [relu]
 
 Executing the text (with ``torch`` importable) defines a function that computes what
-:func:`~torchfuse.graph.interpreter.run` computes. Size symbols are bound at the top from
+[`run`][torchfuse.graph.interpreter.run] computes. Size symbols are bound at the top from
 their sources (``s0 = x.size(0)``), so symbolic arguments print as expressions over them.
 
-:func:`guard_to_python` prints one guard as a Python expression that evaluates to ``True``
+`guard_to_python` prints one guard as a Python expression that evaluates to ``True``
 when the guard holds; helpers it calls (``check_tensor``, ``check_type``) are defined here and
-collected in :data:`GUARD_HELPERS` for ``exec``.
+collected in `GUARD_HELPERS` for ``exec``.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import keyword
 import re
@@ -29,8 +30,10 @@ from typing import Any
 
 import torch
 from torchfuse.graph import schema as S
+from torchfuse.graph.expr import free_symbols
 from torchfuse.graph.expr import to_python as expr_to_python
-from torchfuse.graph.verify import SYMBOL_SOURCE
+from torchfuse.graph.ops import UnknownOpError, split_op_name, to_dtype, to_layout, to_memory_format
+from torchfuse.graph.verify import SYMBOL_SOURCE, VerificationError, is_identifier
 
 _SHORT_DTYPES = {
     "float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
@@ -38,6 +41,14 @@ _SHORT_DTYPES = {
     "complex64": "c64", "complex128": "c128",
 }
 _RESERVED = {"torch", "math", "_", "flatten_result", "subgraphs"}
+_NOT_IDENT = re.compile(r"[^A-Za-z0-9_]")  # ASCII only: NFKC would fold other letters onto ASCII
+
+
+def comment_text(text: object) -> str:
+    """``text`` as it may stand in a ``#`` comment: as it is when it is printable on one line,
+    else its ``repr`` (so a newline from data never ends the comment and starts code)."""
+    text = str(text)
+    return text if text.isprintable() else repr(text)
 
 
 def describe_meta(meta: S.TensorMeta) -> str:
@@ -77,7 +88,7 @@ class _Names:
 
     def __call__(self, name: str) -> str:
         if name not in self.map:
-            base = re.sub(r"\W", "_", name) or "v"
+            base = _NOT_IDENT.sub("_", name) or "v"
             if base[0].isdigit() or keyword.iskeyword(base) or hasattr(builtins, base):
                 base = "v_" + base
             ident, i = base, 0
@@ -101,6 +112,12 @@ def _arg(a: S.Argument, names: Callable[[str], str]) -> str:
     if isinstance(a, S.NoneArg):
         return "None"
     if isinstance(a, S.DtypeArg | S.LayoutArg | S.MemoryFormatArg):
+        check = to_dtype if isinstance(a, S.DtypeArg) else (
+            to_layout if isinstance(a, S.LayoutArg) else to_memory_format)
+        try:
+            check(a.name)  # only real names reach the text: never torch.<anything>
+        except ValueError as e:
+            raise VerificationError(f"cannot print argument {a!r}: {e}") from None
         return f"torch.{a.name}"
     if isinstance(a, S.DeviceArg):
         return f"torch.device({a.name!r})"
@@ -135,10 +152,10 @@ def _targets(node: S.Node, names: _Names) -> tuple[str, str]:
 
 
 def _loc_comment(loc: S.SourceLoc) -> str:
-    text = f"# {loc}"
+    text = str(loc)
     if loc.text:
         text += f": {loc.text}"
-    return text
+    return "# " + comment_text(text)
 
 
 def to_python(graph: S.Graph, *, name: str | None = None) -> str:
@@ -146,11 +163,11 @@ def to_python(graph: S.Graph, *, name: str | None = None) -> str:
 
     Each node is one line calling ``torch.ops.<op>`` with a trailing ``# f32[4, 8]`` comment;
     a source-location comment precedes each run of nodes from the same line of user code.
-    The function returns a list, like :func:`~torchfuse.graph.interpreter.run`.
+    The function returns a list, like [`run`][torchfuse.graph.interpreter.run].
     """
     names = _Names()
     names.taken |= {sym.name for sym in graph.symbols}  # symbols are bound as plain names
-    fn = re.sub(r"\W", "_", name or graph.name) or "graph"
+    fn = _NOT_IDENT.sub("_", name or graph.name) or "graph"
     if fn[0].isdigit() or keyword.iskeyword(fn):
         fn = "graph_" + fn
     params = [names(i.name) for i in graph.inputs]
@@ -160,19 +177,36 @@ def to_python(graph: S.Graph, *, name: str | None = None) -> str:
         note = f"{inp.kind}" + (f" {inp.target}" if inp.target else "")
         if meta is not None:
             note += f": {describe_meta(meta)}"
-        body.append(f"# input {i} {params[i]}: {note}")
+        body.append("# " + comment_text(f"input {i} {params[i]}: {note}"))
     for sym in graph.symbols:
+        if not is_identifier(sym.name) or sym.name in _RESERVED or hasattr(builtins, sym.name):
+            raise VerificationError(f"graph {graph.name!r}: cannot print symbol {sym.name!r}: not an "
+                                    "identifier "
+                                    "of its own")
         m = SYMBOL_SOURCE.fullmatch(sym.source or "")
         if m and int(m.group(1)) < len(params):
             body.append(f"{sym.name} = {params[int(m.group(1))]}.size({m.group(2)})")
         elif sym.hint is not None:
-            body.append(f"{sym.name} = {sym.hint}  # hint; source: {sym.source}")
+            body.append(f"{sym.name} = {sym.hint}  # " + comment_text(f"hint; source: {sym.source}"))
     uses_flatten = False
     last_loc: S.SourceLoc | None = None
     for node in graph.nodes:
         if node.loc is not None and node.loc != last_loc:
             body.append(_loc_comment(node.loc))
         last_loc = node.loc
+        try:
+            split_op_name(node.op)  # three identifiers, no dunder: torch.ops.<op> names an op
+        except UnknownOpError as e:
+            raise VerificationError(f"graph {graph.name!r}, node {node.name!r}: cannot print: {e}",
+                                    node.name) from None
+        bad = [k for k in node.kwargs if not is_identifier(k)]
+        if bad:
+            raise VerificationError(f"graph {graph.name!r}, node {node.name!r}: keyword {bad[0]!r} is not "
+                                    "an identifier", node.name)
+        undeclared = _undeclared(node, {s.name for s in graph.symbols})
+        if undeclared:
+            raise VerificationError(f"graph {graph.name!r}, node {node.name!r}: expressions use undeclared "
+                                    f"symbols {sorted(undeclared)}", node.name)
         args = [_arg(a, names) for a in node.args]
         args += [f"{k}={_arg(v, names)}" for k, v in node.kwargs.items()]
         call = f"torch.ops.{node.op}({', '.join(args)})"
@@ -186,7 +220,7 @@ def to_python(graph: S.Graph, *, name: str | None = None) -> str:
         comment = ", ".join(metas)
         if node.module_path:
             comment += f"  ({node.module_path})"
-        body.append(f"{line}  # {comment}" if comment else line)
+        body.append(f"{line}  # {comment_text(comment)}" if comment else line)
     outs = [_arg(o.value, names) for o in graph.outputs]
     body.append(f"return [{', '.join(outs)}]")
     header = ["import torch"]
@@ -195,6 +229,18 @@ def to_python(graph: S.Graph, *, name: str | None = None) -> str:
     lines = [*header, "", "", f"def {fn}({', '.join(params)}):"]
     lines += ["    " + b for b in body]
     return "\n".join(lines) + "\n"
+
+
+def _undeclared(node: S.Node, symbols: set[str]) -> set[str]:
+    out: set[str] = set()
+    stack = [*node.args, *node.kwargs.values()]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, S.SymRef):
+            out |= free_symbols(a.expr) - symbols
+        elif isinstance(a, S.ListArg):
+            stack += a.items
+    return out
 
 
 def describe_output(output: S.GraphOutput) -> str:
@@ -209,7 +255,7 @@ def _long_meta(meta: S.TensorMeta | None) -> str:
 
 def describe_graph(graph: S.Graph) -> str:
     """The graph as compact text, one line per node, each output tagged with its kind (for
-    documentation and as the fallback of logs; :func:`to_python` is the runnable form)::
+    documentation and as the fallback of logs; `to_python` is the runnable form)::
 
         def update(arg0: float32[4, 4], arg1: float32[4]):
             add = aten.add.Tensor(arg0, arg1)  # float32[4, 4]
@@ -236,7 +282,7 @@ def describe_graph(graph: S.Graph) -> str:
 
 
 def load_python(source: str, name: str | None = None) -> Any:
-    """``exec`` the output of :func:`to_python` and return the function it defines."""
+    """``exec`` the output of `to_python` and return the function it defines."""
     namespace: dict[str, Any] = {}
     exec(compile(source, "<torchfuse graph>", "exec"), namespace)
     if name is None:
@@ -294,7 +340,7 @@ GUARD_HELPERS: dict[str, Any] = {
     "torch": torch, "check_tensor": check_tensor, "check_type": check_type,
     "check_global_state": check_global_state,
 }
-"""The names :func:`guard_to_python` output refers to, for ``eval``/``exec``."""
+"""The names `guard_to_python` output refers to, for ``eval``/``exec``."""
 
 
 def _tuple(items: Sequence[Any]) -> str:
@@ -302,25 +348,83 @@ def _tuple(items: Sequence[Any]) -> str:
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
+_GUARD_NODES = (
+    ast.Expression, ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Slice, ast.Tuple,
+    ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp, ast.BoolOp, ast.Compare, ast.SetComp,
+    ast.GeneratorExp, ast.ListComp, ast.comprehension, ast.Starred, ast.Call, ast.expr_context,
+    ast.operator, ast.boolop, ast.cmpop, ast.unaryop)
+GUARD_CALLS = frozenset({"type", "tuple", "list", "len", "id", "storage_groups"})
+"""Functions a guard's source or value may call by name."""
+GUARD_METHODS = frozenset({"keys", "values", "items", "__getitem__"})
+"""Methods a guard's source may call (``tuple(L[0].keys())``, ``dict.__getitem__(d, 'k')``)."""
+
+
+def _check_guard_expr(text: str, what: str) -> None:
+    """Raise `VerificationError` unless ``text`` is an expression that reads objects
+    (names, attributes, items, literals, operators, comprehensions) and calls nothing but
+    `GUARD_CALLS` and `GUARD_METHODS`: what capture writes as a guard's source.
+    A printed guard from a document then runs no code of the document's choosing."""
+    try:
+        tree = ast.parse(text, mode="eval") if isinstance(text, str) and len(text) < 10_000 else None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = None
+    if tree is None:
+        raise VerificationError(f"cannot print a guard whose {what} {text!r} is not a Python expression")
+    for node in ast.walk(tree):
+        if not isinstance(node, _GUARD_NODES):
+            raise VerificationError(f"cannot print a guard whose {what} {text!r} has a "
+                                    f"{type(node).__name__} in it")
+        if isinstance(node, ast.Call):
+            fn = node.func
+            ok = (isinstance(fn, ast.Name) and fn.id in GUARD_CALLS) or (
+                isinstance(fn, ast.Attribute) and fn.attr in GUARD_METHODS)
+            if not ok or node.keywords:
+                raise VerificationError(f"cannot print a guard whose {what} {text!r} calls "
+                                        f"{ast.unparse(fn)}")
+
+
 def guard_to_python(guard: S.Guard) -> str:
     """One guard as a Python expression, true when the guard holds.
 
-    >>> guard_to_python(TensorGuard(source="x", dtype="float32", device="cpu", sizes=(4, 8)))
-    "check_tensor(x, dtype=torch.float32, device='cpu', sizes=(4, 8), requires_grad=False)"
+    Args:
+        guard: A guard record of a Graph (``graph.guards``).
+
+    Returns:
+        Python source of an expression over the guard's sources (``L[0]``, ``x`` …) and the
+        printer's check helpers.
+
+    Examples:
+        >>> from torchfuse.graph.schema import TensorGuard
+        >>> guard_to_python(TensorGuard(source="x", dtype="float32", device="cpu", sizes=(4, 8)))
+        "check_tensor(x, dtype=torch.float32, device='cpu', sizes=(4, 8), requires_grad=False)"
     """
+    source = getattr(guard, "source", None)
+    if source is not None:
+        _check_guard_expr(source, "source")
     if isinstance(guard, S.TensorGuard):
+        try:
+            to_dtype(guard.dtype)
+        except ValueError as e:
+            raise VerificationError(f"cannot print guard on {guard.source!r}: {e}") from None
         text = f"check_tensor({guard.source}, dtype=torch.{guard.dtype}, device={guard.device!r}, "
         text += f"sizes={_tuple(guard.sizes)}"
         if guard.strides is not None:
             text += f", strides={_tuple(guard.strides)}"
         return text + f", requires_grad={guard.requires_grad})"
     if isinstance(guard, S.ConstantGuard):
+        try:
+            ast.parse(guard.value, mode="eval")
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            # the repr of an object that is not Python (``<Foo at 0x...>``): only describable
+            text = f"{guard.source} == {guard.value} (a value without a Python form)"
+            return "True  # " + comment_text(text)
+        _check_guard_expr(guard.value, "value")
         return f"{guard.source} == {guard.value}"
     if isinstance(guard, S.TypeGuard):
         return f"check_type({guard.source}, {guard.type_name!r})"
     if isinstance(guard, S.IdentityGuard):
         # identity is checked by id() in memory; a printed guard can only describe the object
-        return f"True  # {guard.source} is {guard.description}"
+        return "True  # " + comment_text(f"{guard.source} is {guard.description}")
     if isinstance(guard, S.LengthGuard):
         return f"len({guard.source}) == {guard.length}"
     if isinstance(guard, S.GlobalStateGuard):
@@ -332,7 +436,7 @@ def guard_to_python(guard: S.Guard) -> str:
 
 def describe_guard(guard: S.Guard) -> str:
     """One guard as a line of readable text, for logs and ``explain`` (not runnable; see
-    :func:`guard_to_python` for that).
+    `guard_to_python` for that).
 
     >>> describe_guard(LengthGuard(source="L[0]", length=3))
     'len(L[0]) == 3'

@@ -1,12 +1,12 @@
 """The torchfuse format: typed, immutable records for Graph and Program.
 
 Every package of torchfuse reads and writes these records and nothing else. They are
-``msgspec.Struct`` classes: frozen (edit with :func:`msgspec.structs.replace`), typed when
+``msgspec.Struct`` classes: frozen (edit with `msgspec.structs.replace`), typed when
 decoded, tagged where a field holds one of several kinds, and turned into JSON Schema by
 ``torchfuse.graph.versioning``.
 
 Expressions (sizes, strides, offsets, grids, guard relations) are plain strings in a small
-grammar documented in :mod:`torchfuse.graph.expr`, or plain ``int`` when they are constant,
+grammar documented in [`torchfuse.graph.expr`][torchfuse.graph.expr], or plain ``int`` when they are constant,
 so that a reader needs no sympy to load a file.
 
 Adding a field *with a default* is a minor version bump; removing or re-typing a field is a
@@ -162,6 +162,8 @@ OutputKind = Literal["user_output", "loss", "gradient", "mutated_input", "saved_
 
 
 class GraphInput(msgspec.Struct, **_FROZEN):
+    """One input of a Graph: a user input, a parameter, buffer or constant, or a tangent."""
+
     name: str
     """The value name (key in ``Graph.values``)."""
     kind: InputKind = "user_input"
@@ -170,8 +172,10 @@ class GraphInput(msgspec.Struct, **_FROZEN):
 
 
 class GraphOutput(msgspec.Struct, **_FROZEN):
+    """One output of a Graph and its role: user output, loss, gradient, mutated input or saved value."""
+
     value: Argument
-    """Usually a :class:`TensorRef`; a :class:`SymRef` or scalar for non-tensor outputs."""
+    """Usually a `TensorRef`; a `SymRef` or scalar for non-tensor outputs."""
     kind: OutputKind = "user_output"
     target: str | None = None
     """For ``mutated_input``: the input name whose new value this is; for ``gradient``: the
@@ -290,6 +294,8 @@ class Graph(msgspec.Struct, **_FROZEN):
 
 
 class Buffer(msgspec.Struct, **_FROZEN):
+    """A tensor a Program allocates: dtype, sizes and strides (symbolic expressions), device."""
+
     name: str
     dtype: str
     sizes: tuple[Expr, ...]
@@ -315,6 +321,9 @@ class LaunchConfig(msgspec.Struct, **_FROZEN):
 
 
 class Kernel(msgspec.Struct, **_FROZEN):
+    """A kernel of a Program: its source module, signature, constexprs, candidate launch
+    configs and grid."""
+
     name: str
     source: str
     """A complete Python module defining the kernel (with its imports)."""
@@ -338,7 +347,7 @@ class AllocStep(msgspec.Struct, tag="alloc", **_FROZEN):
 class LaunchStep(msgspec.Struct, tag="launch", **_FROZEN):
     kernel: str
     args: tuple[Argument, ...]
-    """Pointers as :class:`TensorRef` to buffers or inputs; scalars as :class:`SymRef`/literals."""
+    """Pointers as `TensorRef` to buffers or inputs; scalars as `SymRef`/literals."""
     grid: tuple[Expr, ...] = ()
     """Overrides ``Kernel.grid`` when non-empty."""
 

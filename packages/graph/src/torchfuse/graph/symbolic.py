@@ -2,7 +2,7 @@
 
 Dynamic shapes need torch's own meta kernels to compute *with* sizes they do not know. torch
 lets a Python object stand behind a ``torch.SymInt``: the C++ side calls methods such as
-``add``, ``mul``, ``eq`` and ``guard_bool`` on it. :class:`SymNode` is that object. It holds
+``add``, ``mul``, ``eq`` and ``guard_bool`` on it. `SymNode` is that object. It holds
 a sympy expression over size symbols and the *hint* (the value the expression has for the
 example inputs), so every question a kernel asks can be answered:
 
@@ -10,19 +10,19 @@ example inputs), so every question a kernel asks can be answered:
 * a branch on a relation (``guard_bool``: "is ``s0 == 1``?") is first decided from the
   symbols' ranges; only when the ranges cannot decide it does the answer come from the hint,
   and then the relation that held is written down as a guard
-  (:class:`~torchfuse.graph.schema.SymbolGuard`). That is how relations such as
+  ([`SymbolGuard`][torchfuse.graph.schema.SymbolGuard]). That is how relations such as
   ``s0 == s1`` become guards only when the code depends on them;
 * a demand for a plain ``int`` (``guard_int``) specializes: the guard ``expr == hint``.
 
-A :class:`SizeEnv` owns the symbols, their ranges and the guards of one trace. Sizes 0 and 1
+A `SizeEnv` owns the symbols, their ranges and the guards of one trace. Sizes 0 and 1
 are never symbolic (a symbol's range starts at 2), so broadcasting and empty-tensor checks
 are decided by the ranges and add no guards. A symbol made with ``strict=True``
-(``mark_dynamic``) may not be specialized: doing so raises :class:`SpecializationError`
+(``mark_dynamic``) may not be specialized: doing so raises `SpecializationError`
 naming the source line that asked for it (``SizeEnv.loc``, kept current by capture).
 
-Expressions leave this module as strings of the format's grammar (:func:`to_text`) and come
-back with :meth:`SizeEnv.parse`. Meta kernels written in Python need torch's Python
-dispatcher to see symbolic sizes; :meth:`SizeEnv.tracing` turns it on for a trace.
+Expressions leave this module as strings of the format's grammar (`to_text`) and come
+back with `SizeEnv.parse`. Meta kernels written in Python need torch's Python
+dispatcher to see symbolic sizes; `SizeEnv.tracing` turns it on for a trace.
 
 Why sympy: it canonicalizes sums and products (``s0*64 == 64*s0``), cancels
 (``(s0*64)//64 == s0``) and substitutes, which is the algebra shapes need; the inductor uses
@@ -70,7 +70,7 @@ class SizeEnv:
     loc: S.SourceLoc | None = None
     """Where the traced code is now; guards and specialization errors name it."""
     loc_fn: Callable[[], S.SourceLoc | None] | None = None
-    """When set, asked for the location instead of :attr:`loc` (capture's current line)."""
+    """When set, asked for the location instead of `loc` (capture's current line)."""
     replacements: dict[sympy.Symbol, sympy.Expr] = field(default_factory=dict)
     """Symbols a guard made equal to another expression (``s2 == s0``): written as that
     expression everywhere after, so equal sizes look equal to later passes."""
@@ -682,7 +682,7 @@ def _num_type(a: SymNode, b: SymNode) -> type:
 
 
 def node_of(x: Any) -> SymNode | None:
-    """The :class:`SymNode` behind a ``SymInt``/``SymFloat``/``SymBool`` of ours, else None."""
+    """The `SymNode` behind a ``SymInt``/``SymFloat``/``SymBool`` of ours, else None."""
     if isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
         node = x.node
         return node if isinstance(node, SymNode) else None
@@ -774,7 +774,7 @@ def symbolic_fake_sizes(env: SizeEnv, meta: S.TensorMeta) -> tuple[list, list, A
 
 
 def env_from_symbols(symbols: tuple[S.Symbol, ...], hints: Mapping[str, int] | None = None) -> SizeEnv:
-    """A :class:`SizeEnv` holding a graph's symbols (hints from ``hints`` when given), to
+    """A `SizeEnv` holding a graph's symbols (hints from ``hints`` when given), to
     retrace the graph with the same symbols."""
     env = SizeEnv()
     for s in symbols:

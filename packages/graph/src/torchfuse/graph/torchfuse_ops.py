@@ -10,7 +10,7 @@ Every Graph may contain them, so every reader needs them registered with torch: 
 
 ``torchfuse.triton_kernel.default(str kernel, Tensor[] tensors, int[] mutated) -> Tensor[]``
     One launch of a user ``@triton.jit`` kernel (described by the JSON text ``kernel``, see
-    :mod:`torchfuse.graph.user_kernels`). Functional: returns a new tensor per index in
+    `torchfuse.graph.user_kernels`). Functional: returns a new tensor per index in
     ``mutated`` holding what the kernel wrote there. Not differentiable: its outputs never
     require grad, as a Triton kernel's writes carry no gradient in eager either.
 """

@@ -4,11 +4,11 @@ Capture (bytecode interpretation) and autograd (the joint graph) both need the s
 run ordinary torch code on tensors that carry only metadata, and write down every ATen op
 the dispatcher sees. They cannot import each other, so this lives in the format package.
 
-* :class:`FakeTensor` is a wrapper tensor subclass that claims a real device (``cuda``,
+* `FakeTensor` is a wrapper tensor subclass that claims a real device (``cuda``,
   ``cpu``) and dtype/shape/strides, but holds only a ``meta`` tensor. No data, no kernels.
-* :class:`Recorder` is a dispatch mode. Every ATen op called while it is active is run on
+* `Recorder` is a dispatch mode. Every ATen op called while it is active is run on
   the meta tensors (so output metadata comes from torch's own meta kernels) and appended to
-  a :class:`GraphBuilder` as a :class:`~torchfuse.graph.schema.Node`.
+  a `GraphBuilder` as a [`Node`][torchfuse.graph.schema.Node].
 
 Example::
 
@@ -108,7 +108,7 @@ def fake_from_meta(meta: S.TensorMeta, symbols: dict[str, int] | None = None, *,
                    requires_grad: bool | None = None, env: Any = None) -> FakeTensor:
     """A fake tensor with the metadata of a value-table entry. Symbolic sizes, strides and
     offsets are evaluated with ``symbols`` (e.g. the symbols' hints), or, given a
-    :class:`~torchfuse.graph.symbolic.SizeEnv` as ``env``, kept symbolic (``SymInt``)."""
+    [`SizeEnv`][torchfuse.graph.symbolic.SizeEnv] as ``env``, kept symbolic (``SymInt``)."""
     from torchfuse.graph.expr import evaluate
     from torchfuse.graph.ops import to_dtype
 
@@ -301,8 +301,8 @@ class GraphBuilder:
         self.meta: dict[str, str] = {}
         self.opsets: dict[str, int] = {}
         self.size_env: Any = None
-        """A :class:`~torchfuse.graph.symbolic.SizeEnv` when tracing with symbolic sizes: its
-        symbols and guards are written into the graph by :meth:`build`."""
+        """A [`SizeEnv`][torchfuse.graph.symbolic.SizeEnv] when tracing with symbolic sizes: its
+        symbols and guards are written into the graph by `build`."""
         self._taken: set[str] = set()
 
     def fresh(self, hint: str) -> str:
@@ -369,8 +369,8 @@ class Recorder(TorchDispatchMode):
     """A dispatch mode that runs ATen ops on fake tensors and records them into a builder.
 
     Tensors that are not fakes of this recorder (a real tensor from a global, say) are
-    turned into graph inputs through :attr:`on_constant`, which by default adds an input of
-    kind ``constant`` and remembers the tensor in :attr:`constants`.
+    turned into graph inputs through `on_constant`, which by default adds an input of
+    kind ``constant`` and remembers the tensor in `constants`.
     """
 
     def __init__(self, builder: GraphBuilder | None = None) -> None:
@@ -408,7 +408,7 @@ class Recorder(TorchDispatchMode):
               target: str | None = None, requires_grad: bool | None = None,
               sizes: Sequence[Any] | None = None) -> FakeTensor:
         """A fake for ``example`` bound to a new graph input. ``sizes`` (ints and ``SymInt``s
-        of the builder's :attr:`~GraphBuilder.size_env`) makes some of its sizes symbolic."""
+        of the builder's `size_env`) makes some of its sizes symbolic."""
         fake = None
         if sizes is not None and any(isinstance(n, torch.SymInt) for n in sizes):
             fake = symbolic_fake(example, sizes, requires_grad=requires_grad)
@@ -489,10 +489,31 @@ def trace(
 ) -> tuple[S.Graph, dict[str, torch.Tensor]]:
     """Record ``fn`` (plain torch code, no Python control flow on values) as a Graph.
 
-    Returns the graph and the constant tensors it captured (by input name). ``dynamic`` maps
-    an example's position to the dims whose sizes become symbols (``s0``, ``s1``, … with
-    sources ``input:<i>.size(<d>)``); relations the code depends on become the graph's
-    guards. Useful for tests, fixtures and building graphs by hand; capture is the general tool.
+    ``fn`` runs once on fake tensors; every ATen op it reaches is recorded. Useful for tests,
+    fixtures and building graphs by hand; [`torchfuse.capture.compile`][torchfuse.capture.compile]
+    is the general tool (it reads bytecode, so Python control flow, guards and graph breaks work).
+
+    Args:
+        fn: The function; it takes one tensor per example and returns a tensor or a tuple or
+            list of them.
+        *examples: Example tensors: their dtypes, sizes and devices are recorded, not values.
+        name: The graph's name.
+        dynamic: Maps an example's position to the dims whose sizes become symbols (``s0``,
+            ``s1``, … with sources ``input:<i>.size(<d>)``); relations the code depends on
+            become the graph's guards.
+
+    Returns:
+        The graph, and the constant tensors it captured, by input name.
+
+    Raises:
+        DataDependentError: ``fn`` needs a tensor's value (``if x.sum() > 0``, ``.item()``).
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.graph import trace
+        >>> graph, constants = trace(lambda x, y: (x + y).relu(), torch.randn(2, 3), torch.randn(2, 3))
+        >>> [(n.name, n.op) for n in graph.nodes]
+        [('add', 'aten.add.Tensor'), ('relu', 'aten.relu.default')]
     """
     rec = Recorder(GraphBuilder(name))
     env = None

@@ -2,7 +2,7 @@
 
 A user ``@triton.jit`` kernel launched inside a captured function is recorded as one node,
 ``torchfuse.triton_kernel.default(str kernel, Tensor[] tensors, int[] mutated) -> Tensor[]``
-(see :mod:`torchfuse.graph.torchfuse_ops`). ``kernel`` is a canonical JSON string (sorted
+(see `torchfuse.graph.torchfuse_ops`). ``kernel`` is a canonical JSON string (sorted
 keys, no spaces) describing everything a launch needs, so that a graph holding it runs with
 this package and Triton alone::
 
@@ -19,8 +19,11 @@ this package and Triton alone::
 functional: it clones the tensors at the positions in ``mutated`` (the pointers the kernel
 writes), launches the kernel on the clones, and returns them; the caller copies them back
 where the program expects the mutation. Triton's ``@jit`` reads its function's source with
-``inspect``, so :func:`load_kernel` writes ``source`` to a file named by its content hash and
-imports it from there.
+``inspect``, so `load_kernel` writes ``source`` to a file named by its content hash and
+imports it from there -- after [`check_kernel_source`][torchfuse.graph.kernel_source.check_kernel_source]
+accepted it, unless this process wrote the description itself (`dumps` marks the
+sources of the user's own kernels as trusted): a graph from an archive never imports a
+source that could run code at import.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source, mark_trusted
 
 SPEC_VERSION = 1
 """Version of the kernel description; readers reject a newer one."""
@@ -50,7 +54,10 @@ class UserKernelError(RuntimeError):
 
 
 def dumps(spec: dict[str, Any]) -> str:
-    """The canonical JSON text of a kernel description (what the graph stores)."""
+    """The canonical JSON text of a kernel description (what the graph stores). Its source is
+    the caller's own code: it is marked trusted (see `torchfuse.graph.kernel_source`)."""
+    if isinstance(spec.get("source"), str):
+        mark_trusted(spec["source"])
     return json.dumps({**spec, "version": SPEC_VERSION}, sort_keys=True, separators=(",", ":"))
 
 
@@ -58,8 +65,10 @@ def loads(text: str) -> dict[str, Any]:
     """Parse a kernel description, checking the fields every launch needs."""
     try:
         spec = json.loads(text)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError, TypeError) as e:
         raise UserKernelError(f"triton_kernel: the kernel description is not JSON: {e}") from e
+    if not isinstance(spec, dict):
+        raise UserKernelError("triton_kernel: the kernel description is not a JSON object")
     version = spec.get("version", 0)
     if not isinstance(version, int) or version > SPEC_VERSION:
         raise UserKernelError(f"triton_kernel: kernel description version {version} is newer than "
@@ -67,6 +76,8 @@ def loads(text: str) -> dict[str, Any]:
     missing = [k for k in ("source", "entry", "grid", "args") if k not in spec]
     if missing:
         raise UserKernelError(f"triton_kernel: the kernel description lacks {missing}")
+    if not isinstance(spec["source"], str) or not isinstance(spec["entry"], str):
+        raise UserKernelError("triton_kernel: the kernel description's source and entry must be strings")
     return spec
 
 
@@ -83,7 +94,12 @@ def _interpreting() -> bool:
 
 
 def load_kernel(source: str, entry: str) -> Any:
-    """The Triton function ``entry`` that ``source`` defines (imported once per process)."""
+    """The Triton function ``entry`` that ``source`` defines (imported once per process), once
+    [`check_kernel_source`][torchfuse.graph.kernel_source.check_kernel_source] accepted it."""
+    try:
+        check_kernel_source(source, entry)
+    except KernelSourceError as e:
+        raise UserKernelError(f"triton_kernel: refusing to import the source of {entry!r}: {e}") from e
     digest = hashlib.sha256(source.encode()).hexdigest()[:32]
     path = kernel_dir() / f"uk_{digest}.py"
     # @jit builds an interpreted function when TRITON_INTERPRET is on: keep both builds apart

@@ -1,15 +1,15 @@
 """Verifiers: the invariants a Graph or a Program must satisfy, checked with located errors.
 
-:func:`verify` checks a Graph: names are unique and defined before use, the value table
+`verify` checks a Graph: names are unique and defined before use, the value table
 matches what inputs and nodes define, every op is registered with torch and its namespace is
 in the graph's ``opsets``, expressions parse and mention only declared symbols, and each
 node's output metadata is what the op's meta kernel computes from its inputs' metadata.
 
-:func:`verify_program` checks a Program: buffers and kernels referenced by steps exist and
+`verify_program` checks a Program: buffers and kernels referenced by steps exist and
 are live, launch argument counts match kernel signatures, grids parse, and symbols can be
 bound from the inputs.
 
-Both raise :class:`VerificationError` naming the node (or step) at fault::
+Both raise `VerificationError` naming the node (or step) at fault::
 
     >>> verify(broken)                                   # doctest: +SKIP
     VerificationError: graph 'f', node 'add' [aten.add.Tensor]: value 'y' is used before it is defined
@@ -17,6 +17,7 @@ Both raise :class:`VerificationError` naming the node (or step) at fault::
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -25,11 +26,31 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import ExprError, evaluate, free_symbols
-from torchfuse.graph.ops import UnknownOpError, decode_arg, flatten_result, resolve_op, tensor_refs, to_dtype
+from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source
+from torchfuse.graph.ops import (
+    UnknownOpError,
+    decode_arg,
+    flatten_result,
+    resolve_op,
+    tensor_refs,
+    to_dtype,
+    to_layout,
+    to_memory_format,
+)
+from torchfuse.graph.torchfuse_ops import TRITON_KERNEL
 from torchfuse.graph.tracing import DataDependentError, FakeTensor, fake_from_meta
 
-SYMBOL_SOURCE = re.compile(r"input:(\d+)\.size\((\d+)\)")
+SYMBOL_SOURCE = re.compile(r"input:([0-9]{1,9})\.size\(([0-9]{1,9})\)")
 """The symbol sources a runtime can bind: ``input:<k>.size(<d>)``."""
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")
+
+
+def is_identifier(name: object) -> bool:
+    """True for an ASCII Python identifier that is no keyword and no dunder name: what every
+    name from a document must be before it is written into generated Python."""
+    return (isinstance(name, str) and _IDENTIFIER.fullmatch(name) is not None
+            and not keyword.iskeyword(name) and not name.startswith("__"))
 
 
 class VerificationError(ValueError):
@@ -91,10 +112,16 @@ class _GraphChecker:
                 self.expr(a.expr, "symbolic argument")
             elif isinstance(a, S.ListArg):
                 self.args(a.items)
+            else:
+                problem = argument_problem(a)
+                if problem:
+                    self.fail(problem)
 
     def run(self) -> None:
         g = self.g
         for sym in g.symbols:
+            if not is_identifier(sym.name):
+                self.fail(f"symbol name {sym.name!r} is not an identifier")
             if sym.source and sym.source.startswith("input:"):
                 m = SYMBOL_SOURCE.fullmatch(sym.source)
                 if not m or int(m.group(1)) >= len(g.inputs):
@@ -144,6 +171,11 @@ class _GraphChecker:
             op = resolve_op(node.op)
         except UnknownOpError as e:
             self.fail(f"unknown op: {e}")
+        bad = [k for k in node.kwargs if not is_identifier(k)]
+        if bad:
+            self.fail(f"keyword {bad[0]!r} is not an identifier")
+        if node.op == TRITON_KERNEL:
+            self.user_kernel(node)
         ns = node.op.split(".", 1)[0]
         if ns not in self.g.opsets:
             self.fail(f"op namespace {ns!r} is not in the graph's opsets {dict(self.g.opsets)}")
@@ -159,6 +191,18 @@ class _GraphChecker:
             self.defined.add(out)
         if self.check_meta:
             self.meta_kernel(node, op)
+
+    def user_kernel(self, node: S.Node) -> None:
+        from torchfuse.graph.user_kernels import UserKernelError, loads
+
+        first = node.args[0] if node.args else None
+        if not isinstance(first, S.Str):
+            self.fail("the kernel description (first argument) is not a string")
+        try:
+            spec = loads(first.value)
+            check_kernel_source(spec["source"], spec["entry"])
+        except (UserKernelError, KernelSourceError) as e:
+            self.fail(str(e))
 
     def meta_kernel(self, node: S.Node, op: torch._ops.OpOverload) -> None:
         refs = tensor_refs(list(node.args) + list(node.kwargs.values()))
@@ -208,6 +252,22 @@ class _GraphChecker:
                           f"table, the op gives {got.storage_offset()}")
 
 
+def argument_problem(a: S.Argument) -> str | None:
+    """What is wrong with a dtype, layout, memory-format or device argument's name, or None."""
+    try:
+        if isinstance(a, S.DtypeArg):
+            to_dtype(a.name)
+        elif isinstance(a, S.LayoutArg):
+            to_layout(a.name)
+        elif isinstance(a, S.MemoryFormatArg):
+            to_memory_format(a.name)
+        elif isinstance(a, S.DeviceArg):
+            torch.device(a.name)
+    except (ValueError, RuntimeError, TypeError) as e:
+        return f"argument {a!r}: {e}"
+    return None
+
+
 def _sym_args(args: Iterable[S.Argument]) -> list[S.SymRef]:
     out: list[S.SymRef] = []
     for a in args:
@@ -219,7 +279,7 @@ def _sym_args(args: Iterable[S.Argument]) -> list[S.SymRef]:
 
 
 def verify(graph: S.Graph, *, check_meta: bool = True) -> None:
-    """Check every invariant of ``graph``; raise :class:`VerificationError` naming the node.
+    """Check every invariant of ``graph``; raise `VerificationError` naming the node.
 
     ``check_meta`` re-runs each op on meta tensors built from its inputs' metadata and
     compares dtype, sizes, device and (for concrete sizes) strides with the value table.
@@ -286,6 +346,9 @@ class _ProgramChecker:
 
     def run(self) -> None:
         p = self.p
+        problem = program_name_problem(p) or program_size_problem(p)
+        if problem:
+            self.fail(problem)
         if len(self.buffers) != len(p.buffers):
             self.fail("buffer names are not unique")
         if len(self.kernels) != len(p.kernels):
@@ -332,13 +395,10 @@ class _ProgramChecker:
 
     def kernel(self, k: S.Kernel) -> None:
         self.where = f"program {self.p.name!r}, kernel {k.name!r}"
-        entry = k.entry or k.name
         try:
-            compile(k.source, f"<kernel {k.name}>", "exec")
-        except SyntaxError as e:
-            self.fail(f"source does not parse: {e}")
-        if not re.search(rf"^def {re.escape(entry)}\(", k.source, re.MULTILINE):
-            self.fail(f"source defines no function {entry!r}")
+            check_kernel_source(k.source, k.entry or k.name)
+        except KernelSourceError as e:
+            self.fail(str(e))
         meta_names = set(k.constexprs)
         for c in k.configs:
             meta_names |= set(c.meta)
@@ -418,6 +478,52 @@ def _describe(step: S.Step) -> str:
     return f"copy {step.src} -> {step.dst}"
 
 
+def program_name_problem(program: S.Program) -> str | None:
+    """The first name of ``program`` that generated Python would contain but that is not an
+    identifier (`is_identifier`): kernel and entry names, kernel parameters, constexpr
+    and launch-config keys, extern keywords and symbols. None when all are."""
+    # buffer names are not here: the call function's generator renames them to identifiers
+    named: list[tuple[str, object]] = [("symbol", s.name) for s in program.symbols]
+    for k in program.kernels:
+        named += [("kernel", k.name)] + ([("kernel entry", k.entry)] if k.entry else [])
+        named += [(f"parameter of kernel {k.name!r}", p.name) for p in k.signature]
+        named += [(f"constexpr of kernel {k.name!r}", c) for c in k.constexprs]
+        named += [(f"launch-config key of kernel {k.name!r}", m) for c in k.configs for m in c.meta]
+    for step in program.steps:
+        if isinstance(step, S.ExternStep):
+            named += [(f"keyword of {step.op}", kw) for kw in step.kwargs]
+    for what, name in named:
+        if not is_identifier(name):
+            return f"{what} name {name!r} is not an identifier"
+    return None
+
+
+def symbol_samples(symbols: Iterable[S.Symbol]) -> dict[str, int]:
+    """The values the verifier evaluates sizes at: each symbol's hint, else its minimum (at
+    least 2, as capture specializes 0 and 1)."""
+    return {s.name: s.hint if s.hint is not None else max(s.min, 2) for s in symbols}
+
+
+def program_size_problem(program: S.Program) -> str | None:
+    """What is wrong with a buffer's or view's sizes, strides or offset, or None: each must
+    evaluate (no division by zero, only declared symbols) to a non-negative int at the
+    symbols' hints (`symbol_samples`)."""
+    env = symbol_samples(program.symbols)
+    laid_out: list[tuple[str, S.Buffer | S.ViewStep]] = [(f"buffer {b.name!r}", b) for b in program.buffers]
+    laid_out += [(f"view {s.output!r}", s) for s in program.steps if isinstance(s, S.ViewStep)]
+    for what, item in laid_out:
+        for field, exprs in (("sizes", item.sizes), ("strides", item.strides),
+                             ("storage offset", (item.storage_offset,))):
+            for e in exprs:
+                try:
+                    value = evaluate(e, env)
+                except ExprError as err:
+                    return f"{what}: {field} {e!r} does not evaluate at the symbols' hints {env}: {err}"
+                if isinstance(value, bool) or value < 0:
+                    return f"{what}: {field} {e!r} is {value} at the symbols' hints {env}; expected >= 0"
+    return None
+
+
 def verify_program(program: S.Program) -> None:
-    """Check every invariant of ``program``; raise :class:`VerificationError` naming the step."""
+    """Check every invariant of ``program``; raise `VerificationError` naming the step."""
     _ProgramChecker(program).run()

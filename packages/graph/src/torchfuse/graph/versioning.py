@@ -4,12 +4,12 @@
 fields are ignored by the decoder) and rejects a newer major. Versions are compared as
 tuples with ``<``/``>``, never with ``==``: a reader at 1.3 must accept 1.0 … 1.9.
 
-**Schema gate.** The JSON Schema of :class:`~torchfuse.graph.schema.Graph` and
-:class:`~torchfuse.graph.schema.Program` is generated into the committed file
+**Schema gate.** The JSON Schema of [`Graph`][torchfuse.graph.schema.Graph] and
+[`Program`][torchfuse.graph.schema.Program] is generated into the committed file
 ``format_schema.json``; ``format_schema.sha256.json`` next to it records the version it was
 written for and the sha256 of the canonical schema. When the records change, the test suite
 compares the committed schema with the generated one and says which bump is needed
-(:func:`required_bump`). Regenerate with::
+(`required_bump`). Regenerate with::
 
     python -m torchfuse.graph.versioning --write
 
@@ -191,9 +191,9 @@ def check_schema(
     generated: dict[str, Any] | None = None,
     current: tuple[int, int] | None = None,
 ) -> None:
-    """Compare the committed schema with the generated one; raise :class:`SchemaGateError`
+    """Compare the committed schema with the generated one; raise `SchemaGateError`
     saying which bump (and which regeneration) is needed. Arguments default to the
-    committed files, the live records and :data:`FORMAT_VERSION`."""
+    committed files, the live records and `FORMAT_VERSION`."""
     if committed is None or recorded is None:
         file_schema, file_version = committed_schema()
         committed = file_schema if committed is None else committed

@@ -1,7 +1,10 @@
 """torchfuse-runtime: loads a Program and runs it.
 
-``load(program_or_path)`` returns a :class:`CompiledProgram`, callable on the Program's flat
-inputs. Kernels are imported from a content-addressed cache directory and compiled by Triton
+``load(program_or_path)`` returns a `CompiledProgram`, callable on the Program's flat
+inputs. The Program is validated first (names that reach generated code are identifiers, ops
+resolve to real operators, buffer sizes evaluate) and every kernel source must have the form
+`torchfuse.graph.kernel_source` accepts, unless ``trust_code=True``. Kernels are imported
+from a content-addressed cache directory and compiled by Triton
 (whose own cache keeps the binaries), autotuned on their first GPU launch (winners kept on
 disk), and launched by a generated Python call function. ``mode="reduce-overhead"`` replays
 calls as CUDA graphs. Nothing here imports torchfuse.capture, torchfuse.autograd or
@@ -18,6 +21,7 @@ from torchfuse.runtime.errors import (
     InvalidProgramError,
     KernelCompileError,
     RuntimeLoadError,
+    UntrustedCodeError,
 )
 from torchfuse.runtime.kernels import CompileStats
 from torchfuse.runtime.program import CompiledProgram, load
@@ -25,5 +29,5 @@ from torchfuse.runtime.program import CompiledProgram, load
 __all__ = [
     "CompileStats", "CompiledProgram", "Config", "CorruptArchiveError", "DeviceMismatchError",
     "InputError", "InterpreterRequiredError", "InvalidProgramError", "KernelCompileError",
-    "RuntimeLoadError", "__version__", "load",
+    "RuntimeLoadError", "UntrustedCodeError", "__version__", "load",
 ]

@@ -13,7 +13,7 @@ the winner's launch, because a kernel may write into a buffer it also reads.
 Kernels whose launches move little data (under ``autotune_min_bytes`` of the runtime config)
 are not tuned at all: their time is the launch latency whatever the config, while every
 candidate costs a Triton compile (0.1-2 s each, a first call's largest cost). They take the
-candidate cheapest to compile, :func:`cheapest_to_compile`, and only that one is compiled.
+candidate cheapest to compile, `cheapest_to_compile`, and only that one is compiled.
 """
 
 from __future__ import annotations

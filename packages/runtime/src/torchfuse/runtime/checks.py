@@ -1,7 +1,7 @@
 """Checking a Program once at load time, and explaining precisely why inputs were rejected.
 
 The generated call function checks its inputs with one cheap combined condition; when that
-fails it calls :func:`diagnose_inputs`, which walks the inputs slowly and says exactly which one
+fails it calls `diagnose_inputs`, which walks the inputs slowly and says exactly which one
 is wrong and what was expected. Nothing here runs on the fast path.
 """
 
@@ -14,15 +14,16 @@ from typing import Any
 import torch
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import ExprError, evaluate, free_symbols
-from torchfuse.graph.ops import tensor_refs
+from torchfuse.graph.ops import UnknownOpError, resolve_op, tensor_refs
+from torchfuse.graph.verify import argument_problem, program_name_problem, program_size_problem
 from torchfuse.runtime.errors import DeviceMismatchError, InputError, InvalidProgramError
 
-_SOURCE = re.compile(r"^input:(\d+)\.size\((\d+)\)$")
+_SOURCE = re.compile(r"input:([0-9]{1,9})\.size\(([0-9]{1,9})\)")
 
 
 def symbol_source(sym: S.Symbol) -> tuple[int, int] | None:
     """``(input index, dim)`` of a symbol bound from an input's size, else ``None``."""
-    m = _SOURCE.match(sym.source or "")
+    m = _SOURCE.fullmatch(sym.source or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
@@ -60,8 +61,27 @@ def program_expressions(program: S.Program) -> list[S.Expr]:
 
 
 def validate_program(program: S.Program) -> None:
-    """Raise :class:`InvalidProgramError` for a Program that cannot be run as written."""
+    """Raise `InvalidProgramError` for a Program that cannot be run as written, or that
+    would put into the generated call function a name that is not an identifier, an op that
+    is not a real operator, or a buffer size that does not evaluate to a non-negative int."""
     name = program.name
+    problem = program_name_problem(program) or program_size_problem(program)
+    if problem:
+        raise InvalidProgramError(f"program {name!r}: {problem}")
+    for step in program.steps:
+        if isinstance(step, S.ExternStep):
+            try:
+                resolve_op(step.op)
+            except UnknownOpError as e:
+                raise InvalidProgramError(f"program {name!r}: extern step: {e}") from None
+        if isinstance(step, S.ExternStep | S.LaunchStep):
+            args = [*step.args, *(step.kwargs.values() if isinstance(step, S.ExternStep) else ())]
+            while args:
+                a = args.pop()
+                if isinstance(a, S.ListArg):
+                    args += a.items
+                elif (problem := argument_problem(a)) is not None:
+                    raise InvalidProgramError(f"program {name!r}: {_describe_step(step)}: {problem}")
     buffers = buffer_table(program)
     kernels = {k.name: k for k in program.kernels}
     for inp in program.inputs:
@@ -158,6 +178,10 @@ def validate_program(program: S.Program) -> None:
                 f"program {name!r}: expression {e!r} uses unknown symbols {sorted(unknown)}")
 
 
+def _describe_step(step: S.Step) -> str:
+    return f"launch of {step.kernel!r}" if isinstance(step, S.LaunchStep) else f"extern {step.op}"
+
+
 def expected_device(device_type: str, buf: S.Buffer) -> str:
     """The device type a buffer lives on when the Program runs on ``device_type``: its own
     (a cuda Program may keep small tensors on the CPU), unless the whole Program runs on the CPU."""
@@ -240,7 +264,7 @@ def diagnose_inputs(program: S.Program, device_type: str, inputs: Sequence[Any])
             )
         want_strides = tuple(evaluate(e, env) for e in buf.strides)
         for d, (size, got, exp) in enumerate(zip(want, value.stride(), want_strides, strict=True)):
-            if size > 1 and got != exp:
+            if size > 1 and got != exp and 0 not in want:  # an empty tensor has any layout
                 return InputError(
                     f"{what}: expected strides {want_strides}, got {value.stride()} (dim {d}); "
                     "pass a tensor with the expected layout (e.g. `.contiguous()`)", index=i, name=name,

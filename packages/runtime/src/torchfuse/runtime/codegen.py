@@ -50,11 +50,14 @@ from typing import Any
 import torch
 from torchfuse.graph import expr as E
 from torchfuse.graph import schema as S
-from torchfuse.graph.ops import resolve_op, to_dtype
+from torchfuse.graph.ops import resolve_op, to_dtype, to_layout, to_memory_format
 from torchfuse.runtime.checks import buffer_table, expected_device, program_expressions, symbol_source
 from torchfuse.runtime.errors import InvalidProgramError
 
-_IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# Names from the Program become Python names: ASCII only (NFKC folds other letters onto
+# ASCII ones, so a Unicode name could alias a generated global), and matched whole.
+_NOT_IDENT = re.compile(r"[^A-Za-z0-9_]")
 # Names the generated code itself uses unprefixed (an input named ``call`` must not shadow it).
 _RESERVED = {"args", "min", "max", "len", "float", "int", "call", "call_fast"}
 
@@ -85,9 +88,9 @@ class _Names:
     def bind_local(self, name: str) -> str:
         if name in self.local:
             return self.local[name]
-        py = name if _IDENT.match(name) and not keyword.iskeyword(name) else ""
+        py = name if _IDENT.fullmatch(name) and not keyword.iskeyword(name) else ""
         if not py or py in self.used:
-            base = re.sub(r"\W", "_", name).strip("_") or "v"
+            base = _NOT_IDENT.sub("_", name).strip("_") or "v"
             base = base if base[0].isalpha() else "v" + base
             py, i = base, 0
             while py in self.used or keyword.iskeyword(py):
@@ -108,7 +111,7 @@ class _Names:
         key = (hint, id(value))
         if key in self.global_by_id:
             return self.global_by_id[key]
-        name = "_" + re.sub(r"\W", "_", hint)
+        name = "_" + _NOT_IDENT.sub("_", hint)
         base, i = name, 0
         while name in self.globals:
             i += 1
@@ -218,7 +221,8 @@ class _Ctx:
                 return "_dev"
             return self.names.glob("device_" + a.name, torch.device(a.name))
         if isinstance(a, S.LayoutArg | S.MemoryFormatArg):
-            return self.names.glob(a.name, getattr(torch, a.name))
+            value = to_layout(a.name) if isinstance(a, S.LayoutArg) else to_memory_format(a.name)
+            return self.names.glob(a.name, value)
         raise InvalidProgramError(f"program {self.program.name!r}: cannot pass argument {a!r}")
 
     def tup(self, exprs: tuple[S.Expr, ...]) -> str:
@@ -283,8 +287,9 @@ def _prologue(ctx: _Ctx, out: list[str]) -> None:
                 continue
             conds.append(f"_sh{i}[{d}] != {render_expr(size, ctx.sym_names)}")
         stride_conds = []
+        empty = any(isinstance(n, int) and n == 0 for n in buf.sizes)  # nothing read: any layout
         for d, (size, stride) in enumerate(zip(buf.sizes, buf.strides, strict=True)):
-            if size == 1:
+            if size == 1 or empty:
                 continue  # the stride of a size-1 dimension never matters
             cond = f"_st{i}[{d}] != {render_expr(stride, ctx.sym_names)}"
             if not isinstance(size, int) and size not in big_symbols:
@@ -401,7 +406,7 @@ def _param_default(fn: Any, pname: str) -> str | None:
 
 
 def launch_values(kernel: S.Kernel, cfg: S.LaunchConfig | None, fn: Any, args: Sequence[Any]) -> list[Any]:
-    """The positional values of ``fn[grid](*values)`` for one launch, following :func:`arrange`
+    """The positional values of ``fn[grid](*values)`` for one launch, following `arrange`
     (trailing defaulted parameters left out, earlier ones filled with their defaults)."""
     from torchfuse.runtime.kernels import param_names
 
@@ -434,7 +439,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     config. Launches of kernels named in ``tune`` become ``_tune(slot, fn, args, env)`` calls
     (the autotuner picks the config there). ``tuned_for`` names the symbols whose values the
     configs were chosen for: a call with other values goes to ``_redispatch``. ``layout`` is how
-    ``call_fast`` calls each kernel's launcher (:data:`LAUNCH_LAYOUTS`).
+    ``call_fast`` calls each kernel's launcher (`LAUNCH_LAYOUTS`).
     """
     from torchfuse.runtime.kernels import param_names
 

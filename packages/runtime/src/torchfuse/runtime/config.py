@@ -12,8 +12,8 @@
 | `TORCHFUSE_LOGS` | the torchfuse logging switch; this package owns `runtime` (`+runtime`: DEBUG) |
 | `TRITON_INTERPRET` | read, not owned: whether Triton runs kernels on the CPU |
 
-Values are read at import and kept in :data:`config`; tests replace it with
-:func:`dataclasses.replace` or call :func:`from_environment` with their own mapping.
+Values are read at import and kept in `config`; tests replace it with
+`dataclasses.replace` or call `from_environment` with their own mapping.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Config:
     """Launch through the compiled kernel's launcher once it is known (GPU only)."""
     direct_launch: bool = True
     """On the fast path, call Triton's C launcher itself where the installed Triton's is known
-    (:mod:`torchfuse.runtime.launchers`); off: through ``CompiledKernel.run``."""
+    ([`torchfuse.runtime.launchers`][torchfuse.runtime.launchers]); off: through ``CompiledKernel.run``."""
     compile_threads: int = 4
     """Threads that compile kernels concurrently before the first GPU call."""
     cudagraph_max: int = 8

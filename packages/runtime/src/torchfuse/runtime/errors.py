@@ -15,6 +15,11 @@ class InvalidProgramError(RuntimeLoadError):
     """A Program whose steps are inconsistent (an unknown buffer, kernel, or symbol source)."""
 
 
+class UntrustedCodeError(InvalidProgramError):
+    """A kernel source outside the form the runtime imports without trust (see
+    `torchfuse.graph.kernel_source`); ``load(..., trust_code=True)`` imports it anyway."""
+
+
 class InputError(RuntimeLoadError, ValueError):
     """Inputs that do not match the Program: wrong count, dtype, device, rank, size or stride.
 

@@ -1,10 +1,12 @@
 """Turning a Program's kernel sources into Triton ``JITFunction`` objects, and compiling them early.
 
 Triton's ``@jit`` reads its function's source through ``inspect``, so every ``Kernel.source`` is
-written to a real file, ``<cache>/kernels/k_<hash>.py``, named by the hash of its content, and
+checked (`check_source`: only imports of triton/math and ``@triton.jit`` functions, see
+`torchfuse.graph.kernel_source`), then written to a real file, ``<cache>/kernels/k_<hash>.py``,
+named by the hash of its content, and
 imported from there. Compiled binaries are Triton's business: its own on-disk cache (keyed by
 the source, the compiler version and the target) makes a second process load them instead of
-compiling. :func:`precompile` warms every (kernel, config) a call will launch, in a thread pool,
+compiling. `precompile` warms every (kernel, config) a call will launch, in a thread pool,
 before the first GPU launch, and counts Triton's cache hits and misses where Triton reports them
 (``triton.knobs.compilation.listener``), so that "a warm process compiles nothing" can be measured.
 """
@@ -26,8 +28,9 @@ from typing import Any
 
 import torchfuse.runtime.config as rconfig
 from torchfuse.graph import schema as S
+from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source
 from torchfuse.runtime.config import logger
-from torchfuse.runtime.errors import KernelCompileError
+from torchfuse.runtime.errors import KernelCompileError, UntrustedCodeError
 
 _MODULE_PREFIX = "torchfuse_runtime_kernels"
 _modules: dict[tuple[str, bool], ModuleType] = {}
@@ -73,8 +76,23 @@ def triton_interpreting() -> bool:
     return triton_interpret_requested()
 
 
-def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None) -> Any:
-    """The Triton ``JITFunction`` (or interpreted function) a kernel's source defines."""
+def check_source(kernel: S.Kernel) -> None:
+    """Raise `UntrustedCodeError` unless the kernel's source has the form that is
+    imported without trust (`torchfuse.graph.kernel_source.check_kernel_source`)."""
+    try:
+        check_kernel_source(kernel.source, entry_name(kernel))
+    except KernelSourceError as e:
+        raise UntrustedCodeError(
+            f"kernel {kernel.name!r}: refusing to import its source: {e}. Load the Program with "
+            "trust_code=True to import it anyway (only for a Program from a source you trust)") from e
+
+
+def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: bool = False) -> Any:
+    """The Triton ``JITFunction`` (or interpreted function) a kernel's source defines. The
+    source is checked (`check_source`) before it is written or imported, unless
+    ``trust_code``."""
+    if not trust_code:
+        check_source(kernel)
     digest = kernel_hash(kernel)
     interp = triton_interpreting()
     path = kernels_dir(cache_dir) / f"k_{digest}.py"
@@ -267,7 +285,7 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     threads overlap well (measured: a Python thread keeps running at full speed while another
     compiles). A ``JITFunction``'s own caches are not safe to fill from two threads at once,
     so the first job of each kernel runs on the kernel itself and the others on clones
-    (:func:`_clone`), whose binaries land in Triton's disk cache; the kernel then loads them
+    (`_clone`), whose binaries land in Triton's disk cache; the kernel then loads them
     from there (milliseconds each) once all compiles are done. A failed warm-up is logged and
     left to the first launch, which raises the real error there.
     """

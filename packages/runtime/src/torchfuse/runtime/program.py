@@ -1,9 +1,9 @@
-"""``load(program)`` and :class:`CompiledProgram`: a Program made callable.
+"""``load(program)`` and `CompiledProgram`: a Program made callable.
 
 Loading validates the Program and imports its kernels. The first call binds the size symbols,
 precompiles every kernel launch in parallel (GPU), autotunes kernels with several candidate
 configs (GPU, winners cached on disk), then generates and ``exec``-s the call function for the
-chosen configs (see :mod:`torchfuse.runtime.codegen`); later calls go straight to it.
+chosen configs (see [`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); later calls go straight to it.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ from torchfuse.runtime.kernels import (
 
 Mode = Literal["default", "reduce-overhead"]
 _warned_interpreter = False
+
+_INTERPRETER_LOCK = threading.RLock()
+"""Held while a program runs Triton kernels through the interpreter (CPU): the interpreter
+patches ``triton.language`` for the duration of each launch, so two threads launching at once
+see each other's patches ("Did you forget to add @triton.jit?"). GPU launches run unlocked."""
 
 
 _background_pool: ThreadPoolExecutor | None = None
@@ -113,12 +118,13 @@ class CompiledProgram:
     """A loaded Program: call it with the Program's inputs (flat, in order) to get its outputs.
 
     Attributes worth knowing: ``source`` (the generated call function as Python text),
-    ``stats`` (compile and launch counters, see :class:`~torchfuse.runtime.kernels.CompileStats`),
+    ``stats`` (compile and launch counters, see [`CompileStats`][torchfuse.runtime.kernels.CompileStats]),
     ``program`` (the Program record), ``device_type`` and ``mode``.
     """
 
     def __init__(self, program: S.Program, *, device_type: str, mode: Mode = "default",
-                 tensors: dict[str, torch.Tensor] | None = None, cache_dir: Path | None = None) -> None:
+                 tensors: dict[str, torch.Tensor] | None = None, cache_dir: Path | None = None,
+                 trust_code: bool = False) -> None:
         validate_program(program)
         self.program = program
         self.device_type = device_type
@@ -127,6 +133,8 @@ class CompiledProgram:
         self.cache_dir = cache_dir or rconfig.config.cache_dir
         self.stats = CompileStats()
         self._lock = threading.RLock()
+        self._serial = device_type == "cpu" and bool(program.kernels)
+        """Calls take `_INTERPRETER_LOCK` (Triton's interpreter is not thread-safe)."""
         self._kmap = {k.name: k for k in program.kernels}
         if device_type == "cpu" and program.kernels and not triton_interpreting():
             raise InterpreterRequiredError(
@@ -135,7 +143,8 @@ class CompiledProgram:
                 "`import torchfuse.runtime`), or load it with device='cuda'"
             )
         self.kernels: dict[str, Any] = timed(
-            self.stats, lambda: {k.name: load_kernel(k, self.cache_dir) for k in program.kernels})
+            self.stats, lambda: {k.name: load_kernel(k, self.cache_dir, trust_code=trust_code)
+                                 for k in program.kernels})
         self.stats.kernels_loaded = len(self.kernels)
         self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
         self._gpu = device_type == "cuda"
@@ -166,10 +175,16 @@ class CompiledProgram:
     def __call__(self, *inputs: Any) -> list[Any]:
         if self._graphs is not None:
             return self._graphs(inputs)
+        if self._serial:
+            with _INTERPRETER_LOCK:
+                return self._entry(*inputs)
         return self._entry(*inputs)
 
     def run_uncaptured(self, *inputs: Any) -> list[Any]:
         """Run through the generated call function (never a CUDA graph)."""
+        if self._serial:
+            with _INTERPRETER_LOCK:
+                return self._entry(*inputs)
         return self._entry(*inputs)
 
     @property
@@ -466,7 +481,7 @@ def _read_archive(path: Path) -> tuple[S.Program, dict[str, torch.Tensor]]:
     from torchfuse.graph import ArchiveError, FormatVersionError, load_archive
 
     try:
-        archive = load_archive(path)
+        archive = load_archive(path)  # size-capped, named members only, content hash required
     except FormatVersionError as e:
         raise CorruptArchiveError(f"{path}: {e}") from e
     except (ArchiveError, msgspec.MsgspecError, OSError, ValueError, KeyError) as e:
@@ -479,15 +494,45 @@ def _read_archive(path: Path) -> tuple[S.Program, dict[str, torch.Tensor]]:
 
 
 def load(program_or_path: S.Program | str | Path, *, device: str | torch.device | None = None,
-         mode: Mode = "default") -> CompiledProgram:
+         mode: Mode = "default", trust_code: bool = False) -> CompiledProgram:
     """Load a Program (a record, or the path of an archive) and return it as a callable.
 
-    ``device`` defaults to the Program's own device type. ``device="cpu"`` runs any Program,
-    a cuda one included, through Triton's CPU interpreter (``TRITON_INTERPRET=1`` must be set
-    before triton is imported; slow). ``mode="reduce-overhead"`` replays calls as CUDA graphs.
+    Loading never runs code from the Program: it is validated (`InvalidProgramError`),
+    and each kernel source must have the form
+    [`check_kernel_source`][torchfuse.graph.kernel_source.check_kernel_source] accepts before it is imported
+    (`UntrustedCodeError`). ``trust_code=True`` skips the source check, for a Program
+    from a source you trust whose kernels use more of Python than that form allows.
 
-    >>> fn = load("model.tfp.zip")                          # doctest: +SKIP
-    >>> out, = fn(x, y)                                    # doctest: +SKIP
+    Needs only torchfuse-graph and torchfuse-runtime. Kernels are imported from a
+    content-addressed cache and compiled by Triton on first use; an archive's kernel sources
+    are validated before anything imports them.
+
+    Args:
+        program_or_path: A [`Program`][torchfuse.graph.Program] record, or the directory or
+            ``.zip`` file of a Program archive (written by ``torchfuse.graph.save`` or
+            [`CompiledProgram.save`][torchfuse.runtime.CompiledProgram.save]).
+        device: Where to run: defaults to the Program's own device type. ``"cpu"`` runs any
+            Program, a cuda one included, through Triton's CPU interpreter
+            (``TRITON_INTERPRET=1`` must be set before triton is imported; slow).
+        mode: ``"default"``, or ``"reduce-overhead"`` to replay calls as CUDA graphs.
+
+    Returns:
+        A [`CompiledProgram`][torchfuse.runtime.CompiledProgram]; call it with the Program's
+        flat inputs, in order, to get the list of its outputs.
+
+    Raises:
+        CorruptArchiveError: The archive does not load, or holds a Graph rather than a Program.
+        InvalidProgramError: The Program fails validation (kernel sources included).
+        InterpreterRequiredError: The Program runs on the CPU and Triton was imported without
+            ``TRITON_INTERPRET=1``.
+        RuntimeLoadError: ``device`` is neither ``"cpu"`` nor ``"cuda"``.
+        TypeError: ``program_or_path`` is neither a Program nor a path.
+
+    Examples:
+        ```python
+        fn = torchfuse.runtime.load("model.tfp.zip")
+        out, = fn(x, y)
+        ```
     """
     tensors: dict[str, torch.Tensor] = {}
     if isinstance(program_or_path, S.Program):
@@ -496,4 +541,5 @@ def load(program_or_path: S.Program | str | Path, *, device: str | torch.device 
         program, tensors = _read_archive(Path(program_or_path))
     else:
         raise TypeError(f"load() takes a Program or an archive path, got {type(program_or_path).__name__}")
-    return CompiledProgram(program, device_type=_resolve_device(program, device), mode=mode, tensors=tensors)
+    return CompiledProgram(program, device_type=_resolve_device(program, device), mode=mode, tensors=tensors,
+                           trust_code=trust_code)
