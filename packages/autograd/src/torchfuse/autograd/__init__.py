@@ -1,9 +1,9 @@
 """torchfuse-autograd: functionalization, joint forward/backward graphs, decompositions,
 min-cut partitioning, and the ``torch.autograd.Function`` glue (AOT autograd).
 
-Public API: :func:`functionalize`, :func:`joint_graph`, :func:`decompose`
-(with :data:`DEFAULT_TABLE`), :func:`partition` (returning a :class:`Partition`), :func:`aot`,
-the backend :func:`aot_eager`, and :func:`eliminate_common_subexpressions` (also run by
+Public API: `functionalize`, `joint_graph`, `decompose`
+(with `DEFAULT_TABLE`), `partition` (returning a `Partition`), `aot`,
+the backend `aot_eager`, and `eliminate_common_subexpressions` (also run by
 passes after the joint graph, such as the inductor's matmul padding).
 """
 

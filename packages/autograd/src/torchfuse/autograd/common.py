@@ -56,13 +56,13 @@ def concrete(expr: S.Expr, hints: Mapping[str, int]) -> int:
 
 
 def retrace_env(graph: S.Graph) -> SizeEnv | None:
-    """A :class:`~torchfuse.graph.symbolic.SizeEnv` holding ``graph``'s symbols (same names,
+    """A [`SizeEnv`][torchfuse.graph.symbolic.SizeEnv] holding ``graph``'s symbols (same names,
     ranges, hints and sources), for re-running it on fakes with symbolic sizes; None when the
     graph has no symbols.
 
     The graph's symbol guards are replayed as facts, so relations the capture already decided
     are decided again without a new guard; only relations a pass newly depends on are left in
-    ``env.guards`` after the retrace (see :func:`retrace_builder`).
+    ``env.guards`` after the retrace (see `retrace_builder`).
     """
     if not graph.symbols:
         return None
@@ -99,7 +99,7 @@ def retrace_builder(graph: S.Graph, name: str) -> tuple[GraphBuilder, SizeEnv | 
 
 def retracing(env: SizeEnv | None) -> contextlib.AbstractContextManager:
     """The context every pass re-runs a graph in: autocast off, since a graph's ops already
-    carry the dtypes autocast gave them at capture (see :class:`torchfuse.graph.interpreter.no_autocast`;
+    carry the dtypes autocast gave them at capture (see `torchfuse.graph.interpreter.no_autocast`;
     an enclosing ``torch.autocast`` would cast them again, and the backward formulas too); and,
     for symbolic fakes, the Python dispatcher (see ``SizeEnv.tracing``)."""
     stack = contextlib.ExitStack()

@@ -41,4 +41,4 @@ def from_environment(environ: dict[str, str] | None = None) -> Config:
 
 
 config: Config = from_environment()
-"""The active configuration; tests may replace it with :func:`dataclasses.replace`."""
+"""The active configuration; tests may replace it with `dataclasses.replace`."""

@@ -5,7 +5,7 @@ function with the op's schema signature, written with ordinary torch calls::
 
     DEFAULT_TABLE["aten.silu.default"] = lambda x: x * torch.sigmoid(x)
 
-:func:`decompose` re-runs the graph on fake tensors under a Recorder and, for each node whose
+`decompose` re-runs the graph on fake tensors under a Recorder and, for each node whose
 op is in the table, calls the rule instead of the op; what the rule calls is recorded, so the
 result is again a graph of ATen ops. Rules may produce ops that are themselves in the table:
 decomposition repeats until none is left (or ``max_rounds`` is reached).
@@ -19,13 +19,13 @@ After::
     sigmoid = aten.sigmoid.default(x)
     mul = aten.mul.Tensor(x, sigmoid)
 
-Every entry of :data:`DEFAULT_TABLE` is tested against eager PyTorch on random inputs.
+Every entry of `DEFAULT_TABLE` is tested against eager PyTorch on random inputs.
 
 A graph with size symbols stays symbolic: its inputs are fakes with ``SymInt`` sizes, rules
 compute with size expressions (``torch.sum(x, 0) / x.shape[0]`` records a division by ``s0``),
 and the result has the same symbols. A relation a rule branches on that the graph did not
 already guard is appended to the result's guards as a
-:class:`~torchfuse.graph.schema.SymbolGuard` located at the node being decomposed; a rule that
+[`SymbolGuard`][torchfuse.graph.schema.SymbolGuard] located at the node being decomposed; a rule that
 needs a size as a plain ``int`` specializes it (guard ``s0 == 7``). Callers that must stay
 general compare ``result.guards`` with ``graph.guards``.
 """
@@ -103,7 +103,8 @@ _GELU_C = 0.044715
 def gelu(x, *, approximate="none"):
     (xf,) = _opmath(x)
     if approximate == "tanh":
-        inner = _SQRT_2_OVER_PI * (xf + _GELU_C * xf * xf * xf)
+        # x**3 first, then its coefficient: eager's kernel rounds in this order
+        inner = _SQRT_2_OVER_PI * (xf + _GELU_C * (xf * (xf * xf)))
         return (0.5 * xf * (1 + torch.tanh(inner))).to(x.dtype)
     return (0.5 * xf * (1 + torch.erf(xf * (1 / math.sqrt(2))))).to(x.dtype)
 
@@ -138,8 +139,14 @@ def tanh_backward(grad_output, output):
 # ----------------------------------------------------------------------------- softmax family
 
 
+def _is_zero(n: Any) -> bool:
+    return isinstance(n, int) and n == 0  # a symbolic size is never 0 (0 is specialized)
+
+
 def softmax(x, dim, half_to_float):
     out_dtype = torch.float32 if half_to_float else x.dtype
+    if x.dim() and _is_zero(x.shape[dim]):  # amax over nothing has no value: nothing to do
+        return torch.empty_like(x, dtype=out_dtype)
     xf = x.to(_compute_dtype(x.dtype))
     e = torch.exp(xf - torch.amax(xf, dim, keepdim=True))
     return (e / torch.sum(e, dim, keepdim=True)).to(out_dtype)
@@ -153,6 +160,8 @@ def softmax_backward_data(grad_output, output, dim, input_dtype):
 
 def log_softmax(x, dim, half_to_float):
     out_dtype = torch.float32 if half_to_float else x.dtype
+    if x.dim() and _is_zero(x.shape[dim]):  # amax over nothing has no value: nothing to do
+        return torch.empty_like(x, dtype=out_dtype)
     xf = x.to(_compute_dtype(x.dtype))
     shifted = xf - torch.amax(xf, dim, keepdim=True)
     return (shifted - torch.log(torch.sum(torch.exp(shifted), dim, keepdim=True))).to(out_dtype)
@@ -364,7 +373,7 @@ DEFAULT_TABLE: dict[str, Rule] = {
 runs ATen's sort-based indexing-backward kernel, which serializes on repeated indices (T5's
 relative-position buckets: 40 ms of a 53 ms training step on an H200), while ATen's own
 ``embedding_dense_backward`` kernel, run as an extern call, is what eager runs. The rule
-above stays available for a table that asks for it (:data:`EMBEDDING_AS_INDEX_PUT`)."""
+above stays available for a table that asks for it (`EMBEDDING_AS_INDEX_PUT`)."""
 
 EMBEDDING_AS_INDEX_PUT: dict[str, Rule] = {
     "aten.embedding_dense_backward.default": embedding_dense_backward,
@@ -398,7 +407,7 @@ def decompose(graph: S.Graph, table: Table = DEFAULT_TABLE, *, max_rounds: int =
     """``graph`` with every op found in ``table`` replaced by what its rule records.
 
     Inputs, outputs (kinds, targets, aliases) and their order are unchanged; dead nodes left
-    behind are removed. Raises :class:`DecompositionError` when table ops remain after
+    behind are removed. Raises `DecompositionError` when table ops remain after
     ``max_rounds`` passes (a rule that keeps emitting its own op). With ``once`` the rules are
     rewrites rather than decompositions: one pass, and what they record stays, their own op
     included (padding a matmul's unaligned dims records a matmul).

@@ -1,7 +1,7 @@
 """Functionalization: rewrite a graph so that no op mutates a tensor or returns an alias
 that is later written through.
 
-How it works. The graph is re-run on fake tensors under a :class:`~torchfuse.graph.Recorder`.
+How it works. The graph is re-run on fake tensors under a [`Recorder`][torchfuse.graph.Recorder].
 Every value is described by its *storage root* (a graph input or the output of a non-view
 op) and the *view chain* that leads from the root to it. A mutating op (found through the
 alias annotations of its schema) is replaced by its functional variant (``add_`` →

@@ -22,7 +22,7 @@ is logged on the ``aot`` channel). Plans are tried in the order they were built.
 A *compiler* is ``compiler(graph, example_inputs) -> callable(*inputs) -> list``; the
 reference one is ``lambda g, ex: functools.partial(torchfuse.graph.run, g)``.
 
-With a *plan cache* (``aot(..., cache=)``, any object with the methods of :class:`PlanCache`;
+With a *plan cache* (``aot(..., cache=)``, any object with the methods of `PlanCache`;
 the inductor backend passes an on-disk one), a training plan built once -- by this process or
 another -- is read back instead of rebuilt: joint graph, decompositions and partition are
 skipped, and the forward and backward graphs are exactly those built the first time.
@@ -59,6 +59,7 @@ from torchfuse.graph.torchfuse_ops import records_grad
 
 Compiled = Callable[..., Sequence[Any]]
 Compiler = Callable[[S.Graph, Sequence[Any]], Compiled]
+"""What compiles one half of the partition: ``compiler(graph, example_inputs) -> callable``."""
 
 
 class PlanCache(Protocol):
@@ -101,7 +102,7 @@ class Stage:
 @dataclass(slots=True)
 class _Plan:
     """Everything compiled for one requires-grad pattern (and, for a graph with size symbols,
-    every size that satisfies :attr:`guards`)."""
+    every size that satisfies `guards`)."""
 
     training: bool
     functional: S.Graph
@@ -119,7 +120,7 @@ class _Plan:
     """Size relations the passes added (the input graph's own guards are the caller's to check)."""
 
     def failing_guard(self, sizes: dict[str, int]) -> S.SymbolGuard | None:
-        """The first of :attr:`guards` that ``sizes`` violate, else None."""
+        """The first of `guards` that ``sizes`` violate, else None."""
         for g in self.guards:
             if not evaluate(g.expr, sizes):
                 return g
@@ -172,7 +173,7 @@ def _flatten_outputs(graph: S.Graph) -> tuple[S.Graph, list[int]]:
 
 
 class AotFunction:
-    """The callable returned by :func:`aot`; keeps every intermediate graph in :attr:`stages`."""
+    """The callable returned by `aot`; keeps every intermediate graph in `stages`."""
 
     def __init__(self, graph: S.Graph, fw_compiler: Compiler, bw_compiler: Compiler, *,
                  requires_grad: Sequence[bool] | None, decompositions: Table,
@@ -228,7 +229,7 @@ class AotFunction:
     def plan(self, requires_grad: tuple[bool, ...], training: bool,
              sizes: tuple[tuple[str, int], ...] = ()) -> _Plan:
         """The plan for one requires-grad pattern whose guards hold for ``sizes`` (the values
-        of the size symbols, from :meth:`sizes_key`; empty: the capture's hints).
+        of the size symbols, from `sizes_key`; empty: the capture's hints).
 
         Sizes stay symbolic through the passes, so the first plan usually serves every size;
         another is built only when a guard that a pass added fails for ``sizes``.
@@ -510,7 +511,7 @@ _DOUBLE_BACKWARD_MESSAGE = (
 
 
 class _NoDoubleBackward(torch.autograd.Function):
-    """Identity on gradients whose own backward raises :class:`DoubleBackwardError`."""
+    """Identity on gradients whose own backward raises `DoubleBackwardError`."""
 
     @staticmethod
     def forward(ctx, n_anchors: int, *tensors: torch.Tensor):  # type: ignore[override]
@@ -535,12 +536,45 @@ def aot(
 ) -> AotFunction:
     """Make ``graph`` a differentiable function whose halves are compiled by the compilers.
 
-    ``requires_grad`` restricts which inputs may receive gradients (default: those whose
-    tensors require grad at call time). The result is called with the flat inputs in
-    ``graph.inputs`` order and returns the outputs in ``graph.outputs`` order (list outputs as
-    lists); mutated inputs are written back in place. ``cache`` keeps training plans between
-    processes (see :class:`PlanCache`; only with the default ``decompositions``).
-    ``compile_backward_early`` compiles the backward on the first call (see the module doc).
+    The result is called with the flat inputs in ``graph.inputs`` order and returns the
+    outputs in ``graph.outputs`` order (list outputs as lists); mutated inputs are written
+    back in place. On the first call that needs gradients it builds the joint graph,
+    decomposes and partitions it, and compiles the forward half; the backward half is
+    compiled when the backward first runs (or with the forward, see
+    ``compile_backward_early``).
+
+    Args:
+        graph: A captured graph (it may mutate its inputs; functionalization removes that).
+        fw_compiler: Compiles the forward graph: ``compiler(graph, example_inputs) -> callable``.
+        bw_compiler: Compiles the backward graph (default: ``fw_compiler``).
+        requires_grad: Which inputs may receive gradients (default: those whose tensors
+            require grad at call time).
+        decompositions: The decomposition table applied to the joint graph.
+        strategy: How the joint graph is split: ``"min_cut"`` saves the fewest bytes and
+            recomputes only cheap ops; ``"save_all"`` saves every forward value the backward
+            reads.
+        memory_budget: The share of the saved bytes the partition may keep (``1.0``: no
+            extra recomputation).
+        cache: Keeps training plans between processes (see ``PlanCache``; only with the
+            default ``decompositions``).
+        compile_backward_early: Compile the backward on the first call, so its kernels build
+            while the forward runs.
+
+    Returns:
+        An [`AotFunction`][torchfuse.autograd.AotFunction], differentiable through
+        ``torch.autograd``.
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.autograd import aot, interpreter_compiler
+        >>> from torchfuse.graph import trace
+        >>> graph, _ = trace(lambda x: (x * x).sum(), torch.randn(3))
+        >>> f = aot(graph, interpreter_compiler)
+        >>> x = torch.randn(3, requires_grad=True)
+        >>> (loss,) = f(x)
+        >>> loss.backward()
+        >>> torch.allclose(x.grad, 2 * x)
+        True
     """
     return AotFunction(graph, fw_compiler, bw_compiler or fw_compiler, requires_grad=requires_grad,
                        decompositions=decompositions, strategy=strategy, memory_budget=memory_budget,

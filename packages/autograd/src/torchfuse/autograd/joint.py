@@ -1,7 +1,7 @@
 r"""The joint forward+backward graph, produced by the eager autograd engine on fake tensors.
 
-The (functionalized) graph is re-run on :class:`~torchfuse.graph.FakeTensor` primals that
-require grad, under a :class:`~torchfuse.graph.Recorder`; then
+The (functionalized) graph is re-run on [`FakeTensor`][torchfuse.graph.FakeTensor] primals that
+require grad, under a [`Recorder`][torchfuse.graph.Recorder]; then
 ``torch.autograd.grad(outputs, primals, tangents, allow_unused=True)`` runs the backward,
 whose ATen ops the recorder also writes down. The result is one graph::
 
@@ -11,7 +11,7 @@ whose ATen ops the recorder also writes down. The result is one graph::
              requires grad (target = input name)
 
 Undefined gradients (an input the outputs do not depend on) are outputs whose value is
-:class:`~torchfuse.graph.schema.NoneArg`: the glue returns ``None`` for them, as eager does
+`NoneArg`: the glue returns ``None`` for them, as eager does
 with ``allow_unused=True``, and no zeros are materialized.
 
 Tangents exist only for floating tensor outputs (not for list outputs) that depend on an
@@ -19,12 +19,12 @@ input requiring grad. Their metadata is *contiguous* with the output's shape; ca
 contiguous tangents.
 
 Symbolic sizes: the primals of a graph with size symbols are fakes whose sizes are
-``SymInt``\ s of a :class:`~torchfuse.graph.symbolic.SizeEnv` holding the graph's symbols, so
+``SymInt``\ s of a [`SizeEnv`][torchfuse.graph.symbolic.SizeEnv] holding the graph's symbols, so
 the derivative formulas compute with size expressions and the joint graph has the same
 symbols. A relation a formula branches on (``prod``'s backward asks whether the reduced dim
 is 2) is appended to the joint graph's guards. Ops whose formulas turn sizes into a float
 (``var``'s ``2 / (n - 1)``) are differentiated through their rules in
-:data:`~torchfuse.autograd.decompositions.SYMBOLIC_PRE_AUTOGRAD` instead.
+[`SYMBOLIC_PRE_AUTOGRAD`][torchfuse.autograd.decompositions.SYMBOLIC_PRE_AUTOGRAD] instead.
 """
 
 from __future__ import annotations

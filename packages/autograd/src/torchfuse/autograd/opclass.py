@@ -1,7 +1,7 @@
-"""The op vocabulary autograd reasons about: each ATen op falls into one :class:`OpClass`.
+"""The op vocabulary autograd reasons about: each ATen op falls into one `OpClass`.
 
 Partitioning asks one question of an op, "may the backward recompute it?", and answers it
-from the class alone (:data:`RECOMPUTE_TIERS`). Classes come from an explicit table first,
+from the class alone (`RECOMPUTE_TIERS`). Classes come from an explicit table first,
 then from torch's own op tags (``pointwise``, ``reduction``, ``nondeterministic_seeded``)
 and schema alias annotations (views).
 """
@@ -17,6 +17,8 @@ from torchfuse.graph.tracing import is_view_op
 
 
 class OpClass(Enum):
+    """What kind of op a node is, as the partitioner sees it (what is cheap to recompute)."""
+
     POINTWISE = auto()
     VIEW = auto()
     CAST = auto()

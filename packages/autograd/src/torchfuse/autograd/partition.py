@@ -7,7 +7,7 @@ whole question:
 * ``"save_all"``: every forward value the backward reads is saved; nothing is recomputed.
 * ``"min_cut"`` (default): choose the saved set with the fewest bytes, letting the backward
   recompute cheap forward ops (pointwise, views, casts, reductions, factories; see
-  :mod:`torchfuse.autograd.opclass`) from what was saved. Matmuls and random ops are never
+  `torchfuse.autograd.opclass`) from what was saved. Matmuls and random ops are never
   recomputed. This is a minimum s-t cut: every forward value ``v`` is an edge
   ``v_in -> v_out`` whose capacity is its size in bytes; the source feeds the primals and
   every op that may not be recomputed; every value the backward reads drains to the sink.
@@ -15,7 +15,7 @@ whole question:
 
 ``memory_budget`` below 1 asks for at most ``memory_budget * bytes(save_all)`` saved bytes;
 when the cheap-op cut exceeds it, indexing and other non-matmul, non-random ops become
-recomputable too (:data:`~torchfuse.autograd.opclass.RECOMPUTE_TIERS`). The best cut found is
+recomputable too ([`RECOMPUTE_TIERS`][torchfuse.autograd.opclass.RECOMPUTE_TIERS]). The best cut found is
 returned even when the budget cannot be met.
 
 Backward graph inputs are the saved values (kind ``user_input``; their number is in
@@ -118,7 +118,7 @@ def partition(
     strategy: Strategy = "min_cut",
     memory_budget: float = 1.0,
 ) -> Partition:
-    """Split ``joint`` (from :func:`~torchfuse.autograd.joint_graph`) into forward and backward.
+    """Split ``joint`` (from [`joint_graph`][torchfuse.autograd.joint_graph]) into forward and backward.
 
     ``num_fwd_outputs`` defaults to what the joint graph recorded in its meta. Example, the
     joint graph of ``x.sin().cos()``::

@@ -1,7 +1,7 @@
 """torchfuse-capture: bytecode capture with guards, recompiles, explain and export.
 
 ``compile(fn)`` interprets ``fn``'s bytecode symbolically on its first call, records the
-torch operations as a :class:`torchfuse.graph.Graph` with the guards under which it may be
+torch operations as a [`torchfuse.graph.Graph`][torchfuse.graph.Graph] with the guards under which it may be
 reused, and runs the graph through a backend on later calls. See ``docs/capture.md``.
 """
 
@@ -11,6 +11,7 @@ from torchfuse.capture.__about__ import __version__
 from torchfuse.capture.backends import eager, list_backends, lookup_backend
 from torchfuse.capture.compiler import CompiledFunction, CompiledModule, compile, mark_dynamic, reset
 from torchfuse.capture.errors import (
+    AmbiguousBackend,
     BackendNotFound,
     CaptureError,
     DynamicShapeError,
@@ -23,9 +24,10 @@ from torchfuse.capture.explain import Explanation, explain
 from torchfuse.capture.export import Exported, export
 
 config = _config_module.config
-"""The live :class:`~torchfuse.capture.config.CaptureConfig`."""
+"""The live [`CaptureConfig`][torchfuse.capture.config.CaptureConfig]."""
 
 __all__ = [
+    "AmbiguousBackend",
     "BackendNotFound",
     "CaptureError",
     "CompiledFunction",

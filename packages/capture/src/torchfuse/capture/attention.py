@@ -50,7 +50,7 @@ FUSED_DEVICES = ("cuda",)
 
 def _signature(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                is_causal: bool = False, *, scale: float | None = None, enable_gqa: bool = False) -> None:
-    """The parameters of :data:`SDPA` (a builtin without a signature of its own)."""
+    """The parameters of `SDPA` (a builtin without a signature of its own)."""
 
 
 _SIG = inspect.signature(_signature)
@@ -58,7 +58,7 @@ _SIG = inspect.signature(_signature)
 
 def fused_call(args: list[Any], kwargs: dict[str, Any],
                choose: Callable[..., int] | None = None) -> Callable[[], Any] | None:
-    """For a call of :data:`SDPA` on CUDA fakes, a function of no arguments that computes it
+    """For a call of `SDPA` on CUDA fakes, a function of no arguments that computes it
     with the kernel eager would pick (run it under the recorder); ``None`` to call the
     composite as it is. ``choose`` replaces the device's choice (for tests)."""
     try:
@@ -102,7 +102,7 @@ def fused_call(args: list[Any], kwargs: dict[str, Any],
 def without_noop_mask(args: list[Any], kwargs: dict[str, Any],
                       known: KnownValues) -> tuple[list[Any], dict[str, Any]]:
     """The call's arguments with an ``attn_mask`` that is known to mask nothing (see
-    `torchfuse.capture.known.noop_mask`) replaced by ``None``: the same result, and the
+    [`noop_mask`][torchfuse.capture.known.noop_mask]) replaced by ``None``: the same result, and the
     kernel choice eager gets when the library drops such a mask itself (``transformers``
     does, in eager mode, for a model called without padding)."""
     try:

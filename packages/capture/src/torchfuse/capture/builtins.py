@@ -1,8 +1,8 @@
 """Builtins, ``operator``, ``math`` and the grad-mode/autocast context managers.
 
-:func:`handler_for` maps a Python callable to the function that evaluates it on Vars. The
+`handler_for` maps a Python callable to the function that evaluates it on Vars. The
 table is written out here, in one place; callables not in it fall to the generic rules of
-:mod:`torchfuse.capture.calls`.
+[`torchfuse.capture.calls`][torchfuse.capture.calls].
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Calling Vars: inlining user code, calling torch on fakes, builtins, classes.
 
-:func:`call` is the single entry every ``CALL`` goes through. The rule, in order:
+`call` is the single entry every ``CALL`` goes through. The rule, in order:
 
 1. bound methods / partials unwrap to their function;
 2. methods of tensors and containers (``x.relu()``, ``lst.append``);
-3. builtins and the ``operator``/``math`` modules (:mod:`torchfuse.capture.builtins`);
+3. builtins and the ``operator``/``math`` modules (`torchfuse.capture.builtins`);
 4. grad-mode and autocast context managers;
 5. torch library code (``torch.*`` functions, ``torch.nn.functional``, ``torch.nn`` leaf
    modules) is *called directly on fakes* under the recorder when its arguments are tensors

@@ -1,6 +1,6 @@
 """``compile()``: the cache of compiled entries, guard checks, recompiles, eager fallback.
 
-Per code object a list of :class:`Entry` is kept on the :class:`CompiledFunction`. A call
+Per code object a list of `Entry` is kept on the `CompiledFunction`. A call
 binds its arguments (generated binder), then tries the entries in order: the first whose
 guards hold runs — flat inputs gathered by generated code, the backend's callable, side
 effects replayed, the return value rebuilt. A miss captures again (logged under
@@ -11,15 +11,17 @@ Dynamic shapes (``dynamic=``): ``None`` (the default) is *automatic dynamic*: th
 capture specializes every size; when a miss is due to an input size that changed, that
 (source, dim) is remembered and the recapture makes it a size symbol, so one entry then
 serves every size of it. ``True`` makes every input dim symbolic from the start, ``False``
-never. ``mark_dynamic`` requests apply in every mode. See :mod:`torchfuse.capture.dynamic`.
+never. ``mark_dynamic`` requests apply in every mode. See `torchfuse.capture.dynamic`.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import os
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -56,8 +58,10 @@ from torchfuse.capture.resume import (
     resume_code_for,
     wrap_resume_arg,
 )
+from torchfuse.graph import observe
 from torchfuse.graph.interpreter import run as run_graph
 from torchfuse.graph.printer import describe_guard, to_python
+from torchfuse.graph.torchfuse_ops import SET_GRAD_ENABLED
 
 _ALL: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
 
@@ -77,7 +81,7 @@ class Entry:
         self.breaker: BreakRunner | None = None
         self.routed: types.CodeType | None = None
         """For an eager entry whose break was inside a call: the frame's code with that call
-        routed through capture (:func:`routed_eager_code`)."""
+        routed through capture (`routed_eager_code`)."""
         if not self.eager:
             ns = dict(result.checks.namespace)
             self.gather, self.fetch_params = _gather_functions(result.inputs, ns)
@@ -141,7 +145,7 @@ class CompiledFunction:
     """A function (or a module's ``forward``) compiled by torchfuse capture.
 
     A graph break compiles the graph up to it, runs the breaking instruction in Python and
-    continues in a *resume function* (:mod:`torchfuse.capture.resume`), itself compiled
+    continues in a *resume function* ([`torchfuse.capture.resume`][torchfuse.capture.resume]), itself compiled
     on first call with its own guards and entries. ``results`` keeps every capture made
     for this function, its resume functions and the user functions called at a break.
     """
@@ -178,6 +182,7 @@ class CompiledFunction:
         self._routed: dict[types.CodeType, types.FunctionType] = {}
         self._last_failure: str | None = None
         self._backend_fn: Backend | None = None
+        self._lock = threading.RLock()
         functools.update_wrapper(self, fn)
         _ALL.add(self)
 
@@ -275,6 +280,7 @@ class CompiledFunction:
 
     def _record(self, result: CaptureResult, routed: bool = False) -> None:
         result.part = self.root is not self
+        result.debug_name = observe.entry_folder(self, result.name)  # one folder per entry
         self.root.results.append(result)
         _write_debug(result)
         err = result.error
@@ -314,11 +320,29 @@ class CompiledFunction:
     # ----------------------------------------------------------------- misses
     def _miss(self, args: tuple[Any, ...], kwargs: Any, L: tuple[Any, ...], C_: Any) -> Any:
         G = self.globals
+        with self._lock:  # one capture at a time per function: one entry per guard set
+            ver = module_version[0]
+            # another thread may have made the entry while this one waited
+            entry = next((e for e in self.entries if e.fast(L, G, C_) and
+                          (e.version == ver or e.revalidate(L, G, C_))), None)
+            over = None
+            if entry is None:
+                entry, over = self._new_entry(L, C_)
+        if entry is None:  # the entry runs outside the lock: it may call other compiled code
+            return self._over_limit(C_, args, kwargs, over)
+        if entry.eager:
+            return self._eager(C_, args, kwargs, entry.routed)
+        return entry.run(L, G, C_)
+
+    def _new_entry(self, L: tuple[Any, ...], C_: Any) -> tuple[Entry | None, str | None]:
+        """Capture and compile an entry for this call (``None`` and the failing guard when
+        the recompile limit is reached)."""
+        G = self.globals
         changes: list[SizeChange] = []
         if self.entries:
             failure = self._failure_reason(L, C_)
             if len(self.entries) >= C.config.recompile_limit:
-                return self._over_limit(C_, args, kwargs, failure)
+                return None, failure
             self.recompiles += 1
             C.logger("recompiles").info("recompiling %s (entry %d): guard failed: %s",
                                         self.name, len(self.entries) + 1, failure)
@@ -360,9 +384,7 @@ class CompiledFunction:
             watch_module_attributes()
         entry.version = module_version[0]
         self.entries.append(entry)
-        if entry.eager:
-            return self._eager(C_, args, kwargs, entry.routed)
-        return entry.run(L, G, C_)
+        return entry, None
 
     def _compile_graph(self, result: CaptureResult, L: tuple[Any, ...], C_: Any) -> Callable[..., list[Any]]:
         graph = result.graph
@@ -373,11 +395,22 @@ class CompiledFunction:
         ns = dict(result.checks.namespace)
         gather, fetch = _gather_functions(result.inputs, ns)
         examples = list(gather(L, self.globals, C_, fetch(L, self.globals, C_)))
-        from torchfuse.graph import observe
-
         # Every stage the backend runs (aot, inductor, ...) files its artifacts under this graph.
-        with observe.compiling(_debug_name(result)):
-            return self._backend_fn(result.graph, examples, **self._backend_kwargs())
+        with observe.compiling(_debug_name(result)), \
+                torch.enable_grad() if result.grad_entry else contextlib.nullcontext():
+            compiled = self._backend_fn(result.graph, examples, **self._backend_kwargs())
+        if not result.grad_entry:
+            return compiled
+        # the mode the code leaves on (it left the region, or not), as eager leaves it
+        modes = [bool(n.args[0].value) for n in graph.nodes if n.op == SET_GRAD_ENABLED]
+
+        def with_grad(*inputs: Any) -> list[Any]:
+            try:
+                torch.set_grad_enabled(True)
+                return compiled(*inputs)
+            finally:
+                torch.set_grad_enabled(modes[-1])
+        return with_grad
 
     def _backend_kwargs(self) -> dict[str, Any]:
         """``mode`` and ``options`` for the backend, when the user gave them and the backend
@@ -421,7 +454,7 @@ class CompiledFunction:
         return self._eager(C_, args, kwargs)
 
     def graph_count(self) -> int:
-        """Graphs captured so far, resume functions included (see :func:`counts_as_graph`)."""
+        """Graphs captured so far, resume functions included (see `counts_as_graph`)."""
         return sum(1 for r in self.results if counts_as_graph(r))
 
     def reset(self) -> None:
@@ -458,9 +491,11 @@ def _user_stacklevel() -> int:
 def _has_hooks(mod: torch.nn.Module) -> bool:
     hooks = torch.nn.modules.module
     return bool(mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or
+                getattr(mod, "_backward_pre_hooks", None) or
                 getattr(mod, "_forward_hooks_with_kwargs", None) or
                 hooks._global_forward_hooks or hooks._global_forward_pre_hooks or
-                getattr(hooks, "_global_backward_hooks", None))
+                getattr(hooks, "_global_backward_hooks", None) or
+                getattr(hooks, "_global_backward_pre_hooks", None))
 
 
 def counts_as_graph(result: CaptureResult) -> bool:
@@ -474,7 +509,7 @@ def counts_as_graph(result: CaptureResult) -> bool:
 class ResumeFunction(CompiledFunction):
     """The continuation of a function after a graph break, compiled like any function.
 
-    Its code is generated (:func:`torchfuse.capture.codegen.resume_code`); its arguments are
+    Its code is generated (`torchfuse.capture.codegen.resume_code`); its arguments are
     the live stack values and locals, its closure the live cells (new on every call, so
     they are passed per call rather than fixed on the object)."""
 
@@ -503,6 +538,7 @@ class ResumeFunction(CompiledFunction):
         self._checked_graphs = False
         self._last_failure = None
         self._backend_fn = None
+        self._lock = threading.RLock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - not user-facing
         raise TypeError("resume functions are called by the trampoline")
@@ -521,13 +557,13 @@ class ResumeFunction(CompiledFunction):
 
 class EagerFallbackWarning(RuntimeWarning):
     """A compiled function runs a real part of its work eagerly (no graph, or a whole frame
-    with everything it calls). Filter it with :mod:`warnings`."""
+    with everything it calls). Filter it with `warnings`."""
 
 
 def routed_eager_code(err: Unsupported, code: types.CodeType,
                       owner: CompiledFunction) -> types.CodeType | None:
     """The code an eager frame runs when its break was inside a call: the same code, with that
-    call going through :meth:`CompiledFunction.callee` (the callee is captured as a frame of
+    call going through `CompiledFunction.callee` (the callee is captured as a frame of
     its own, recursively). ``None`` when the break was not inside a call of this frame."""
     if len(err.break_chain) < 2:
         return None
@@ -571,15 +607,13 @@ def _log_graph(result: CaptureResult) -> None:
 
 
 def _debug_name(result: CaptureResult) -> str:
-    return result.name.replace("<", "").replace(">", "")
+    return result.debug_name or result.name.replace("<", "").replace(">", "")
 
 
 def _write_debug(result: CaptureResult) -> None:
     """The captured graph as Python (``graph.py``), its guards (``guards.txt``: the records,
     then the generated check function) and the break if any, for ``TORCHFUSE_DEBUG=1`` and
-    artifact collectors (:mod:`torchfuse.graph.observe`)."""
-    from torchfuse.graph import observe
-
+    artifact collectors ([`torchfuse.graph.observe`][torchfuse.graph.observe])."""
     if not observe.wants_artifacts():
         return
     name = _debug_name(result)
@@ -595,20 +629,45 @@ def _write_debug(result: CaptureResult) -> None:
             observe.emit("graph_break.txt", str(result.error))
 
 
+def _call_module(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return module(*args, **kwargs)
+
+
 class CompiledModule(torch.nn.Module):
-    """Wraps an ``nn.Module``; ``forward`` is compiled, parameters and state are shared."""
+    """Wraps an ``nn.Module``; ``forward`` is compiled, parameters and state are shared.
+
+    A module of its own with the original as its child ``_orig_mod`` (``modules()`` lists
+    both, as with torch.compile's wrapper); parameters and ``state_dict`` keep the original's
+    names; attribute reads go to the original. While the original has hooks, a call goes
+    through ``module(*args)``, compiled on its own: forward hooks are traced, backward and
+    global hooks break the graph (docs/semantics.md, "Modules").
+    """
 
     def __init__(self, module: torch.nn.Module, compiled: CompiledFunction) -> None:
         super().__init__()
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_compiled", compiled)
+        object.__setattr__(self, "_hooked", None)
+        self._modules["_orig_mod"] = module
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if _has_hooks(self._orig_mod):
+            return self._with_hooks()(self._orig_mod, *args, **kwargs)
         return self._compiled(*args, **kwargs)
 
+    def _with_hooks(self) -> CompiledFunction:
+        hooked = self._hooked
+        if hooked is None:
+            c = self._compiled
+            hooked = CompiledFunction(_call_module, backend=c.backend, fullgraph=c.fullgraph,
+                                      dynamic=c.dynamic, mode=c.mode, options=c.options)
+            object.__setattr__(self, "_hooked", hooked)
+        return hooked
+
     def graph_count(self) -> int:
-        """Graphs captured so far for ``forward`` (see :meth:`CompiledFunction.graph_count`)."""
-        return self._compiled.graph_count()
+        """Graphs captured so far for ``forward`` (see `CompiledFunction.graph_count`)."""
+        hooked = self._hooked
+        return self._compiled.graph_count() + (hooked.graph_count() if hooked is not None else 0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_orig_mod"], name)
@@ -632,15 +691,6 @@ class CompiledModule(torch.nn.Module):
     def buffers(self, recurse: bool = True) -> Any:
         return self._orig_mod.buffers(recurse)
 
-    def named_modules(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.named_modules(*args, **kwargs)
-
-    def modules(self) -> Any:
-        return self._orig_mod.modules()
-
-    def children(self) -> Any:
-        return self._orig_mod.children()
-
     def train(self, mode: bool = True) -> CompiledModule:
         self._orig_mod.train(mode)
         return self
@@ -658,32 +708,75 @@ class CompiledModule(torch.nn.Module):
         return f"CompiledModule({self._orig_mod!r})"
 
 
-def compile(fn_or_module: Any = None, *, backend: str | Backend = "inductor", fullgraph: bool = False,
-            dynamic: bool | None = None, mode: str | None = None,
+def compile(fn_or_module: Any = None, *, backend: str | Backend | None = None,
+            fullgraph: bool = False, dynamic: bool | None = None, mode: str | None = None,
             options: dict[str, Any] | None = None) -> Any:
     """Compile a function or ``nn.Module`` with torchfuse.
 
-    Usable as ``compile(fn)``, ``@compile`` and ``@compile(backend="eager")``. On a module it
-    returns a :class:`CompiledModule` sharing the original's parameters, buffers and
-    ``state_dict``. The first call captures the bytecode into a Graph with guards; later
-    calls whose guards hold reuse it. ``fullgraph=True`` turns graph breaks into
-    :class:`~torchfuse.capture.errors.GraphBreakInFullgraph`.
+    Usable as ``compile(fn)``, ``@compile`` and ``@compile(backend="eager")``. The first call
+    captures the bytecode into a Graph with guards and hands it to the backend; later calls
+    whose guards hold reuse it, and a call whose guards fail recompiles (up to
+    ``config.recompile_limit`` entries, then the function runs eagerly, with a warning). A graph
+    break compiles the graph up to it, runs the unsupported line in Python and resumes capture
+    after it.
 
-    ``dynamic`` chooses which input sizes are symbolic: ``None`` (default, automatic
-    dynamic) specializes every size first and makes a dimension symbolic when a call with
-    another size recompiles; ``True`` makes every dimension of size >= 2 of every input
-    tensor symbolic from the first call; ``False`` never (one entry per size, up to
-    ``config.recompile_limit``). Parameters and buffers are always static; sizes 0 and 1
-    are always specialized; :func:`mark_dynamic` requests apply in every mode.
+    Args:
+        fn_or_module: A Python function, a bound method, or an ``nn.Module`` (its ``forward``
+            is compiled). Omitted, ``compile(...)`` returns a decorator.
+        backend: What turns each captured Graph into a callable: a name registered under the
+            ``torchfuse.backends`` entry-point group (``"inductor"``, ``"aot_eager"``,
+            ``"eager"``, ``"cudagraphs"``, or a third-party one; see
+            [`list_backends`][torchfuse.capture.list_backends]), an entry-point value
+            ``"package.module:function"``, or a callable
+            ``backend(graph, example_inputs) -> callable``. ``None`` (the default) takes
+            ``config.default_backend``: the ``TORCHFUSE_BACKEND`` environment variable when
+            set, else ``"inductor"``.
+        fullgraph: Raise [`GraphBreakInFullgraph`][torchfuse.capture.GraphBreakInFullgraph]
+            at the first graph break instead of splitting the graph there.
+        dynamic: Which input sizes are symbolic. ``None`` (automatic dynamic) specializes
+            every size first and makes a dimension symbolic when a call with another size
+            recompiles; ``True`` makes every dimension of size >= 2 of every input tensor
+            symbolic from the first call; ``False`` never (one entry per size). Parameters and
+            buffers are always static, sizes 0 and 1 always specialized, and
+            [`mark_dynamic`][torchfuse.capture.mark_dynamic] requests apply in every mode.
+        mode: Passed to a backend that takes it. For ``inductor``: ``"default"``,
+            ``"max-autotune"`` (Triton matmul templates with fused epilogues, autotuned) or
+            ``"reduce-overhead"`` (calls replayed as CUDA graphs).
+        options: Passed to a backend that takes it. For ``inductor``, overrides of
+            [`InductorConfig`][torchfuse.inductor.InductorConfig] fields, e.g.
+            ``{"persistent_rnumel_max": 1024}``. A backend that takes neither ``mode`` nor
+            ``options`` gets neither, and a warning says they were ignored.
 
-    >>> f = compile(lambda x: x.sin() + 1, backend="eager")   # doctest: +SKIP
+    Returns:
+        A [`CompiledFunction`][torchfuse.capture.CompiledFunction] for a function, a
+        [`CompiledModule`][torchfuse.capture.CompiledModule] (sharing the original's
+        parameters, buffers and ``state_dict``) for a module, or a decorator when
+        ``fn_or_module`` is omitted.
+
+    Raises:
+        BackendNotFound: ``backend`` (or ``TORCHFUSE_BACKEND``) names no installed backend;
+            the message lists those that exist. Raised here, not at the first call (a name
+            that is ``"inductor"`` is looked up at the first call, to keep ``compile`` cheap).
+        AmbiguousBackend: Two installed packages register that name.
+        TypeError: ``fn_or_module`` is not a function, method or module.
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.capture import compile
+        >>> f = compile(lambda x: x.sin() + 1, backend="eager")
+        >>> x = torch.randn(3)
+        >>> torch.equal(f(x), x.sin() + 1)
+        True
     """
+    origin = None
+    if backend is None:
+        backend, origin = C.config.default_backend, "config.default_backend / TORCHFUSE_BACKEND"
     kw = {"backend": backend, "fullgraph": fullgraph, "dynamic": dynamic, "mode": mode,
           "options": options}
     if fn_or_module is None:
         return lambda f: compile(f, **kw)
     if not callable(backend) and backend != "inductor":
-        lookup_backend(backend)  # fail early on a misspelled name
+        lookup_backend(backend, origin=origin)  # fail early on a misspelled name
     if isinstance(fn_or_module, torch.nn.Module):
         forward = type(fn_or_module).forward
         if not isinstance(forward, types.FunctionType):
@@ -699,7 +792,10 @@ def compile(fn_or_module: Any = None, *, backend: str | Backend = "inductor", fu
 
 
 def reset() -> None:
-    """Forget every compiled entry of every compiled function (they recompile on next call)."""
+    """Forget every compiled entry of every compiled function; each recompiles on its next call.
+
+    Useful in tests and notebooks, after changing ``config`` or a global the guards do not watch.
+    """
     for cf in list(_ALL):
         cf.reset()
 

@@ -1,8 +1,8 @@
 """The state of one capture: recorder, guards, graph inputs, side effects.
 
-One :class:`Capture` exists per frame being compiled (inlined calls share it). It turns
-outside values into Vars (:meth:`Capture.wrap`, with the guards that reading them needs) and
-runs torch calls on fake tensors under the recorder (:meth:`Capture.call_torch`).
+One `Capture` exists per frame being compiled (inlined calls share it). It turns
+outside values into Vars (`Capture.wrap`, with the guards that reading them needs) and
+runs torch calls on fake tensors under the recorder (`Capture.call_torch`).
 """
 
 from __future__ import annotations
@@ -12,16 +12,18 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import itertools
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torchfuse.capture import variables as V
+from torchfuse.capture.dtype_rules import CheckingRecorder
 from torchfuse.capture.dynamic import DynamicPolicy, symbolic_dims
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.guards import GuardSet, SymbolBinding, watch
-from torchfuse.capture.known import KnownRecorder
 from torchfuse.capture.source import (
     AttrSource,
     DictItemSource,
@@ -37,14 +39,23 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.symbolic import SizeEnv, SpecializationError
 from torchfuse.graph.tracing import DataDependentError, FakeTensor, GraphBuilder
 
-_STACK: list[Capture] = []
+
+class _Captures(threading.local):
+    """The captures in progress, per thread: two threads capture at once without meeting."""
+
+    def __init__(self) -> None:
+        self.stack: list[Capture] = []
+
+
+_CAPTURES = _Captures()
 
 
 def current() -> Capture:
-    """The capture in progress (inside the interpreter)."""
-    if not _STACK:
+    """The capture in progress (inside the interpreter) on this thread."""
+    stack = _CAPTURES.stack
+    if not stack:
         raise RuntimeError("no capture in progress")
-    return _STACK[-1]
+    return stack[-1]
 
 
 @dataclasses.dataclass(slots=True)
@@ -62,7 +73,7 @@ class Capture:
 
     def __init__(self, name: str, f_globals: dict[str, Any], closure: tuple[Any, ...] | None,
                  dynamic: DynamicPolicy | None = None) -> None:
-        self.rec = KnownRecorder(GraphBuilder(name))
+        self.rec = CheckingRecorder(GraphBuilder(name))
         self.size_env = SizeEnv(loc_fn=lambda: self.loc)
         """The size symbols of this graph; guards and specialization errors name ``self.loc``."""
         self.rec.builder.size_env = self.size_env
@@ -91,6 +102,16 @@ class Capture:
         outside the function, so it is no side effect."""
         self.global_overrides: dict[tuple[int, str], V.Var] = {}
         """Globals assigned during capture: later reads in the same frame see the new value."""
+        self.input_tensors: list[tuple[Source, torch.Tensor]] = []
+        """The user-input tensors, in wrapping order (for the storage-overlap guard)."""
+        self.overlap: list[tuple[str, str]] = []
+        """Input pairs sharing memory in a graph that writes in place (see convert)."""
+        self.subclassed = False
+        """A tensor subclass was met: results of torch calls on it take its type."""
+        self.entry_grad = True
+        """Grad mode when the call began."""
+        self.grad_entry = False
+        """See [`grad_entry`][torchfuse.capture.convert.CaptureResult.grad_entry]."""
 
     def close_contexts(self) -> None:
         while self.open_autocasts:
@@ -98,11 +119,12 @@ class Capture:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Capture]:
-        _STACK.append(self)
+        stack = _CAPTURES.stack
+        stack.append(self)
         try:
             yield self
         finally:
-            _STACK.pop()
+            stack.pop()
 
     # ----------------------------------------------------------------- torch calls
     def call_torch(self, fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any],
@@ -112,7 +134,7 @@ class Capture:
             # torch's Python meta kernels see symbolic sizes only under the Python dispatcher
             with self.rec, self.rec.location(self.loc, self.module_path), \
                     self.size_env.tracing() if self.size_env.symbols else contextlib.nullcontext():
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
         except SpecializationError:
             raise  # a mark_dynamic size made constant: the user's error, not a graph break
         except DataDependentError as e:
@@ -124,6 +146,29 @@ class Capture:
         except (RuntimeError, TypeError, ValueError, IndexError) as e:
             raise Unsupported(f"{what or _name(fn)} failed on fake tensors: "
                               f"{type(e).__name__}: {e}", self.loc) from e
+        cls = self._subclass_of(fn, args, kwargs)
+        if cls is not None:
+            self._mark_subclass(out, cls)
+        return out
+
+    def _subclass_of(self, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> type | None:
+        """The tensor subclass (without overrides: see `check_subclass`) that eager's
+        default ``Tensor.__torch_function__`` converts the results of this call to."""
+        if not self.subclassed:
+            return None
+        for a in itertools.chain((getattr(fn, "__self__", None),), args, kwargs.values()):
+            for t in a if isinstance(a, list | tuple) else (a,):
+                var = self.tensor_vars.get(id(t)) if isinstance(t, torch.Tensor) else None
+                if var is not None and var.py_type is not torch.Tensor and \
+                        not issubclass(var.py_type, torch.nn.Parameter):
+                    return var.py_type
+        return None
+
+    def _mark_subclass(self, out: Any, cls: type) -> None:
+        for o in out if isinstance(out, list | tuple) else (out,):
+            if isinstance(o, torch.Tensor) and id(o) not in self.tensor_vars:
+                self.tensor_vars[id(o)] = V.TensorVar(o, None, cls)
+                self._keep.append(o)
 
     def add_node(self, op: str, args: list[S.Argument]) -> None:
         """Record a node with no outputs (grad-mode switches)."""
@@ -201,6 +246,9 @@ class Capture:
             return known
         if isinstance(t, FakeTensor):
             raise Unsupported("a fake tensor escaped into a Python object", self.loc)
+        check_subclass(type(t), self.loc)
+        if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+            self.subclassed = True
         if source is None:  # found inside an object we could not trace to a source
             name = self.rec.name_of(t)
             self.inputs.append(InputSlot(name, "constant", None, t))
@@ -223,6 +271,8 @@ class Capture:
         name = self.rec.names[id(fake)]
         self.rec.bind(t, name)  # torch code that sees the real tensor (nn.Linear) finds it too
         self.inputs.append(InputSlot(name, kind, source))
+        if kind == "user_input":
+            self.input_tensors.append((source, t))
         var = V.TensorVar(fake, source, type(t))
         self.tensor_vars[id(t)] = var
         self.tensor_vars[id(fake)] = var
@@ -268,6 +318,29 @@ class Capture:
         # constant the recorder met mid-capture sits between earlier and later inputs)
         order = {inp.name: n for n, inp in enumerate(self.rec.builder.inputs)}
         self.inputs.sort(key=lambda slot: order.get(slot.name, len(order)))
+
+
+def check_subclass(cls: type, loc: S.SourceLoc | None) -> None:
+    """A tensor subclass that overrides ``__torch_function__`` or ``__torch_dispatch__`` is a
+    graph break: capture does not run the override, and ignoring it would compute something
+    else than eager. Subclasses that only add Python methods or attributes are captured (the
+    results of torch calls on them take their type, as eager's default conversion does)."""
+    if cls is torch.Tensor or cls is FakeTensor:
+        return
+    tf = getattr(cls.__torch_function__, "__func__", cls.__torch_function__)
+    if tf not in (_DEFAULT_TORCH_FUNCTION, torch._C._disabled_torch_function_impl):
+        what = "__torch_function__"
+    elif cls.__torch_dispatch__ is not torch._C._disabled_torch_dispatch_impl:
+        what = "__torch_dispatch__"
+    else:
+        return
+    raise Unsupported(f"tensor subclass {cls.__qualname__} overrides {what}, which capture does not "
+                      f"trace through", loc,
+                      "the function runs in Python where such a tensor is met; compile the code "
+                      "that runs on plain tensors (inside the override) instead")
+
+
+_DEFAULT_TORCH_FUNCTION = torch.Tensor.__torch_function__.__func__
 
 
 def source_root(source: Source) -> Source:
@@ -318,7 +391,7 @@ _DICT_READERS = ("__iter__", "keys", "__len__", "__getattribute__", "__getattr__
 def _is_plain_dict_subclass(value: Any) -> bool:
     """A subclass of ``dict`` (or ``OrderedDict``) defined in Python, with constant keys, whose
     key listing and attribute reads are dict's and object's own: guards read its keys and
-    items as a dict's (:class:`DictItemSource`), and what the subclass defines in Python
+    items as a dict's (`DictItemSource`), and what the subclass defines in Python
     (``__getitem__`` of a model output, say) is interpreted."""
     from torchfuse.capture.values import HEAPTYPE
 

@@ -4,7 +4,7 @@ The pipeline, in order:
 
 1. ``bind``        arguments to the function's locals (the generated binder);
 2. ``wrap``        each argument, closure cell into a Var (tensors become graph inputs);
-3. ``interpret``   the bytecode symbolically (:class:`~torchfuse.capture.frame.Frame`);
+3. ``interpret``   the bytecode symbolically ([`Frame`][torchfuse.capture.frame.Frame]);
 4. ``outputs``     flatten the return value and side effects into specs + graph outputs;
 5. ``guards``      generate the check functions.
 """
@@ -26,11 +26,14 @@ from torchfuse.capture.context import Capture, InputSlot
 from torchfuse.capture.dynamic import DynamicPolicy, bind_size_arguments
 from torchfuse.capture.errors import DynamicShapeError, Unsupported
 from torchfuse.capture.frame import Frame
-from torchfuse.capture.guards import CheckFunctions, autocast_state
+from torchfuse.capture.guards import CheckFunctions, autocast_state, storage_groups
 from torchfuse.capture.output import OutputBuilder, Spec
 from torchfuse.capture.source import ClosureSource, LocalSource
 from torchfuse.graph import schema as S
+from torchfuse.graph.ops import resolve_op
 from torchfuse.graph.symbolic import SpecializationError
+from torchfuse.graph.torchfuse_ops import SET_GRAD_ENABLED, records_grad
+from torchfuse.graph.tracing import is_view_op, mutated_arguments
 
 
 @dataclasses.dataclass
@@ -48,15 +51,22 @@ class CaptureResult:
     seconds: float
     uses_modules: bool
     plan: Any = None
-    """A :class:`~torchfuse.capture.resume.BreakPlan` when ``error`` is a graph break that
+    """A [`BreakPlan`][torchfuse.capture.resume.BreakPlan] when ``error`` is a graph break that
     resumes: ``graph`` is then the graph up to the break."""
     part: bool = False
     """Captured from a resume function or a function called at a break (not the whole call)."""
     dynamic_dims: dict[tuple[str, int], str] = dataclasses.field(default_factory=dict)
     """(source expression, dim) -> the size symbol that input dim was captured as."""
     effect_notes: list[Any] = dataclasses.field(default_factory=list)
-    """One :class:`~torchfuse.capture.output.EffectNote` per entry of ``side_effects`` (the
+    """One [`EffectNote`][torchfuse.capture.output.EffectNote] per entry of ``side_effects`` (the
     whole-function capture only)."""
+    grad_entry: bool = False
+    """Called with grad mode off, the code turns it on (``with torch.enable_grad():``): the
+    graph then starts by switching grad off and runs with grad mode on, so that backends,
+    which decide from the mode at entry whether to record a backward, record one."""
+    debug_name: str = ""
+    """The folder its artifacts go to (``<function>/entry_<n>``, given when it is recorded;
+    see ``torchfuse.graph.observe.entry_folder``)."""
 
 
 def varkw_index(code: types.CodeType) -> int | None:
@@ -124,10 +134,10 @@ def capture(fn: types.FunctionType, L: tuple[Any, ...], name: str, *,
     """Interpret ``fn`` on the bound arguments ``L``; never raises Unsupported.
 
     A graph break that can resume yields the graph up to it plus a resume plan
-    (:mod:`torchfuse.capture.resume`); ``wrap_arg(ctx, value, source)`` replaces
+    ([`torchfuse.capture.resume`][torchfuse.capture.resume]); ``wrap_arg(ctx, value, source)`` replaces
     ``ctx.wrap`` for the arguments (resume functions receive iterators, exits...).
     ``dynamic`` says which input sizes are symbolic (default: only ``mark_dynamic`` ones).
-    Raises :class:`~torchfuse.capture.errors.DynamicShapeError` when the code makes a
+    Raises [`DynamicShapeError`][torchfuse.capture.errors.DynamicShapeError] when the code makes a
     ``mark_dynamic`` size constant."""
     try:
         return _capture(fn, L, name, wrap_arg, dynamic)
@@ -145,6 +155,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
     stop: tuple[int, Unsupported] | None = None
     while True:  # twice when a break resumes: the second run stops cleanly before it
         ctx = Capture(name, fn.__globals__, fn.__closure__, dynamic)
+        ctx.entry_grad = grad
         out_spec = None
         effects: list[tuple] = []
         notes: list[Any] = []
@@ -207,21 +218,71 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                 torch.clear_autocast_cache()
         if not again:
             break
+    if ctx.overlap and graph is not None:
+        error, plan, graph, effects = _overlap_error(ctx, fn), None, None, []
+        error.fallback = "inputs share memory"
     return CaptureResult(name=name, graph=graph, inputs=ctx.inputs, out_spec=out_spec,
                          side_effects=effects, checks=ctx.guards.build(), error=error,
                          seconds=time.perf_counter() - t0, uses_modules=ctx.uses_modules,
-                         plan=plan, dynamic_dims=dict(ctx.dynamic_dims), effect_notes=notes)
+                         plan=plan, dynamic_dims=dict(ctx.dynamic_dims), effect_notes=notes,
+                         grad_entry=ctx.grad_entry)
 
 
 def _finish(ctx: Capture, name: str) -> S.Graph:
     ctx.sync_constants()
+    builder = ctx.rec.builder
+    if not ctx.entry_grad and records_grad(builder, grad_enabled_at_entry=False):
+        builder.add_node(SET_GRAD_ENABLED, [S.Bool(value=False)], {}, [])
+        builder.nodes.insert(0, builder.nodes.pop())  # see CaptureResult.grad_entry
+        ctx.grad_entry = True
     tensor_args = [s.source for s in ctx.inputs if s.kind == "user_input" and s.source is not None]
     if len(tensor_args) > 1:
         ctx.guards.distinct(tensor_args)
+    _guard_overlap(ctx)
     for g in ctx.size_env.guard_records():  # after every tensor guard: they bind the symbols
         ctx.guards.symbol(g)
     graph = ctx.rec.builder.build()
     return msgspec.structs.replace(graph, name=name, guards=ctx.guards.records())
+
+
+def _writes_to_inputs(builder: Any) -> bool:
+    """Whether an op writes in place into a user input or a view of one."""
+    root = {i.name: i.name for i in builder.inputs if i.kind == "user_input"}
+    for n in builder.nodes:
+        if not n.op.startswith("aten."):
+            continue
+        op = resolve_op(n.op)
+        written = [n.args[k] for k in mutated_arguments(op) if k < len(n.args)]
+        if any(isinstance(a, S.TensorRef) and a.name in root for a in written):
+            return True
+        if is_view_op(op) and n.args and isinstance(n.args[0], S.TensorRef) and n.args[0].name in root:
+            for out in n.outputs:
+                if out:
+                    root[out] = root[n.args[0].name]
+    return False
+
+
+def _guard_overlap(ctx: Capture) -> None:
+    """A graph that writes into an input is correct only for inputs that do not share memory
+    (the backends functionalize it: each input is read as it was at entry). Its entry is guarded
+    on which inputs share storage; when some do, ``ctx.overlap`` says which, and that entry
+    runs the function in Python (`_overlap_error`), where writes through one view are
+    seen through the others, as in eager."""
+    if len(ctx.input_tensors) < 2 or not _writes_to_inputs(ctx.rec.builder):
+        return
+    sources = [s for s, _ in ctx.input_tensors]
+    groups = storage_groups(tuple(t for _, t in ctx.input_tensors))
+    ctx.guards.storage(sources, groups)
+    shared = [(sources[g].expr(), sources[i].expr()) for i, g in enumerate(groups) if g != i]
+    if shared:
+        ctx.overlap = shared
+
+
+def _overlap_error(ctx: Capture, fn: types.FunctionType) -> Unsupported:
+    pairs = ", ".join(f"{a} and {b}" for a, b in ctx.overlap)
+    return Unsupported(f"inputs that share memory ({pairs}) with a write in place: this entry "
+                       f"runs in Python, as eager does", def_location(fn),
+                       "pass tensors that do not overlap to run the compiled graph")
 
 
 def _resumable(error: Unsupported) -> bool:

@@ -1,16 +1,16 @@
 """Dynamic shapes in capture: which input sizes become symbols, and what sizes are at capture time.
 
-The symbolic core (:mod:`torchfuse.graph.symbolic`) owns symbols, ranges and guards. This
+The symbolic core (`torchfuse.graph.symbolic`) owns symbols, ranges and guards. This
 module is capture's side of it:
 
-* :class:`DynamicPolicy` answers "which dims of this input tensor are symbolic?" from the
+* `DynamicPolicy` answers "which dims of this input tensor are symbolic?" from the
   ``compile(dynamic=...)`` setting, the dims automatic dynamic has seen change, and the
-  tensor's own :func:`mark_dynamic` requests;
-* :func:`size_changes` finds, after a guard miss, the input sizes that differ from what a
+  tensor's own `mark_dynamic` requests;
+* `size_changes` finds, after a guard miss, the input sizes that differ from what a
   compiled entry was specialized to (automatic dynamic makes those dims symbolic next time);
-* :func:`concrete` / :func:`plain` turn size values (``SymInt`` …) into Python numbers where
+* `concrete` / `plain` turn size values (``SymInt`` …) into Python numbers where
   a plain value is needed (specializing) or already known (a constant expression);
-* :func:`read_expr` writes a size expression as Python over the frame's inputs, so a size
+* `read_expr` writes a size expression as Python over the frame's inputs, so a size
   the function returns or leaves live at a graph break is computed from the call's own
   arguments and never baked in as a constant.
 
@@ -45,10 +45,31 @@ def mark_dynamic(tensor: torch.Tensor, dim: int, min: int | None = None, max: in
     the range fails the guard and recompiles, with the dimension specialized if it is still
     outside. If the traced code needs the size as a plain number (``int(x.shape[0])``,
     ``range(x.shape[0])``), capture raises
-    :class:`~torchfuse.capture.errors.DynamicShapeError` naming that line.
+    [`DynamicShapeError`][torchfuse.capture.errors.DynamicShapeError] naming that line.
 
     The request lives on the tensor (``tensor._torchfuse_dynamic``), like a tensor
     attribute: it travels with the object and dies with it.
+
+    Args:
+        tensor: The input tensor to mark, before the call that compiles.
+        dim: The dimension (negative counts from the end).
+        min: The smallest size the compiled entry serves (at least 2).
+        max: The largest size the compiled entry serves (``None``: no bound).
+
+    Raises:
+        IndexError: ``dim`` is out of range for the tensor.
+        ValueError: ``min`` is larger than ``max``.
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.capture import compile, mark_dynamic
+        >>> f = compile(lambda x: x * 2, backend="eager")
+        >>> x = torch.randn(8, 4)
+        >>> mark_dynamic(x, 0)
+        >>> f(x).shape, f(torch.randn(16, 4)).shape     # one entry serves both sizes
+        (torch.Size([8, 4]), torch.Size([16, 4]))
+        >>> len(f.entries)
+        1
     """
     if not -tensor.dim() <= dim < tensor.dim():
         raise IndexError(f"mark_dynamic: dim {dim} out of range for a {tensor.dim()}-d tensor")
@@ -165,7 +186,7 @@ def contains_symbolic(value: Any) -> bool:
 
 def concrete(value: Any) -> Any:
     """``value`` with every size value turned into a plain number: specializes (a guard
-    ``s0 == 5``, or :class:`~torchfuse.graph.symbolic.SpecializationError` for a symbol
+    ``s0 == 5``, or [`SpecializationError`][torchfuse.graph.symbolic.SpecializationError] for a symbol
     from ``mark_dynamic``)."""
     if isinstance(value, torch.SymBool):
         return bool(value)
@@ -266,7 +287,7 @@ class SizeChange:
     """An input dim whose size differs from what a compiled entry was specialized to."""
 
     source: str
-    """The source expression (``L[0]``), the key of :attr:`DynamicPolicy.auto`."""
+    """The source expression (``L[0]``), the key of `DynamicPolicy.auto`."""
     display: str
     """The same source for people (``L['x']``)."""
     dim: int

@@ -34,7 +34,7 @@ def call_stack(error: Unsupported) -> tuple[str, ...]:
 
 
 def break_stack(error: Unsupported) -> str:
-    """:func:`call_stack` as lines for a log message ("" when there is none)."""
+    """`call_stack` as lines for a log message ("" when there is none)."""
     lines = call_stack(error)
     return "\n  called from (outermost first):\n" + "\n".join(f"    {s}" for s in lines) if lines else ""
 
@@ -51,7 +51,7 @@ class Unsupported(CaptureError):
     Python and a resume function captures the rest (``docs/breaks.md``). Only a break capture
     cannot resume after (inside a ``try`` with handlers, under ``autocast`` or
     ``inference_mode``, in a generator) makes the frame run eagerly; ``fallback`` then says
-    why. The reason is kept for :func:`~torchfuse.capture.explain`.
+    why. The reason is kept for [`explain`][torchfuse.capture.explain].
     """
 
     def __init__(self, reason: str, loc: SourceLoc | None = None, hint: str | None = None) -> None:
@@ -136,3 +136,8 @@ class DynamicShapeError(CaptureError, SpecializationError):
 
 class BackendNotFound(CaptureError, LookupError):
     """A backend name that no installed package registers."""
+
+
+class AmbiguousBackend(BackendNotFound):
+    """A backend name that two installed distributions register; the message names both and
+    how to choose one (its entry-point value, ``"package.module:function"``)."""

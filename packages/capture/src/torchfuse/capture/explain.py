@@ -52,27 +52,35 @@ class BreakReason:
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """What :func:`explain` found."""
+    """What [`explain`][torchfuse.capture.explain.explain] found; ``str()`` of it is a readable report."""
 
     graphs: list[S.Graph]
+    """Every graph captured, in the order the call reached them."""
     break_reasons: list[BreakReason]
+    """Each distinct graph break: reason, file, line, source text and the calls leading to it."""
     guards: list[S.Guard]
+    """The guards of every graph: what must hold for a compiled entry to be reused."""
     compile_time_s: float
+    """Seconds spent capturing (the backend is ``eager``: no compile time of its own)."""
 
     @property
     def graph_count(self) -> int:
+        """How many graphs the call captured."""
         return len(self.graphs)
 
     @property
     def graph_break_count(self) -> int:
+        """How many distinct graph breaks it met."""
         return len(self.break_reasons)
 
     @property
     def ops_per_graph(self) -> list[list[str]]:
+        """The ops (``aten.add.Tensor`` …) of each graph, in node order."""
         return [[n.op for n in g.nodes] for g in self.graphs]
 
     @property
     def op_count(self) -> int:
+        """The number of nodes over all graphs."""
         return sum(len(g.nodes) for g in self.graphs)
 
     def __str__(self) -> str:
@@ -94,7 +102,40 @@ class Explanation:
 
 
 def explain(fn: Callable[..., Any]) -> Callable[..., Explanation]:
-    """``explain(fn)(*args, **kwargs)`` captures ``fn`` for these arguments and reports."""
+    """What capture makes of ``fn``: ``explain(fn)(*args, **kwargs)`` reports, keeping nothing.
+
+    The returned function compiles ``fn`` afresh with the ``eager`` backend, runs it once on
+    its arguments (so the function's own side effects happen) and reports every capture made
+    on the way. An exception the call raises is swallowed; the report stops where it happened.
+
+    Args:
+        fn: A function, a bound method, an ``nn.Module``, or what
+            [`compile`][torchfuse.capture.compile] returned for one (its ``dynamic`` setting is
+            kept).
+
+    Returns:
+        A function taking ``fn``'s arguments and returning an
+        [`Explanation`][torchfuse.capture.Explanation]: graph and break counts, each break's
+        reason and source line, the ops per graph, the guards and the capture time.
+
+    Raises:
+        TypeError: ``fn`` is not a function, method or module.
+        DynamicShapeError: A ``mark_dynamic`` request could not be kept (raised by the call).
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.capture import explain
+        >>> def f(x):
+        ...     y = x.sin()
+        ...     print("in the middle")        # a graph break: capture resumes after it
+        ...     return y.cos()
+        >>> report = explain(f)(torch.randn(3))
+        in the middle
+        >>> report.graph_count, report.graph_break_count
+        (2, 1)
+        >>> report.ops_per_graph
+        [['aten.sin.default'], ['aten.cos.default']]
+    """
     from torchfuse.capture.compiler import CompiledFunction, CompiledModule
 
     bound_self = None

@@ -26,7 +26,28 @@ from torchfuse.graph.interpreter import run as run_graph
 
 
 class Exported:
-    """An exported program: one Graph plus the tensors of its non-user inputs."""
+    """An exported program: one Graph plus the tensors of its non-user inputs.
+
+    Made by [`export`][torchfuse.capture.export.export]; saved with [`save`][torchfuse.capture.Exported.save]
+    and read back with [`load`][torchfuse.capture.Exported.load], which needs only
+    torchfuse-graph and torchfuse-capture. Calling it is [`run`][torchfuse.capture.Exported.run].
+
+    Attributes:
+        graph: The captured [`Graph`][torchfuse.graph.Graph]: user tensors first, then
+            parameters, buffers and constants; ``graph.meta`` keeps the input and output
+            structures as JSON.
+        tensors: The tensors of the non-user inputs, by input name (the weights).
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.capture import export
+        >>> exported = export(lambda x: (x * 2).relu(), torch.randn(3))
+        >>> [i.kind for i in exported.graph.inputs]
+        ['user_input']
+        >>> x = torch.randn(3)
+        >>> torch.equal(exported(x), (x * 2).relu())
+        True
+    """
 
     def __init__(self, graph: S.Graph, tensors: dict[str, torch.Tensor]) -> None:
         self.graph = graph
@@ -34,27 +55,67 @@ class Exported:
 
     @property
     def in_spec(self) -> Any:
+        """The structure of the export call's arguments (JSON-decoded from ``graph.meta``)."""
         return json.loads(self.graph.meta["in_spec"])
 
     @property
     def out_spec(self) -> Any:
+        """The structure of the function's return value (JSON-decoded from ``graph.meta``)."""
         return json.loads(self.graph.meta["out_spec"])
 
     def save(self, path: str | Path) -> None:
-        """Write the graph and its tensors as a torchfuse archive (directory or ``.zip``)."""
+        """Write the graph and its tensors as a torchfuse archive.
+
+        Args:
+            path: A directory, or a file name ending in ``.zip`` for a single-file archive.
+                The archive holds ``manifest.json`` (format version, producer, content hash),
+                the Graph as JSON and the tensors as safetensors; nothing is pickled.
+        """
         archive.save(self.graph, path, tensors=self.tensors)
 
     @classmethod
     def load(cls, path: str | Path) -> Exported:
+        """Read an archive written by [`save`][torchfuse.capture.Exported.save].
+
+        Loading never executes code from the archive (see the format's trust model).
+
+        Args:
+            path: The archive's directory or ``.zip`` file.
+
+        Returns:
+            The exported program, ready to [`run`][torchfuse.capture.Exported.run].
+
+        Raises:
+            torchfuse.graph.ArchiveError: The archive is damaged, fails its content hash, is
+                not a torchfuse archive, or lacks a weight, or stores one whose dtype or shape
+                is not the graph's.
+            torchfuse.graph.FormatVersionError: It was written by a newer major format version.
+            TypeError: The archive holds a Program (a compiled result), not a Graph.
+        """
         arc = archive.load_archive(path)
-        assert isinstance(arc.document, S.Graph)
-        return cls(arc.document, dict(arc.tensors))
+        if not isinstance(arc.document, S.Graph):
+            raise TypeError(f"{path} holds a {type(arc.document).__name__}, not an exported Graph; "
+                            "load a Program with torchfuse.runtime.load")
+        return cls(arc.document, archive.bind_weights(arc.document, arc.tensors, source=str(path)))
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        """Run on new user tensors (same structure as at export) with the reference interpreter.
+        """Run on new user tensors with the reference interpreter.
 
-        Keyword arguments are matched by name with those of the export call (an exported
-        module's ``model(input_ids=..., attention_mask=...)``)."""
+        Args:
+            *args: The arguments, with the same structure as at export (tensors may have
+                other values; sizes the graph specialized must match).
+            **kwargs: Keyword arguments, matched by name with those of the export call (an
+                exported module's ``model(input_ids=..., attention_mask=...)``).
+
+        Returns:
+            The function's result, rebuilt in the structure it had at export.
+
+        Raises:
+            ValueError: The number of tensors differs from the export call's, or a keyword
+                argument the export call had is missing.
+            torchfuse.graph.interpreter.InputError: A tensor's dtype, rank or sizes differ from
+                what the graph was captured for (including a size a folded branch depended on).
+        """
         user = _bind_user_inputs(self.graph.meta, args, kwargs) if kwargs else \
             _flatten_tensors(list(args))
         n_user = sum(1 for i in self.graph.inputs if i.kind == "user_input")
@@ -156,11 +217,35 @@ def _in_spec(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 def export(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Exported:
-    """Capture ``fn(*args, **kwargs)`` as one Graph with its weights, or raise ExportError.
+    """Capture ``fn(*args, **kwargs)`` as one Graph with its weights.
 
-    When the function graph-breaks, the error lists every break: to find those after the
-    first, the call is run once through ``compile`` (capture resumes after each break), so
-    the function's own side effects happen then."""
+    Unlike [`compile`][torchfuse.capture.compile], nothing may be left to Python: the whole
+    call must capture as one graph with no side effect on Python objects. When the function
+    graph-breaks, the error lists every break: to find those after the first, the call is run
+    once through ``compile`` (capture resumes after each break), so the function's own side
+    effects happen then.
+
+    Args:
+        fn: A function, a bound method or an ``nn.Module`` (its ``forward``).
+        *args: Example positional arguments; their sizes are specialized in the graph.
+        **kwargs: Example keyword arguments.
+
+    Returns:
+        The [`Exported`][torchfuse.capture.Exported] program, the Graph with its weights.
+
+    Raises:
+        ExportError: The call does not capture as one graph; the message names every break
+            (reason, file and line) and a fix.
+        TypeError: ``fn`` is not a function, method or module.
+
+    Examples:
+        >>> import torch
+        >>> from torchfuse.capture import export
+        >>> lin = torch.nn.Linear(4, 2)
+        >>> exported = export(lin, torch.randn(3, 4))
+        >>> sorted(exported.tensors)
+        ['bias', 'weight']
+    """
     bound_self = None
     target = fn
     if isinstance(target, torch.nn.Module):

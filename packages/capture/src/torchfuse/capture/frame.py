@@ -1,9 +1,9 @@
 """A frame of the symbolic interpreter: stack, locals, cells, instruction pointer.
 
-:meth:`Frame.run` steps through the code's instructions, dispatching each to its handler in
-:data:`torchfuse.capture.ops.DISPATCH`. A handler that meets something it cannot capture
-raises :class:`~torchfuse.capture.errors.Unsupported`; the loop stamps the error with the
-user's source location and a :class:`BreakState` — the instruction and a copy of the stack
+`Frame.run` steps through the code's instructions, dispatching each to its handler in
+`torchfuse.capture.ops.DISPATCH`. A handler that meets something it cannot capture
+raises [`Unsupported`][torchfuse.capture.errors.Unsupported]; the loop stamps the error with the
+user's source location and a `BreakState` — the instruction and a copy of the stack
 and locals as they were *before* it ran — so that graph-break resumption can compile the
 graph so far and continue from that point.
 """

@@ -1,6 +1,6 @@
 """Guards: the conditions under which a captured graph may be reused, and their check code.
 
-Each guard is a format record (:mod:`torchfuse.graph.schema`: ``TensorGuard``,
+Each guard is a format record ([`torchfuse.graph.schema`][torchfuse.graph.schema]: ``TensorGuard``,
 ``ConstantGuard`` …) tied to the source line that caused it, plus one Python condition over
 ``L`` (the call's arguments), ``G`` (globals) and ``C`` (closure cells). The conditions are
 joined into one generated function per compiled entry, ``exec``-ed once.
@@ -8,11 +8,11 @@ joined into one generated function per compiled entry, ``exec``-ed once.
 Guards fall in two groups so that checking costs what the *inputs* cost, not what the model
 has: ``fast`` guards (argument tensors, constants, globals, grad mode) run on every call;
 ``module`` guards (attributes, parameters and buffers of ``nn.Module`` s) run only when
-:data:`module_version` moved, i.e. when some module attribute was assigned since the last
+`module_version` moved, i.e. when some module attribute was assigned since the last
 check (``m.eval()``, ``m.weight = …``). In-place updates of parameters do not move it, and
 need not: parameters are graph inputs, read fresh on every call.
 
-A tensor with symbolic sizes (:mod:`torchfuse.capture.dynamic`) is guarded on its static
+A tensor with symbolic sizes (`torchfuse.capture.dynamic`) is guarded on its static
 sizes only (``None`` in the record for a symbolic one); its condition binds each size
 symbol to a local of the check function and checks the symbol's range, e.g.
 ``2 <= (s0 := _z2[0])``, and its strides as expressions over those symbols. The graph's
@@ -42,7 +42,7 @@ module_version = [0]
 
 WATCHED = "_torchfuse_watched"
 """The flag in a module's ``__dict__`` that capture sets on every module it reads: only these
-modules' writes move :data:`module_version`. A module made and changed at run time (the
+modules' writes move `module_version`. A module made and changed at run time (the
 ``ModuleList`` a slice ``self.layers[:n]`` builds on every call) moves nothing, so code that
 does it in a loop neither revalidates our module guards each call nor, traced by another
 compiler, sees a global counter change on every call."""
@@ -51,16 +51,16 @@ _patched = False
 
 
 def watch(module: torch.nn.Module) -> None:
-    """Have writes to ``module``'s attributes move :data:`module_version`."""
+    """Have writes to ``module``'s attributes move `module_version`."""
     module.__dict__[WATCHED] = True
 
 
 def watch_module_attributes() -> None:
-    """Make writes to watched ``nn.Module`` s bump :data:`module_version` (installed once).
+    """Make writes to watched ``nn.Module`` s bump `module_version` (installed once).
 
     Wraps ``__setattr__``, ``__delattr__``, ``register_parameter``, ``register_buffer`` and
     ``register_module`` on ``torch.nn.Module``; each wrapper adds one flag test and, for a
-    watched module (:func:`watch`), one integer increment.
+    watched module (`watch`), one integer increment.
     """
     global _patched
     if _patched:
@@ -143,13 +143,27 @@ def autocast_state() -> tuple[bool, ...]:
     return torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")
 
 
+def storage_groups(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+    """Per tensor, the index of the first one sharing its storage (empty storages share none)."""
+    first: dict[tuple[int, torch.device], int] = {}
+    out = []
+    for i, t in enumerate(tensors):
+        st = t.untyped_storage()
+        if st.nbytes() == 0:
+            out.append(i)
+            continue
+        out.append(first.setdefault((st.data_ptr(), t.device), i))
+    return tuple(out)
+
+
 class GuardSet:
     """Guards collected while capturing one frame."""
 
     def __init__(self, loc_of: Callable[[], S.SourceLoc | None]) -> None:
         self.entries: list[GuardEntry] = []
         self.namespace: dict[str, Any] = {"torch": torch, "sys": sys, "_autocast_state": autocast_state,
-                                          "_grad": torch.is_grad_enabled}
+                                          "_grad": torch.is_grad_enabled,
+                                          "_storage_groups": storage_groups}
         self._seen: set[tuple[str, str]] = set()
         self._loc_of = loc_of
         self._names: dict[int, str] = {}
@@ -267,6 +281,14 @@ class GuardSet:
                               value=str(len(exprs)), loc=self._loc_of())
         cond = f"len({{{', '.join(f'id({e})' for e in exprs)}}}) == {len(exprs)}"
         self._add(("distinct", ",".join(exprs)), rec, cond, False)
+
+    def storage(self, sources: list[Source], groups: tuple[int, ...]) -> None:
+        """Which of these tensors share memory: ``groups[i]`` is the first input whose storage
+        input ``i`` shares (itself when none). Taken only by graphs that write in place."""
+        exprs = ", ".join(s.expr() for s in sources)
+        rec = S.ConstantGuard(source=f"storage_groups(({exprs},))", value=repr(groups),
+                              loc=self._loc_of())
+        self._add(("storage", exprs), rec, f"_storage_groups(({exprs},)) == {groups!r}", False)
 
     def length(self, source: Source, n: int) -> None:
         src = source.expr()

@@ -125,7 +125,7 @@ class KnownValues:
         try:
             with no_autocast():
                 result = func(*real[0], **real[1])
-        except Exception:
+        except Exception:  # a value we cannot compute is simply not known
             self._forget(written)
             return
         results = result if isinstance(result, tuple | list) else [result]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torchfuse.capture import operators as O
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
@@ -16,7 +17,7 @@ _DATA_METHODS = {"item": "Tensor.item() reads a value", "tolist": "Tensor.tolist
                  "__int__": "int(tensor)", "__float__": "float(tensor)", "__index__": "index(tensor)",
                  "backward": "backward() inside a compiled function"}
 _KNOWN_READS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
-"""Of those, the reads answered from a value known at capture (`torchfuse.capture.known`)."""
+"""Of those, the reads answered from a value known at capture (`.known`)."""
 
 
 def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -34,6 +35,21 @@ def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Va
         return O.fold(lambda v, *a: getattr(v, name)(*a[:len(args)], **dict(
             zip(names, a[len(args):], strict=True))), obj, *args, *kwargs.values())
     raise Unsupported(f"method {name} of {obj.describe()}", ctx.loc)
+
+
+def _as_subclass(obj: V.TensorVar, cls: Any) -> V.Var:
+    """``t.as_subclass(cls)``: an alias of ``t`` that the user sees as ``cls``."""
+    from torchfuse.capture.context import check_subclass
+
+    ctx = current()
+    if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+        raise Unsupported(f"Tensor.as_subclass({cls!r})", ctx.loc)
+    check_subclass(cls, ctx.loc)
+    out = ctx.call_torch(torch.ops.aten.alias.default, [obj.fake], {}, "Tensor.as_subclass")
+    var = V.TensorVar(out, None, cls)
+    ctx.tensor_vars[id(out)] = var
+    ctx.subclassed = ctx.subclassed or cls is not torch.Tensor
+    return var
 
 
 def tensor_method(obj: V.TensorVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -66,6 +82,8 @@ def tensor_method(obj: V.TensorVar, name: str, args: list[V.Var], kwargs: dict[s
                                                 **{k: v.python() for k, v in kwargs.items()}))
     if name == "type" and not args and not kwargs:
         return V.ConstVar(obj.fake.type())
+    if name == "as_subclass" and len(args) == 1 and not kwargs:
+        return _as_subclass(obj, to_py(args[0]))
     method = getattr(obj.fake, name, None)
     if method is None:
         raise Unsupported(f"tensor has no method {name!r}", ctx.loc)

@@ -8,6 +8,10 @@ in program order.
 Spec grammar::
 
     ("t", i)                       the graph's i-th output
+    ("tv", i, expr, detach, cls)   the graph's i-th output as eager returns it: the caller's own
+                                   object ``expr`` when the function returns an input (``x.add_(1);
+                                   return x``), detached when capture saw it not requiring grad
+                                   (made in a ``no_grad`` region), as tensor subclass ``cls``
     ("c", value)                   a Python constant
     ("s", expr)                    an object from the caller's world, by source expression
     ("e", expr)                    a size computed from the call's inputs (``L[0].size(0)*2``):
@@ -30,6 +34,7 @@ from torchfuse.capture.context import Capture
 from torchfuse.capture.dynamic import concrete, contains_symbolic, read_expr
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import LocalSource
+from torchfuse.graph.torchfuse_ops import SET_GRAD_ENABLED
 
 Spec = tuple
 
@@ -37,10 +42,14 @@ Spec = tuple
 class OutputBuilder:
     """Turns Vars into specs, adding graph outputs for their tensors."""
 
+    tensor_fixups = True
+    """Whether tensor leaves may be ``"tv"`` specs (values live at a break stay plain)."""
+
     def __init__(self, ctx: Capture) -> None:
         self.ctx = ctx
         self.index: dict[int, int] = {}
         self.count = 0
+        self.grad_regions = any(n.op == SET_GRAD_ENABLED for n in ctx.rec.builder.nodes)
 
     def spec(self, var: V.Var) -> Spec:
         if isinstance(var, V.TensorVar):
@@ -49,7 +58,7 @@ class OutputBuilder:
                 self.ctx.rec.output(var.fake)
                 self.index[key] = self.count
                 self.count += 1
-            return ("t", self.index[key])
+            return self._tensor_spec(var, self.index[key])
         if isinstance(var, V.ConstVar):
             if var.source is not None:  # the caller's value, read again: no guard baked in
                 return ("s", var.source.expr())
@@ -75,6 +84,21 @@ class OutputBuilder:
             return ("c", var.value)
         raise Unsupported(f"returning {var.describe()} from a compiled function", self.ctx.loc)
 
+    def _tensor_spec(self, var: V.TensorVar, i: int) -> Spec:
+        if not self.tensor_fixups:
+            return ("t", i)
+        # an input (or parameter, or global tensor) returned as it is: eager returns that very
+        # object, mutated in place or not, so the caller's identity checks and ``_base`` hold
+        same = var.source.expr() if var.source is not None else None
+        # backends decide requires_grad from the grad mode at entry; inside a grad-mode region
+        # capture's fakes know better (autograd ran on them)
+        detach = same is None and self.grad_regions and not var.fake.requires_grad
+        cls = var.py_type if same is None and var.py_type is not torch.Tensor and \
+            not issubclass(var.py_type, torch.nn.Parameter) else None
+        if same is None and not detach and cls is None:
+            return ("t", i)
+        return ("tv", i, same, detach, cls)
+
     def size_spec(self, value: Any) -> Spec:
         """A value holding symbolic sizes: each ``SymInt`` computed from the inputs on every
         call; a ``SymBool``/``SymFloat`` (or a value with no spec, a slice) specialized."""
@@ -85,7 +109,7 @@ class OutputBuilder:
         return ("c", concrete(value))
 
     def side_effects(self) -> list[tuple]:
-        """The replay ops of the side effects, in order; :attr:`effect_notes` says, per op,
+        """The replay ops of the side effects, in order; `effect_notes` says, per op,
         what it changes, where, and whether it leaves things as they were at capture time."""
         ops: list[tuple] = []
         self.effect_notes: list[EffectNote] = []
@@ -150,6 +174,14 @@ def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], 
         tag = s[0]
         if tag == "t":
             return f"O[{s[1]}]"
+        if tag == "tv":
+            if s[2] is not None:
+                return s[2]
+            out = f"_detach(O[{s[1]}])" if s[3] else f"O[{s[1]}]"
+            if s[4] is not None:
+                consts.append(s[4])
+                out = f"_as_subclass({out}, _K[{len(consts) - 1}])"
+            return out
         if tag == "c":
             if s[1] is None or isinstance(s[1], bool | int | str):
                 return repr(s[1])
@@ -187,9 +219,19 @@ def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], 
     ns = dict(namespace)
     ns["_K"] = consts
     ns["_new"] = _new_object
+    ns["_detach"] = _detach
+    ns["_as_subclass"] = _as_subclass
     ns["_mapping"] = _new_mapping
     exec(compile(src, "<torchfuse rebuild>", "exec"), ns)
     return ns["rebuild"]
+
+
+def _detach(t: torch.Tensor) -> torch.Tensor:
+    return t.detach() if t.requires_grad else t
+
+
+def _as_subclass(t: torch.Tensor, cls: type) -> torch.Tensor:
+    return t if type(t) is cls else t.as_subclass(cls)
 
 
 def _new_mapping(cls: type, items: dict[Any, Any]) -> Any:
@@ -245,7 +287,7 @@ def spec_to_json(spec: Spec) -> str:
     """The output structure as JSON (for export); only plain data is allowed."""
     def conv(s: Spec) -> Any:
         tag = s[0]
-        if tag == "t":
+        if tag in ("t", "tv"):
             return {"tensor": s[1]}
         if tag == "c":
             v = s[1]

@@ -1,20 +1,20 @@
 """Graph breaks that resume: compile the graph so far, run the break in Python, capture on.
 
-When capture of a frame stops at an instruction it cannot put in a graph, :func:`plan_break`
+When capture of a frame stops at an instruction it cannot put in a graph, `plan_break`
 turns the frame's state before that instruction (the outermost
-:class:`~torchfuse.capture.frame.BreakState`) into a :class:`BreakPlan`: the graph so far
+[`BreakState`][torchfuse.capture.frame.BreakState]) into a `BreakPlan`: the graph so far
 gets one output per tensor live on the stack, in locals or in cells, and each live value gets
 a *spec* saying how to rebuild it from the graph outputs. At run time the compiled entry
-(:class:`BreakRunner`):
+(`BreakRunner`):
 
 1. runs the graph and replays the side effects recorded before the break;
 2. rebuilds the live stack values, locals and cells;
 3. runs the break instruction alone in ordinary Python (a generated *step* function, see
-   :mod:`torchfuse.capture.codegen`); a call to a user function there goes through
+   [`torchfuse.capture.codegen`][torchfuse.capture.codegen]); a call to a user function there goes through
    ``compile`` too, so its own frame is captured separately;
-4. hands a :class:`Continue` to the caller's trampoline: the *resume function* that starts
+4. hands a `Continue` to the caller's trampoline: the *resume function* that starts
    right after the instruction (or at its jump target), with the values it needs. Resume
-   functions are :class:`~torchfuse.capture.compiler.CompiledFunction` s of their own:
+   functions are [`CompiledFunction`][torchfuse.capture.compiler.CompiledFunction] s of their own:
    captured on first call, with their own guards and cache entries, cached per (original
    code object, offset, stack layout, live locals).
 
@@ -86,7 +86,7 @@ class BreakPlan:
     local_names: tuple[str, ...]
     locals: list[Spec]
     cells: list[Spec | None]
-    """One per :func:`codegen.closure_names` of ``code``."""
+    """One per `codegen.closure_names` of ``code``."""
     kw_names: tuple[str, ...]
     consumed: int
     outs: tuple[int, int | None]
@@ -100,7 +100,7 @@ class BreakPlan:
     """Grad mode to set after the graph, before the ``with`` blocks live on the stack are
     entered again (each re-entered block then switches it as it did in the user's code)."""
     step_code: types.CodeType | None = None
-    """The instruction alone (:func:`codegen.step_code`)."""
+    """The instruction alone (`codegen.step_code`)."""
     layouts: tuple[tuple[bool, ...] | None, ...] = (None, None)
     """Per exit, the NULL slots of the stack the resume function starts with."""
     loop_step: bool = False
@@ -112,7 +112,7 @@ class BreakPlan:
 
 
 class LiveBuilder(OutputBuilder):
-    """Specs for live values at a break: everything :class:`OutputBuilder` handles, plus
+    """Specs for live values at a break: everything `OutputBuilder` handles, plus
     iterators, methods, functions made in the frame, ``with`` exits and cells."""
 
     def __init__(self, ctx: Capture) -> None:
@@ -122,7 +122,8 @@ class LiveBuilder(OutputBuilder):
         self._keep: list[V.Var] = []
 
     live = True
-    """False while writing side-effect specs: those are run by :func:`output.compile_spec`."""
+    """False while writing side-effect specs: those are run by `output.compile_spec`."""
+    tensor_fixups = False
 
     def spec(self, var: V.Var) -> Spec:
         if not self.live:
@@ -180,7 +181,7 @@ def origin_of(code: types.CodeType, offset: int) -> tuple[types.CodeType, int]:
 
 
 def precheck(error: Unsupported) -> None:
-    """Raise :class:`Fallback` when the break cannot resume (the frame then runs eagerly)."""
+    """Raise `Fallback` when the break cannot resume (the frame then runs eagerly)."""
     if not error.break_chain:
         raise Fallback("the break is not at an instruction", error.loc)
     if not getattr(error, "resumable", True) or error.internal:
@@ -202,7 +203,7 @@ def precheck(error: Unsupported) -> None:
 
 def plan_break(ctx: Capture, error: Unsupported) -> BreakPlan:
     """Turn the outermost frame's state before a break into a plan. Raises
-    :class:`Fallback` when it cannot resume."""
+    `Fallback` when it cannot resume."""
     precheck(error)
     state = error.break_chain[-1]
     frame = state.frame

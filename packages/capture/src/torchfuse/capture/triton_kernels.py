@@ -1,7 +1,7 @@
 """User ``@triton.jit`` kernels launched inside a compiled function.
 
 ``kernel[grid](*args, **kwargs)`` becomes one node of the format op
-``torchfuse.triton_kernel.default`` (see :mod:`torchfuse.graph.user_kernels`), followed by
+``torchfuse.triton_kernel.default`` (see `torchfuse.graph.user_kernels`), followed by
 one ``aten.copy_`` per tensor the kernel writes, so the user's tensors hold what eager would
 leave in them::
 
@@ -13,8 +13,8 @@ leave in them::
 
 How the pieces are found:
 
-* ``kernel[grid]`` reaches :func:`handler_for` as a call of ``KernelInterface.__getitem__``
-  and yields a partial of :func:`launch`; calling it records the node.
+* ``kernel[grid]`` reaches `handler_for` as a call of ``KernelInterface.__getitem__``
+  and yields a partial of `launch`; calling it records the node.
 * the grid is a tuple of ints, or a callable evaluated on the kernel's bound arguments (a
   dict by parameter name, constexprs included), interpreted like any other user code;
 * the kernel's module source is rebuilt from ``inspect.getsource`` of the function: its

@@ -1,7 +1,7 @@
 """Converting between Vars and the Python/fake values torch calls take and return.
 
-:func:`size_of` is the one place a tensor size becomes a Python value: an ``int``, or a
-``SymInt`` for a symbolic size (see :mod:`torchfuse.capture.dynamic`).
+`size_of` is the one place a tensor size becomes a Python value: an ``int``, or a
+``SymInt`` for a symbolic size (see [`torchfuse.capture.dynamic`][torchfuse.capture.dynamic]).
 """
 
 from __future__ import annotations

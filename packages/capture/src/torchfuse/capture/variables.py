@@ -1,14 +1,14 @@
 """Variables: how the symbolic interpreter represents Python values.
 
-Every value on the interpreter's stack or in its locals is a :class:`Var`. A Var knows its
-:class:`~torchfuse.capture.source.Source` when it came from outside the frame (then reading
+Every value on the interpreter's stack or in its locals is a `Var`. A Var knows its
+[`Source`][torchfuse.capture.source.Source] when it came from outside the frame (then reading
 its value installs a guard), and carries enough to be computed on symbolically:
 
 ==================  ===================================================================
 ``ConstVar``        an immutable Python value (int, float, str, None, tuple of those,
                     ``torch.Size``, dtype, device, slice…): folded at capture time; a
                     size may be a ``SymInt`` (arithmetic on it builds an expression)
-``TensorVar``       a :class:`~torchfuse.graph.tracing.FakeTensor` bound to a graph value
+``TensorVar``       a [`FakeTensor`][torchfuse.graph.tracing.FakeTensor] bound to a graph value
 ``ListVar``         list / tuple / namedtuple / structseq of Vars
 ``DictVar``         dict with constant keys; ``SetVar`` a set (tensors by identity)
 ``ObjVar``          an opaque object the interpreter only looks into (functions, classes,
@@ -255,7 +255,7 @@ class UserObjVar(Var):
 
 
 class CellVar(Var):
-    """A closure cell; ``contents`` is a Var or :data:`UNBOUND`."""
+    """A closure cell; ``contents`` is a Var or `UNBOUND`."""
 
     def __init__(self, contents: Var = UNBOUND, source: Source | None = None) -> None:
         self.contents = contents

@@ -85,7 +85,7 @@ def stack_io(inst: dis.Instruction) -> tuple[int, int, int | None] | None:
     ``(consumed, left after falling through, left after jumping)`` counted from the top;
     ``None`` when resuming after this instruction is not supported (the frame then runs
     eagerly). A method load counts its NULL/self slot as a separate output (see
-    :func:`method_load`)."""
+    `method_load`)."""
     name, arg = inst.opname, inst.arg or 0
     if name in _ONE_TO_ONE:
         return 1, 1, None
@@ -151,7 +151,7 @@ def plain_attr_arg(arg: object) -> object:
 
 
 def is_method_load_arg(opname: str, arg: object) -> bool:
-    """Whether a ``bytecode`` instruction is a method load (see :func:`method_load`)."""
+    """Whether a ``bytecode`` instruction is a method load (see `method_load`)."""
     if opname == "LOAD_METHOD":
         return True
     return PY312 and opname == "LOAD_ATTR" and isinstance(arg, tuple) and bool(arg[0])
