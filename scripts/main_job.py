@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import torch
 
@@ -44,7 +45,12 @@ if "TORCHFUSE_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["TORCHFUSE_CACHE_DIR"], ignore_errors=True)
 
 import torchfuse.capture as tfc
+import torchfuse.runtime
 from torchfuse.graph import observe
+
+# The job says itself, in its header, that kernels run in Triton's interpreter on the CPU;
+# the runtime's own warning about it would point into library code.
+warnings.filterwarnings("ignore", message="torchfuse.runtime: running Triton kernels on the CPU")
 
 PACKAGES = ("graph", "capture", "autograd", "inductor", "runtime")
 STAGES = (
@@ -82,7 +88,100 @@ class MLP(torch.nn.Module):
 
 
 def heading(title: str) -> None:
-    print(f"\n{'=' * 100}\n{title}\n{'=' * 100}")
+    print(f"\n{'=' * 100}\n{title}\n{'=' * 100}", flush=True)
+
+
+def step(text: str) -> None:
+    """Say what is about to take a while (a cold compile on the CPU takes seconds)."""
+    print(f"   ... {text}", flush=True)
+
+
+class LoadedPrograms:
+    """Keeps every CompiledProgram the inductor backend loads while active, to show the
+    runtime's side (call function, launches, caches). The backend calls
+    ``torchfuse.runtime.load`` at compile time, so wrapping that one name sees them all."""
+
+    def __init__(self) -> None:
+        self.programs: list = []
+
+    def __enter__(self) -> LoadedPrograms:
+        self._real = torchfuse.runtime.load
+
+        def load(*args, **kwargs):
+            program = self._real(*args, **kwargs)
+            self.programs.append(program)
+            return program
+
+        torchfuse.runtime.load = load
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torchfuse.runtime.load = self._real
+
+
+def stage_table(art: observe.Collector) -> list[tuple[str, str, float]]:
+    """(folder, stage, seconds) from the last ``timings.json`` of each compiled entry."""
+    import json
+
+    latest: dict[str, str] = {}
+    for a in art.artifacts:
+        if a.filename == "timings.json":
+            latest[a.graph] = a.text
+    return [(folder, stage, seconds) for folder, text in latest.items()
+            for stage, seconds in json.loads(text)["stages_s"].items()]
+
+
+GROUP_ORDER = ("capture", "aot", "inductor", "runtime", "backward.inductor", "backward.runtime")
+
+
+def stage_group(stage: str) -> str:
+    """``inductor.schedule`` -> ``inductor``; ``backward.inductor.lower`` -> ``backward.inductor``."""
+    parts = stage.split(".")
+    return ".".join(parts[:2]) if parts[0] == "backward" else parts[0]
+
+
+def show_timings(rows: list[tuple[str, str, float]], wall: float) -> None:
+    heading("4. time per stage of the first call  [each entry's timings.json / timings.txt]")
+    if not rows:
+        show(None, 0)
+        return
+    rank = {g: i for i, g in enumerate(GROUP_ORDER)}
+    for folder in dict.fromkeys(f for f, _, _ in rows):
+        print(f"   --- {folder}")
+        groups: dict[str, list[tuple[str, float]]] = {}
+        for f, stage, seconds in rows:
+            if f == folder:
+                groups.setdefault(stage_group(stage), []).append((stage, seconds))
+        for group in sorted(groups, key=lambda g: rank.get(g, len(rank))):
+            stages = groups[group]
+            print(f"   {group:<36} {sum(s for _, s in stages) * 1e3:10.2f} ms")
+            if len(stages) > 1 or stages[0][0] != group:
+                for stage, seconds in stages:
+                    print(f"       {stage:<32} {seconds * 1e3:10.2f} ms")
+    total = sum(s for _, _, s in rows)
+    print(f"   {'compile stages, total':<36} {total * 1e3:10.2f} ms")
+    print(f"   {'first forward + backward, wall':<36} {wall * 1e3:10.2f} ms   (the rest is kernel "
+          f"compiles and the first launches: see 5.)")
+
+
+def show_runtime(programs: list, max_lines: int) -> None:
+    heading("5. runtime: the generated call function, launches and caches")
+    if not programs:
+        show(None, 0)
+        return
+    for p in programs:
+        st = p.stats
+        print(f"   --- {p!r}")
+        phases = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in st.first_call.items()) or \
+            "none (no kernel to choose a config for)"
+        print(f"   kernels imported {st.kernels_loaded} "
+              f"(import + precompile {st.compile_seconds * 1e3:.1f} ms); first-call phases: {phases}")
+        hits = "n/a" if st.triton_cache_hits is None else st.triton_cache_hits
+        made = "n/a" if st.triton_compiles is None else st.triton_compiles
+        print(f"   calls {st.calls}, kernel launches {st.kernel_launches}, Triton cache hits {hits}, "
+              f"Triton compiles {made}, autotuned {st.autotuned}, "
+              f"autotune-cache hits {st.autotune_cache_hits}")
+        show(p.source, max_lines)
 
 
 def show(text: str | None, max_lines: int) -> None:
@@ -114,11 +213,13 @@ def run_seed_function(device: str, size: int, repeats: int, max_lines: int) -> b
     y = torch.randn(size, size, generator=gen).to(device)
 
     compiled = tfc.compile(complex_function)
-    with observe.collect() as art:
+    with observe.collect() as art, LoadedPrograms() as loaded:
+        step("first call: capture, autograd, inductor and the runtime compile the function")
         t0 = time.perf_counter()
         out = compiled(x, y)
         sync()
         first_fwd = time.perf_counter() - t0
+        step(f"first call done in {first_fwd:.2f} s; first backward")
         t0 = time.perf_counter()
         (gx,) = torch.autograd.grad(out, [x])
         sync()
@@ -136,7 +237,10 @@ def run_seed_function(device: str, size: int, repeats: int, max_lines: int) -> b
                 print(f"   --- {a.graph}/{a.filename}")
             show(a.text, max_lines)
 
-    heading("4. run: compiled vs eager")
+    show_timings(stage_table(art), first_fwd + first_bwd)
+    show_runtime(loaded.programs, max_lines)
+
+    heading("6. run: compiled vs eager")
     xe = x.detach().clone().requires_grad_(True)
     ref = complex_function(xe, y)
     (gref,) = torch.autograd.grad(ref, [xe])
@@ -150,6 +254,7 @@ def run_seed_function(device: str, size: int, repeats: int, max_lines: int) -> b
             verdict, ok = "MISMATCH", False
         print(f"   {name:<7} max |compiled - eager| = {diff:.3e}  -> {verdict}")
 
+    step(f"timing {repeats} calls each, compiled and eager")
     steady = timed_median(lambda: compiled(x, y), repeats, sync)
     with torch.no_grad():
         eager = timed_median(lambda: complex_function(x, y), repeats, sync)
@@ -161,7 +266,7 @@ def run_seed_function(device: str, size: int, repeats: int, max_lines: int) -> b
 
 
 def run_mlp(device: str, steps: int) -> bool:
-    heading(f"5. a small MLP training step, compiled module + SGD, {steps} steps vs eager")
+    heading(f"7. a small MLP training step, compiled module + SGD, {steps} steps vs eager")
     torch.manual_seed(0)
     model = MLP().to(device)
     ref_model = MLP().to(device)

@@ -1,8 +1,9 @@
 """The one debug switch and the one log switch, end to end (DESIGN §6).
 
-A training call with ``TORCHFUSE_DEBUG=1`` writes, per compiled graph,
-``torchfuse_debug/run_<time>/<graph>/`` with the captured graph, guards, joint/forward/backward
-graphs, pre/post-fusion IR, output code and stage timings. ``TORCHFUSE_LOGS`` channels print
+A training call with ``TORCHFUSE_DEBUG=1`` writes, per compiled entry,
+``torchfuse_debug/run_<time>/<function>/entry_<n>/`` with the captured graph, guards,
+joint/forward/backward graphs, pre/post-fusion IR, output code and stage timings; a recompile
+gets the next entry folder and overwrites nothing. ``TORCHFUSE_LOGS`` channels print
 ``[torchfuse.<channel>]`` lines on stderr. Both run in a subprocess so the switches are read
 from a fresh environment, as a user sets them.
 """
@@ -16,6 +17,7 @@ import sys
 import textwrap
 
 SCRIPT = textwrap.dedent("""
+    import sys
     import torch, torchfuse.capture as tfc
 
     def seed(x, y):
@@ -23,15 +25,18 @@ SCRIPT = textwrap.dedent("""
 
     x = torch.randn(8, 16, requires_grad=True)
     y = torch.randn(8, 16)
-    out = tfc.compile(seed)(x, y)
+    compiled = tfc.compile(seed)
+    out = compiled(x, y)
     out.backward()
+    if len(sys.argv) > 1:  # a recompile: another size
+        compiled(torch.randn(4, 16, requires_grad=True), torch.randn(4, 16)).backward()
     print("OK", float(out))
 """)
 
 
-def _run(tmp_path, **env):
+def _run(tmp_path, *args, **env):
     full = {**os.environ, "TRITON_INTERPRET": "1", "TORCHFUSE_CACHE_DIR": str(tmp_path / "cache"), **env}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, env=full,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, env=full,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("OK")
@@ -39,13 +44,15 @@ def _run(tmp_path, **env):
 
 
 def test_debug_directory_has_every_stage(tmp_path):
-    _run(tmp_path, TORCHFUSE_DEBUG="1")
+    _run(tmp_path, "recompile", TORCHFUSE_DEBUG="1")
     (run_dir,) = (tmp_path / "torchfuse_debug").iterdir()
     assert run_dir.name.startswith("run_")
-    graph_dir = run_dir / "seed"
+    assert sorted(p.name for p in (run_dir / "seed").iterdir()) == ["entry_0", "entry_1"]
+    graph_dir = run_dir / "seed" / "entry_0"
     files = {p.name for p in graph_dir.iterdir()}
     expected = {"graph.py", "guards.txt", "joint.py", "forward.py", "backward.py",
                 "ir_pre_fusion.txt", "ir_post_fusion.txt", "output_code.py", "timings.json",
+                "timings.txt",
                 "backward_ir_pre_fusion.txt", "backward_ir_post_fusion.txt", "backward_output_code.py"}
     assert expected <= files, sorted(files)
     assert "aten.silu.default" in (graph_dir / "graph.py").read_text()
@@ -55,6 +62,15 @@ def test_debug_directory_has_every_stage(tmp_path):
     assert "capture" in timings["stages_s"]
     assert any(k.startswith("inductor.") for k in timings["stages_s"])
     assert any(k.startswith("backward.inductor.") for k in timings["stages_s"])
+    assert "runtime.load" in timings["stages_s"]
+    table = (graph_dir / "timings.txt").read_text()
+    assert "capture" in table and "inductor.schedule" in table and "total" in table
+    # the recompile's entry has its own graph (the new size) and its own timings
+    second = run_dir / "seed" / "entry_1"
+    assert "[8, 16]" in (graph_dir / "graph.py").read_text()
+    assert "[8, 16]" not in (second / "graph.py").read_text()
+    assert json.loads((second / "timings.json").read_text())["stages_s"]["capture"] != \
+        timings["stages_s"]["capture"]
     # the printed graph is runnable Python
     ns: dict = {}
     exec(compile((graph_dir / "graph.py").read_text(), "graph.py", "exec"), ns)

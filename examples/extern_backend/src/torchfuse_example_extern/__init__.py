@@ -1,10 +1,10 @@
 """An example torchfuse codegen backend, small enough to read in one sitting.
 
 ``extern(graph, example_inputs)`` is a complete backend: it turns a captured
-:class:`torchfuse.graph.Graph` into a :class:`torchfuse.graph.Program` in which every node
-is an :class:`~torchfuse.graph.schema.ExternStep` (a call of the node's ATen op, no Triton),
-checks it with :func:`torchfuse.graph.verify_program`, and hands it to
-:func:`torchfuse.runtime.load`, whose result is the callable torchfuse.capture calls.
+`torchfuse.graph.Graph` into a `torchfuse.graph.Program` in which every node
+is an `ExternStep` (a call of the node's ATen op, no Triton),
+checks it with `torchfuse.graph.verify_program`, and hands it to
+`torchfuse.runtime.load`, whose result is the callable torchfuse.capture calls.
 
 It is registered under the ``torchfuse.backends`` entry-point group (see ``pyproject.toml``),
 so after ``pip install`` it is selected with::
@@ -40,7 +40,7 @@ def extern(graph: S.Graph, example_inputs: Sequence[Any]) -> Callable[..., list[
     ``example_inputs`` are the real tensors of the first call, in ``graph.inputs`` order.
     The runtime never records autograd history, so when gradients are wanted the graph goes
     through ``torchfuse.autograd.aot`` (the optional ``autograd`` extra), which splits it
-    into a forward and a backward graph and compiles each with :func:`compile_program`.
+    into a forward and a backward graph and compiles each with `compile_program`.
     """
     wants_grad = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)

@@ -5,14 +5,16 @@ variable                           meaning
 =================================  ==========================================================
 ``TORCHFUSE_RECOMPILE_LIMIT``      compiled entries kept per function before it runs eagerly
                                    (default 8)
-``TORCHFUSE_RAISE_ON_RECOMPILE``   ``1``: raise :class:`RecompileLimitExceeded` instead of
+``TORCHFUSE_RAISE_ON_RECOMPILE``   ``1``: raise `RecompileLimitExceeded` instead of
                                    falling back to eager with a warning
+``TORCHFUSE_BACKEND``              the backend ``compile`` uses when none is given
+                                   (default ``inductor``)
 ``TORCHFUSE_LOGS``                 the shared logging switch (parsed by
-                                   :mod:`torchfuse.graph.observe`); this package writes the
+                                   `torchfuse.graph.observe`); this package writes the
                                    channels ``graph``, ``guards``, ``recompiles``, ``breaks``
 =================================  ==========================================================
 
-Tests change settings with :func:`patch`, or by assigning attributes of :data:`config`.
+Tests change settings with `patch`, or by assigning attributes of `config`.
 """
 
 from __future__ import annotations
@@ -36,13 +38,16 @@ class CaptureConfig:
     recompile_limit: int = 8
     """Compiled entries per function; past it the function runs eagerly (warned once)."""
     raise_on_recompile_limit: bool = False
-    """Raise :class:`~torchfuse.capture.errors.RecompileLimitExceeded` instead of running eagerly."""
+    """Raise `RecompileLimitExceeded` instead of running eagerly."""
     inline_depth_limit: int = 48
     """How deep user function calls are inlined before capture gives up."""
     max_loop_iterations: int = 100_000
     """Instructions one frame may run (unrolled loops) before capture gives up."""
     check_parameter_metadata: bool = True
     """Check dtype/shape of parameters and buffers when a module attribute changed."""
+    default_backend: str = "inductor"
+    """The backend ``compile`` uses when its ``backend`` argument is not given: a registered
+    name or a ``"package.module:function"`` entry-point value (``TORCHFUSE_BACKEND``)."""
 
     def patch(self, **changes: object) -> contextlib.AbstractContextManager[CaptureConfig]:
         """Temporarily change settings: ``with config.patch(recompile_limit=2): ...``."""
@@ -62,6 +67,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> CaptureConfig:
     return CaptureConfig(
         recompile_limit=int(env.get("TORCHFUSE_RECOMPILE_LIMIT", "8") or 8),
         raise_on_recompile_limit=_flag(env, "TORCHFUSE_RAISE_ON_RECOMPILE", False),
+        default_backend=env.get("TORCHFUSE_BACKEND", "").strip() or "inductor",
     )
 
 
@@ -92,5 +98,5 @@ def log_enabled(channel: str) -> bool:
 
 
 def logger(channel: str) -> logging.LoggerAdapter:
-    """The logger of one of :data:`CHANNELS`."""
+    """The logger of one of `CHANNELS`."""
     return observe.get_logger(channel)

@@ -3,10 +3,12 @@
 ``TORCHFUSE_LOGS=graph,guards,recompiles,breaks,aot,schedule,output_code`` (or ``all``)
 turns on the named log channels. Each channel is a ``logging`` logger named
 ``torchfuse.<channel>`` that prints to stderr when enabled. ``TORCHFUSE_DEBUG=1`` writes
-every compiled graph's artifacts under ``torchfuse_debug/run_<time>/<graph>/``.
+every compiled entry's artifacts under ``torchfuse_debug/run_<time>_pid<pid>/<function>/entry_<n>/``
+(see [`entry_folder`][torchfuse.graph.observe.entry_folder]: no two entries share a folder),
+with every stage's duration in ``timings.json`` and ``timings.txt``.
 
-The environment is read once, here, through :class:`ObserveConfig`; packages ask
-:func:`log_enabled`, :func:`get_logger` and :func:`debug_dir` rather than reading it.
+The environment is read once, here, through `ObserveConfig`; packages ask
+`log_enabled`, `get_logger` and `debug_dir` rather than reading it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +63,10 @@ def reload_config() -> None:
     global config, _run_dir
     config = ObserveConfig.from_env()
     _run_dir = None
+    with _folders_lock:
+        _folder_of.clear()
+        _entries_of.clear()
+        _timings.clear()
     for ch in CHANNELS:
         _configure(logging.getLogger(f"torchfuse.{ch}"), ch)
 
@@ -129,8 +137,46 @@ def debug_dir(graph_name: str | None = None) -> Path | None:
     return d
 
 
+_folders_lock = threading.Lock()
+_folder_of: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+"""The function folder each owner (a compiled function) was given in this run."""
+_entries_of: dict[str, int] = {}
+"""Function folder -> entry folders handed out so far."""
+
+
+def entry_folder(owner: object, name: str) -> str:
+    """The artifact folder of the next compiled entry of ``owner``: ``<name>/entry_<n>``.
+
+    One folder per compiled entry, never handed out twice in a run: a recompile gets
+    ``entry_1``, ``entry_2``, … (counting on after a reset), and a second owner with the same
+    name (two lambdas) gets ``<name>_2``. The graphs an entry's backend compiles (the forward
+    and backward halves) share its folder, told apart by their file prefixes.
+
+    Args:
+        owner: What the entries belong to (capture passes the compiled function); held weakly.
+        name: A readable name for it (a qualified name), used as the function folder:
+            ``<locals>.`` and characters outside ``[A-Za-z0-9_.-]`` are dropped.
+
+    Returns:
+        A relative folder name, to pass to [`compiling`][torchfuse.graph.observe.compiling].
+    """
+    clean = "".join(c for c in name.replace("<locals>.", "") if c.isalnum() or c in "_.-") or "graph"
+    with _folders_lock:
+        folder = _folder_of.get(owner)
+        if folder is None:
+            taken = set(_folder_of.values()) | set(_entries_of)
+            folder, n = clean, 1
+            while folder in taken:
+                n += 1
+                folder = f"{clean}_{n}"
+            _folder_of[owner] = folder
+        index = _entries_of.get(folder, 0)
+        _entries_of[folder] = index + 1
+    return f"{folder}/entry_{index}"
+
+
 def write_artifact(graph_name: str, filename: str, text: str) -> Path | None:
-    """Record one artifact of a compiled graph: hand it to every active :func:`collect` block
+    """Record one artifact of a compiled graph: hand it to every active `collect` block
     and, when the debug switch is on, write it to ``debug_dir(graph_name)/filename``."""
     for sink in _collectors:
         sink.artifacts.append(Artifact(graph_name, filename, text))
@@ -144,7 +190,7 @@ def write_artifact(graph_name: str, filename: str, text: str) -> Path | None:
 
 
 def emit(filename: str, text: str, *, fallback_name: str = "graph") -> Path | None:
-    """:func:`write_artifact` into the graph being compiled (see :func:`compiling`).
+    """`write_artifact` into the graph being compiled (see `compiling`).
 
     Inside a ``compiling(name, role="backward")`` block the file name gets the role as a
     prefix (``backward_output_code.py``), so that the forward and backward halves of a
@@ -157,20 +203,43 @@ def emit(filename: str, text: str, *, fallback_name: str = "graph") -> Path | No
 
 
 def record_time(stage: str, seconds: float) -> None:
-    """Add a stage's duration to the current graph's ``timings.json`` (debug/collect only)."""
+    """Add a stage's duration to the current graph's ``timings.json`` and ``timings.txt``
+    (debug/collect only). Stage names are dotted by package (``capture``, ``aot.joint``,
+    ``inductor.schedule``, ``runtime.load``); a backward half's get the prefix ``backward.``."""
     if not wants_artifacts():
         return
     name = current_graph() or "graph"
     role = _role.get()
-    table = _timings.setdefault(name, {})
     key = f"{role}.{stage}" if role else stage
-    table[key] = table.get(key, 0.0) + seconds
+    with _folders_lock:
+        table = _timings.setdefault(name, {})
+        table[key] = table.get(key, 0.0) + seconds
+        table = dict(table)
     write_artifact(name, "timings.json", json.dumps(
         {"stages_s": table, "total_s": sum(table.values())}, indent=2))
+    write_artifact(name, "timings.txt", format_timings(table))
+
+
+def format_timings(stages: dict[str, float]) -> str:
+    """A stage table as aligned text: one line per stage in milliseconds, then each package's
+    subtotal (the part of a stage name before its first dot) and the total."""
+    width = max([len(k) for k in stages] + [len("total")])
+    lines = [f"{'stage':<{width}}  {'ms':>10}"]
+    lines += [f"{k:<{width}}  {v * 1e3:10.2f}" for k, v in stages.items()]
+    groups: dict[str, float] = {}
+    for k, v in stages.items():
+        parts = k.split(".")
+        group = ".".join(parts[:2]) if parts[0] == "backward" and len(parts) > 2 else parts[0]
+        groups[group] = groups.get(group, 0.0) + v
+    if len(groups) < len(stages):
+        lines.append("")
+        lines += [f"{g:<{width}}  {v * 1e3:10.2f}" for g, v in groups.items()]
+    lines.append(f"{'total':<{width}}  {sum(stages.values()) * 1e3:10.2f}")
+    return "\n".join(lines) + "\n"
 
 
 def wants_artifacts() -> bool:
-    """True when someone will read artifacts: the debug switch, or a :func:`collect` block.
+    """True when someone will read artifacts: the debug switch, or a `collect` block.
     Stages use it to skip rendering text nobody reads."""
     return config.debug or bool(_collectors)
 
@@ -184,7 +253,7 @@ class Artifact:
 
 @dataclass
 class Collector:
-    """Artifacts emitted while a :func:`collect` block was active, in emission order."""
+    """Artifacts emitted while a `collect` block was active, in emission order."""
 
     artifacts: list[Artifact] = field(default_factory=list)
 
@@ -229,7 +298,7 @@ def compiling(graph_name: str, role: str = "") -> Iterator[None]:
 
 
 def current_graph() -> str | None:
-    """The graph named by the innermost :func:`compiling` block, if any."""
+    """The graph named by the innermost `compiling` block, if any."""
     return _current.get()
 
 
