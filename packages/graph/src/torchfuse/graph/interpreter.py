@@ -88,7 +88,7 @@ def check_inputs(graph: S.Graph, inputs: Sequence[Any]) -> dict[str, int]:
     if len(inputs) != n:
         names = ", ".join(i.name for i in graph.inputs)
         raise InputError(f"graph {graph.name!r} takes {n} inputs ({names}), got {len(inputs)}")
-    saved = _num_saved(graph)
+    saved = num_saved(graph)
     for i, (inp, value) in enumerate(zip(graph.inputs, inputs, strict=True)):
         meta = graph.values.get(inp.name) if i >= saved else None
         what = f"graph {graph.name!r}: input {i} ({inp.name!r})"
@@ -142,7 +142,7 @@ def check_inputs(graph: S.Graph, inputs: Sequence[Any]) -> dict[str, int]:
     return env
 
 
-def _num_saved(graph: S.Graph) -> int:
+def num_saved(graph: S.Graph) -> int:
     """The leading inputs of a backward graph that another graph computed and saved (autograd
     writes their count in ``meta["autograd.num_saved"]``): not checked, as they are what the
     forward's kernels returned, which may differ from the meta kernels' sizes (eval-mode

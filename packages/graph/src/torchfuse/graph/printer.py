@@ -32,6 +32,7 @@ import torch
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import free_symbols
 from torchfuse.graph.expr import to_python as expr_to_python
+from torchfuse.graph.interpreter import num_saved
 from torchfuse.graph.ops import UnknownOpError, split_op_name, to_dtype, to_layout, to_memory_format
 from torchfuse.graph.verify import SYMBOL_SOURCE, VerificationError, is_identifier
 
@@ -172,9 +173,11 @@ def to_python(graph: S.Graph, *, name: str | None = None) -> str:
         fn = "graph_" + fn
     params = [names(i.name) for i in graph.inputs]
     body: list[str] = []
+    saved = num_saved(graph)  # a backward graph's leading inputs: what its forward saved
     for i, inp in enumerate(graph.inputs):
         meta = graph.values.get(inp.name)
-        note = f"{inp.kind}" + (f" {inp.target}" if inp.target else "")
+        kind = "saved by the forward" if i < saved else inp.kind
+        note = kind + (f" {inp.target}" if inp.target else "")
         if meta is not None:
             note += f": {describe_meta(meta)}"
         body.append("# " + comment_text(f"input {i} {params[i]}: {note}"))
