@@ -74,3 +74,28 @@ def test_same_tensor_twice(backend):
     x, ref = torch.arange(4.0), torch.arange(4.0)
     want = mutate_one_read_other(ref, ref)
     assert torch.equal(compiled(mutate_one_read_other, backend)(x, x), want) and torch.equal(x, ref)
+
+
+def shift_right(ids):
+    # transformers' shift_tokens_right: writes through views of a tensor made in the function
+    s = ids.new_zeros(ids.shape)
+    s[:, 1:] = ids[:, :-1].clone()
+    s[:, 0] = 7
+    s.masked_fill_(s == -100, 0)
+    return s
+
+
+def test_writes_through_views_of_an_intermediate(backend):
+    ids = torch.arange(16).reshape(2, 8)
+    ids[1, 3] = -100
+    got = compiled(shift_right, backend)(ids)
+    want = shift_right(ids)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    x = torch.randn(4, 6)  # float, grad off: the inference path of every backend
+    torch.testing.assert_close(compiled(first_column_ones, backend)(x), first_column_ones(x))
+
+
+def first_column_ones(x):
+    t = x.new_zeros(4, 6)
+    t[:, 0] = 1.0
+    return t * x

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torchfuse.autograd import aot  # at import, not at the first training call (networkx: ~0.3 s)
+from torchfuse.autograd.functionalize import functionalize, has_mutations
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.interpreter import device_types, no_autocast
@@ -91,4 +92,9 @@ def inductor(
             return list(out) if isinstance(out, list | tuple) else [out]
 
         return run_aot
+    if has_mutations(graph):
+        # writes into intermediates (``s = x.new_zeros(...); s[:, 1:] = ...``, transformers'
+        # ``shift_tokens_right``): the lowering takes functional graphs only; unfunctionalized,
+        # a write through a view was lost and the compiled result was the zeros
+        graph = functionalize(graph)
     return comp(graph, example_inputs)
