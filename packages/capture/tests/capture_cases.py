@@ -1573,7 +1573,7 @@ def brk_if_tensor(x):
 def brk_nonzero(x): return torch.nonzero(x > 0)
 
 
-@case(X34, graphs=1)
+@case(X34, graphs=0)  # after the break, from_numpy of the array is a graph input: no ops
 def brk_numpy(x): return torch.from_numpy(x.numpy() * 2)
 
 

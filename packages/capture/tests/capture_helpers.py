@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 from typing import Any
@@ -18,14 +19,16 @@ def assert_same(a: Any, b: Any, path: str = "out") -> None:
         assert a.requires_grad == b.requires_grad, f"{path}: requires_grad"
         torch.testing.assert_close(a.detach(), b.detach(), equal_nan=True, msg=lambda m: f"{path}: {m}")
         return
-    if isinstance(b, list | tuple):
+    if isinstance(b, list | tuple | collections.deque):
         assert type(a) is type(b), f"{path}: {type(a)} vs {type(b)}"
+        assert getattr(a, "maxlen", None) == getattr(b, "maxlen", None), f"{path}: maxlen"
         assert len(a) == len(b), f"{path}: len {len(a)} vs {len(b)}"
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]")
         return
     if isinstance(b, dict):
         assert type(a) is type(b) and list(a) == list(b), f"{path}: keys {list(a)} vs {list(b)}"
+        assert getattr(a, "default_factory", None) is getattr(b, "default_factory", None), path
         for k in b:
             assert_same(a[k], b[k], f"{path}[{k!r}]")
         return
@@ -37,6 +40,10 @@ def assert_same(a: Any, b: Any, path: str = "out") -> None:
     if hasattr(b, "__dict__") and not isinstance(b, type) and type(b).__module__ == "capture_cases":
         assert type(a) is type(b)
         assert_same(vars(a), vars(b), f"{path}.__dict__")
+        return
+    if type(b).__name__ == "ndarray":
+        assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a!r} vs {b!r}"
+        assert (a == b).all() or ((a != a) == (b != b)).all(), f"{path}: {a!r} vs {b!r}"
         return
     if isinstance(b, float) and b != b:
         assert a != a

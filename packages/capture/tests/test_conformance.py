@@ -7,6 +7,7 @@ import sys
 import warnings
 
 import pytest
+import semantics_cases  # noqa: F401  (registers its records into CASES)
 import torch
 from capture_cases import CASES
 from capture_helpers import assert_same

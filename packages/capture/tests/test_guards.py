@@ -463,3 +463,77 @@ def test_helper_closure_and_defaults_are_guarded():
         assert len(cf.entries) == 3
     finally:
         SCALER = _make_scaler(2)
+
+
+def _closure_over(s):
+    def f(x):
+        return x * len(s) + (1 if 3 in s else 0)
+    return f
+
+
+def test_closure_set_contents_are_guarded():
+    s = {1}
+    cf = compile(_closure_over(s), backend="eager")
+    x = torch.ones(2)
+    assert_same(cf(x), x * 1)
+    s.add(2)
+    assert_same(cf(x), x * 2)
+    s.add(3)
+    assert_same(cf(x), x * 3 + 1)
+    assert len(cf.entries) == 3
+
+
+def test_method_defaults_are_guarded():
+    class Scale(nn.Module):
+        def forward(self, x, k=2, *, bias=0):
+            return x * k + bias
+
+    m = Scale()
+    cf = compile(lambda x: m(x) + m.forward(x), backend="eager")
+    x = torch.ones(2)
+    assert_same(cf(x), x * 4)
+    Scale.forward.__defaults__ = (5,)
+    assert_same(cf(x), x * 10)
+    Scale.forward.__kwdefaults__ = {"bias": 1}
+    assert_same(cf(x), x * 10 + 2)
+    assert len(cf.entries) == 3
+
+
+class GlobalScale(nn.Module):
+    def forward(self, x, k=2):
+        return x * k
+
+
+def test_method_defaults_of_a_global_class_are_one_guard():
+    """Many instances of one module class: its defaults are guarded once, on the class."""
+    seq = nn.Sequential(*(GlobalScale() for _ in range(4)))
+    cf = compile(lambda x: seq(x), backend="eager")
+    x = torch.ones(2)
+    assert_same(cf(x), x * 16)
+    conds = [g for g in cf.entries[0].result.graph.guards if "__defaults__" in getattr(g, "source", "")]
+    assert len(conds) == 1, conds
+    try:
+        GlobalScale.forward.__defaults__ = (3,)
+        assert_same(cf(x), x * 81)
+    finally:
+        GlobalScale.forward.__defaults__ = (2,)
+
+
+def test_new_ndarray_each_call_reuses_the_entry():
+    np = pytest.importorskip("numpy")
+    from torchfuse.capture import explain
+
+    def f(x, a):
+        return x + torch.from_numpy(a) * len(a)
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(3)
+    for k in range(3):
+        a = np.full(3, float(k), dtype=np.float32)
+        assert_same(cf(x, a), f(x, a))
+    assert len(cf.entries) == 1
+    a4 = np.ones(4, dtype=np.float32)
+    assert_same(cf(torch.ones(4), a4), f(torch.ones(4), a4))  # a new shape: recompiles
+    assert len(cf.entries) == 2
+    text = str(explain(f)(x, np.ones(3, dtype=np.float32)))
+    assert "L[1].shape == (3,)" in text and "from_numpy" not in text, text

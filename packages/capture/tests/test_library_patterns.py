@@ -241,3 +241,24 @@ def test_truth_of_an_object_through_its_own_bool_or_len():
         e = explain(f)(x, cache, Flag())
         assert e.graph_count == 1 and e.graph_break_count == 0, e.break_reasons
         torch.testing.assert_close(compile(f, backend="eager")(x, cache, Flag()), f(x, cache, Flag()))
+
+
+def test_resume_inside_the_stdlib_uses_its_globals():
+    """``collections.namedtuple`` breaks on ``sys.intern``; resumed, the rest of it reads
+    ``collections``' own globals (``_iskeyword``, ``_sys``), never the caller's."""
+    import collections
+
+    def f(x):
+        y = x + 1
+        Pair = collections.namedtuple("Pair", ["a", "b"], defaults=[2], module=__name__)
+        p = Pair(y)
+        return p.a * p.b, Pair._fields
+
+    c = compile(f, backend="eager")
+    x = torch.randn(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            got, fields = c(x)
+            torch.testing.assert_close(got, (x + 1) * 2)
+            assert fields == ("a", "b")

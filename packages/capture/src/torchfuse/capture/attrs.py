@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
+import functools
 import inspect
 import logging
+import sys
 import types
 from typing import Any
 
@@ -11,7 +14,14 @@ import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
-from torchfuse.capture.source import AttrSource, ClassAttrSource, ModuleAttrSource, ModuleStateSource
+from torchfuse.capture.source import (
+    AttrSource,
+    ClassAttrSource,
+    ModuleAttrSource,
+    ModuleGlobalSource,
+    ModuleStateSource,
+    Source,
+)
 from torchfuse.capture.values import HEAPTYPE, from_py, python_override, size_of
 
 # Tensor attributes that are plain metadata: answered from the fake, never recorded.
@@ -33,15 +43,23 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         return _module_attr(obj, name)
     if isinstance(obj, V.UserObjVar):
         return _object_attr(obj, name)
+    if isinstance(obj, V.DequeVar) and name == "maxlen":
+        return V.ConstVar(obj.maxlen)
     if isinstance(obj, V.ListVar):
         fields = obj.fields
         if fields and name in fields:
             return obj.items[fields.index(name)]
-        return V.MethodVar(obj, name)
+        return _container_method(obj, obj.kind, name)
     if isinstance(obj, V.DictVar) and obj.kind is not dict:
         return _dict_subclass_attr(obj, name)
     if isinstance(obj, V.DictVar | V.SetVar):
-        return V.MethodVar(obj, name)
+        return _container_method(obj, obj.python_type(), name)
+    if isinstance(obj, V.PartialVar):
+        return _partial_attr(obj, name)
+    if isinstance(obj, V.NdarrayVar):
+        from torchfuse.capture.arrays import array_attr
+
+        return array_attr(obj, name)
     if isinstance(obj, V.ConstVar):
         try:
             value = getattr(obj.value, name)
@@ -83,6 +101,29 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
     raise Unsupported(f"attribute {name!r} of {obj.describe()}", ctx.loc)
 
 
+def _container_method(obj: V.Var, cls: type, name: str) -> V.Var:
+    """A method of a list, tuple, dict or set; what the class lacks is eager's AttributeError
+    (so ``hasattr(d, "to")`` is False, as duck-typing code expects)."""
+    if inspect.getattr_static(cls, name, _MISSING) is _MISSING:
+        raise UserException(AttributeError(f"{cls.__name__!r} object has no attribute {name!r}"),
+                            current().loc)
+    return V.MethodVar(obj, name)
+
+
+def _partial_attr(obj: V.PartialVar, name: str) -> V.Var:
+    """``functools.partial``'s three public attributes, from the Vars it was made of."""
+    if name == "func":
+        return obj.func
+    if name == "args":
+        return V.ListVar(list(obj.args), tuple)
+    if name == "keywords":
+        return V.DictVar(dict(obj.kwargs))
+    if inspect.getattr_static(functools.partial, name, _MISSING) is _MISSING:
+        raise UserException(AttributeError(f"'functools.partial' object has no attribute {name!r}"),
+                            current().loc)
+    raise Unsupported(f"attribute {name!r} of a functools.partial", current().loc)
+
+
 def _is_mutable_object(value: Any) -> bool:
     return not isinstance(value, type | types.ModuleType | types.FunctionType | types.BuiltinFunctionType
                           | types.MethodType) and type(value).__flags__ & HEAPTYPE and \
@@ -106,9 +147,14 @@ def hasattr_var(obj: V.Var, name: str) -> bool:
             return False
         raise
     except Unsupported as e:
-        if e.reason.startswith(("attribute ", "tensor has no attribute")):
+        if not e.reason.startswith(("attribute ", "tensor has no attribute")):
+            raise
+        # not modelled: what the class defines exists whatever capture can read of it
+        try:
+            cls = obj.python_type()
+        except Unsupported:
             return False
-        raise
+        return inspect.getattr_static(cls, name, _MISSING) is not _MISSING
     return True
 
 
@@ -205,7 +251,7 @@ def _dict_subclass_attr(obj: V.DictVar, name: str) -> V.Var:
     raw = python_override(obj.kind, name, dict)
     if raw is not None:
         return bind_class_attr(obj, obj.kind, raw, name)
-    if hasattr(dict, name):
+    if hasattr(dict, name) or (name == "move_to_end" and issubclass(obj.kind, collections.OrderedDict)):
         return V.MethodVar(obj, name)
     raw = inspect.getattr_static(obj.kind, name, _MISSING)
     if raw is _MISSING:
@@ -261,7 +307,7 @@ def bind_class_attr(obj: V.Var, cls: type, raw: Any, name: str) -> V.Var:
             raise Unsupported("unreadable property", current().loc)
         return call(V.ObjVar(raw.fget), [obj], {})
     if isinstance(raw, types.FunctionType):
-        return V.BoundMethodVar(V.ObjVar(raw), obj)
+        return V.BoundMethodVar(V.ObjVar(raw, method_source(obj, cls, name)), obj)
     if isinstance(raw, functools_cached_property()):
         return call(V.ObjVar(raw.func), [obj], {})
     if hasattr(raw, "__get__") and not isinstance(raw, type) and not V.is_constant(raw):
@@ -272,6 +318,19 @@ def bind_class_attr(obj: V.Var, cls: type, raw: Any, name: str) -> V.Var:
     if V.is_constant(raw) and obj.source is not None:
         return V.ConstVar(raw, ClassAttrSource(obj.source, name))
     return current().wrap(raw, None)
+
+
+def method_source(obj: V.Var, cls: type, name: str) -> Source | None:
+    """Where a method ``cls.<name>`` is read from, so that what inlining it reads of the
+    function (``__defaults__``, ``__kwdefaults__``) is guarded when it is used: the class as a
+    module global when it is one (one guard however many instances call it), else
+    ``type(obj).<name>``."""
+    mod = sys.modules.get(cls.__module__)
+    if mod is not None and getattr(mod, cls.__qualname__, None) is cls:
+        return AttrSource(ModuleGlobalSource(cls.__module__, cls.__qualname__), name)
+    if obj.source is not None and not obj.source.is_module_state and obj.python_type() is cls:
+        return ClassAttrSource(obj.source, name)
+    return None
 
 
 def functools_cached_property() -> type:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torchfuse.capture import operators as O
+from torchfuse.capture import stdlib
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.dynamic import SYM_TYPES, concrete
@@ -72,6 +73,10 @@ def _len(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         if x.source is not None and not isinstance(x, V.SetVar):
             current().guards.length(x.source, len(x.items))
         return V.ConstVar(len(x.items))
+    if isinstance(x, V.NdarrayVar):
+        from torchfuse.capture.arrays import array_len
+
+        return array_len(x)
     if isinstance(x, V.TensorVar):
         from torchfuse.capture.values import size_of
 
@@ -197,6 +202,8 @@ def _reduce_builtin(name: str) -> Handler:
                 acc = O.binary("+", acc, it)
             return acc
         # min / max
+        if "key" not in kwargs and _same_one_element_tensors(items):
+            return _select_extreme(name, items)
         if any(isinstance(i, V.TensorVar) for i in items):
             raise Unsupported(f"{name}() over tensors compares values (data-dependent)", current().loc,
                               f"use torch.{name}imum or torch.stack(...).{name}()")
@@ -209,6 +216,26 @@ def _reduce_builtin(name: str) -> Handler:
         best = pyfn(keyed, key=lambda p: p[0])
         return items[best[1]]
     return h
+
+
+def _same_one_element_tensors(items: list[V.Var]) -> bool:
+    if len(items) < 2 or not all(isinstance(i, V.TensorVar) for i in items):
+        return False
+    first = items[0].fake
+    return all(i.fake.dtype == first.dtype and i.fake.shape == first.shape for i in items) and \
+        all(isinstance(n, int) for n in first.shape) and first.numel() == 1
+
+
+def _select_extreme(name: str, items: list[V.Var]) -> V.Var:
+    """``max(a, b, …)`` over one-element tensors of one dtype and shape, as Python runs it (the
+    first of the largest: a later item wins only when ``item > best``), kept in the graph as
+    ``where(item > best, item, best)`` rather than read out to decide."""
+    ctx = current()
+    best = items[0]
+    for item in items[1:]:
+        better = O.compare(">" if name == "max" else "<", item, best)
+        best = from_py(ctx.call_torch(torch.where, [better.fake, item.fake, best.fake], {}, f"{name}()"))
+    return best
 
 
 def sorted_vars(items: list[V.Var], key: V.Var | None, reverse: bool) -> list[V.Var]:
@@ -238,9 +265,11 @@ def _enumerate(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 def _zip(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     cols = [O.iterate(a) for a in args]
     strict = kwargs.get("strict")
-    if strict is not None and strict.python() and len({len(c) for c in cols}) > 1:
-        raise Unsupported("zip(strict=True) over sequences of different lengths", current().loc)
-    return V.IteratorVar([V.ListVar(list(row), tuple) for row in zip(*cols, strict=False)])
+    try:  # zip itself, over the lists of Vars: eager's ValueError when strict lengths differ
+        rows = list(zip(*cols, strict=strict is not None and bool(strict.python())))
+    except ValueError as e:
+        raise UserException(e, current().loc) from e
+    return V.IteratorVar([V.ListVar(list(row), tuple) for row in rows])
 
 
 def _map(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -503,6 +532,23 @@ def _answer(value: Any) -> Handler:
     return lambda a, k: V.ConstVar(value)
 
 
+def _core_call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture.calls import call
+
+    return call(fn, args, kwargs)
+
+
+def _core_list_method(obj: V.ListVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture.methods import list_method
+
+    return list_method(obj, name, args, kwargs)
+
+
+STDLIB_CORE = stdlib.Core(iterate=O.iterate, binary=O.binary, mutate=O.mutate, call=_core_call,
+                          make_dict=_dict, list_method=_core_list_method)
+"""The interpreter functions the stdlib models (`torchfuse.capture.stdlib`) are handed."""
+
+
 def _table() -> dict[Any, Handler]:
     t: dict[Any, Handler] = {
         len: _len, isinstance: _isinstance, getattr: _getattr, hasattr: _hasattr,
@@ -532,6 +578,7 @@ def _table() -> dict[Any, Handler]:
                        (torch._C._get_tracing_state, None)):
         if fn is not None:
             t[fn] = _answer(answer)
+    t.update(stdlib.handlers(STDLIB_CORE))
     for name in ("any", "all", "sum", "min", "max"):
         t[getattr(builtins, name)] = _reduce_builtin(name)
     for fn in (range, str, round, divmod, pow, repr, chr, ord, slice, hash, format, bin, hex, oct):

@@ -132,6 +132,12 @@ _UNSUPPORTED_TORCH = {"manual_seed", "set_grad_enabled", "save", "load", "compil
 def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     ctx = current()
     name = getattr(value, "__name__", "")
+    from torchfuse.capture import arrays
+
+    if arrays.converts(value, args):
+        from torchfuse.capture.methods import call_method
+
+        return arrays.to_tensor(value, args, kwargs, lambda t, kw: call_method(t, "to", [], kw))
     if name in _UNSUPPORTED_TORCH:
         raise Unsupported(f"torch.{name} inside a compiled function", ctx.loc)
     if name == "is_grad_enabled":
@@ -259,8 +265,11 @@ def _run_forward(fn: V.ModuleVar, args: list[V.Var], kwargs: dict[str, V.Var]) -
                     getattr_var(sub_var, bname)
             _guard_leaf_attributes(fn)
             return call_torch_function(mod.forward, args, kwargs)
+        from torchfuse.capture.attrs import method_source
+
         forward = inspect.getattr_static(type(mod), "forward")
-        return call(V.BoundMethodVar(V.ObjVar(forward), fn), args, kwargs)
+        return call(V.BoundMethodVar(V.ObjVar(forward, method_source(fn, type(mod), "forward")), fn),
+                    args, kwargs)
     finally:
         ctx.module_path = prev_path
 
@@ -409,9 +418,10 @@ def inline(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         defaults = [ctx.wrap(d, sub("__defaults__", i)) for i, d in enumerate(func.__defaults__ or ())]
         kwdefaults = {k: ctx.wrap(v, sub("__kwdefaults__", k))
                       for k, v in (func.__kwdefaults__ or {}).items()}
+        # a method's ``__class__`` cell (``super()``) holds its class for good: no source
         cells = [V.CellVar(_cell_value(ctx, c, AttrSource(sub("__closure__", i), "cell_contents")
-                                       if src is not None else None))
-                 for i, c in enumerate(func.__closure__ or ())]
+                                       if src is not None and var != "__class__" else None))
+                 for i, (var, c) in enumerate(zip(code.co_freevars, func.__closure__ or (), strict=True))]
     if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         raise Unsupported(f"async function {code.co_name}", ctx.loc)
     local_vars = bind_arguments(code, defaults, kwdefaults, args, kwargs)

@@ -227,18 +227,27 @@ class Capture:
             return V.DictVar(items, source, kind=type(value), attrs=attrs)
         if type(value) in (set, frozenset) and all(V.is_constant(v) for v in value):
             if source is not None:
-                guards.constant(source, value) if type(value) is frozenset else guards.type_(source, set)
+                # a set's contents are guarded like a frozenset's: a set in a closure or a
+                # global may gain items between calls, and len/in over it fold to constants
+                guards.constant(source, value if type(value) is frozenset else set(value))
             return V.SetVar([V.ConstVar(v) for v in value], source)
         if _is_user_object(value):
             if source is not None:
                 guards.type_(source, type(value))
             return V.UserObjVar(value, source)
+        if source is not None and _is_ndarray(value):
+            # a new array each call must not recompile: its type is guarded, what is read of
+            # it (shape, dtype, its values as a tensor input) is guarded where it is read
+            guards.type_(source, type(value))
+            return V.NdarrayVar(value, source)
         if source is not None and not isinstance(value, types.ModuleType) and \
                 not source.is_module_state:
             guards.identity(source, value)
         return V.ObjVar(value, source)
 
-    def wrap_tensor(self, t: torch.Tensor, source: Source | None) -> V.TensorVar:
+    def wrap_tensor(self, t: torch.Tensor, source: Source | None, guarded: bool = True) -> V.TensorVar:
+        """``guarded=False``: the caller guards what the input is made from (an ndarray's
+        metadata, `torchfuse.capture.arrays`), and its sizes stay static."""
         known = self.tensor_vars.get(id(t))
         if known is not None:
             if source is not None and known.source is not None and source != known.source:
@@ -265,13 +274,14 @@ class Capture:
             kind, target, hint = "user_input", None, _arg_hint(source)
         else:
             kind, target, hint = "constant", source.expr(), _arg_hint(source)
-        sizes, bindings = self._input_sizes(source, t) if kind == "user_input" else (None, None)
+        sizes, bindings = self._input_sizes(source, t) if kind == "user_input" and guarded else (None, None)
         fake = self.rec.input(t, name=hint, kind=kind, target=target, sizes=sizes)  # type: ignore[arg-type]
-        self.guards.tensor(source, t, fake, bindings)
+        if guarded:
+            self.guards.tensor(source, t, fake, bindings)
         name = self.rec.names[id(fake)]
         self.rec.bind(t, name)  # torch code that sees the real tensor (nn.Linear) finds it too
         self.inputs.append(InputSlot(name, kind, source))
-        if kind == "user_input":
+        if kind == "user_input" and guarded:
             self.input_tensors.append((source, t))
         var = V.TensorVar(fake, source, type(t))
         self.tensor_vars[id(t)] = var
@@ -341,6 +351,13 @@ def check_subclass(cls: type, loc: S.SourceLoc | None) -> None:
 
 
 _DEFAULT_TORCH_FUNCTION = torch.Tensor.__torch_function__.__func__
+
+
+def _is_ndarray(value: Any) -> bool:
+    import sys
+
+    np = sys.modules.get("numpy")  # never imported for this: no array exists without it
+    return np is not None and type(value) is np.ndarray
 
 
 def source_root(source: Source) -> Source:

@@ -28,7 +28,7 @@ from torchfuse.capture.errors import DynamicShapeError, Unsupported
 from torchfuse.capture.frame import Frame
 from torchfuse.capture.guards import CheckFunctions, autocast_state, storage_groups
 from torchfuse.capture.output import OutputBuilder, Spec
-from torchfuse.capture.source import ClosureSource, LocalSource
+from torchfuse.capture.source import ClosureSource, FromNumpySource, LocalSource
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import resolve_op
 from torchfuse.graph.symbolic import SpecializationError
@@ -235,7 +235,9 @@ def _finish(ctx: Capture, name: str) -> S.Graph:
         builder.add_node(SET_GRAD_ENABLED, [S.Bool(value=False)], {}, [])
         builder.nodes.insert(0, builder.nodes.pop())  # see CaptureResult.grad_entry
         ctx.grad_entry = True
-    tensor_args = [s.source for s in ctx.inputs if s.kind == "user_input" and s.source is not None]
+    # a tensor made of an ndarray argument is a new object on every call: never one of these
+    tensor_args = [s.source for s in ctx.inputs if s.kind == "user_input" and s.source is not None
+                   and not isinstance(s.source, FromNumpySource)]
     if len(tensor_args) > 1:
         ctx.guards.distinct(tensor_args)
     _guard_overlap(ctx)

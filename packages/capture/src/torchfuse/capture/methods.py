@@ -24,6 +24,11 @@ def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Va
     ctx = current()
     if isinstance(obj, V.TensorVar):
         return tensor_method(obj, name, args, kwargs)
+    if isinstance(obj, V.DequeVar):
+        from torchfuse.capture.builtins import STDLIB_CORE
+        from torchfuse.capture.stdlib import deque_method
+
+        return deque_method(STDLIB_CORE, obj, name, args, kwargs)
     if isinstance(obj, V.ListVar):
         return list_method(obj, name, args, kwargs)
     if isinstance(obj, V.DictVar):
@@ -155,12 +160,8 @@ def list_method(obj: V.ListVar, name: str, args: list[V.Var], kwargs: dict[str, 
 def dict_method(obj: V.DictVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     ctx = current()
     items = obj.items
-    if name == "keys":
-        return V.ListVar([V.ConstVar(k) for k in items], list)
-    if name == "values":
-        return V.ListVar(list(items.values()), list)
-    if name == "items":
-        return V.ListVar([V.ListVar([V.ConstVar(k), v], tuple) for k, v in items.items()], list)
+    if name in ("keys", "values", "items"):
+        return V.DictViewVar(obj, name)
     if name == "get":
         k = args[0].python()
         default = args[1] if len(args) > 1 else V.ConstVar(None)
@@ -188,8 +189,31 @@ def dict_method(obj: V.DictVar, name: str, args: list[V.Var], kwargs: dict[str, 
             obj.attrs = {}
         obj.attrs[args[0].python()] = args[1]
         return V.ConstVar(None)
-    if name == "copy":
-        return V.DictVar(dict(items))
+    if name == "copy":  # of the same class: an OrderedDict's or defaultdict's copy is one
+        return V.DictVar(dict(items), kind=obj.kind,
+                         attrs=dict(obj.attrs) if obj.attrs is not None and obj.kind is not dict else None)
+    if name == "popitem":
+        if not items:
+            raise UserException(KeyError("popitem(): dictionary is empty"), ctx.loc)
+        O.mutate(obj)
+        last = args[0] if args else kwargs.get("last", V.ConstVar(True))
+        k = next(reversed(items)) if last.python() else next(iter(items))
+        return V.ListVar([V.ConstVar(k), items.pop(k)], tuple)
+    if name == "move_to_end":  # OrderedDict's
+        k = args[0].python()
+        if k not in items:
+            raise UserException(KeyError(k), ctx.loc)
+        O.mutate(obj)
+        value = items.pop(k)
+        last = args[1] if len(args) > 1 else kwargs.get("last", V.ConstVar(True))
+        if last.python():
+            items[k] = value
+        else:
+            rest = dict(items)
+            items.clear()
+            items[k] = value
+            items.update(rest)
+        return V.ConstVar(None)
     if name == "pop":
         O.mutate(obj)
         k = args[0].python()

@@ -210,6 +210,11 @@ def getitem(obj: V.Var, key: V.Var) -> V.Var:
     if isinstance(obj, V.DictVar):
         k = key.python()
         if k not in obj.items:
+            from torchfuse.capture.builtins import STDLIB_CORE
+            from torchfuse.capture.stdlib import is_defaultdict, missing_item
+
+            if is_defaultdict(obj):
+                return missing_item(STDLIB_CORE, obj, k)
             raise UserException(KeyError(k), ctx.loc)
         return obj.items[k]
     if isinstance(obj, V.ModuleVar):

@@ -69,9 +69,13 @@ class OutputBuilder:
                                        (isinstance(var, V.ListVar) and not var.is_tuple)):
             return ("s", var.source.expr())  # the caller's own (possibly mutated) container
         if isinstance(var, V.ListVar):
-            return ("seq", var.kind, [self.spec(i) for i in var.items])
+            from torchfuse.capture.stdlib import rebuild_sequence_kind
+
+            return ("seq", rebuild_sequence_kind(var), [self.spec(i) for i in var.items])
         if isinstance(var, V.DictVar):
-            return ("dict", var.kind, list(var.items), [self.spec(v) for v in var.items.values()])
+            from torchfuse.capture.stdlib import rebuild_kind
+
+            return ("dict", rebuild_kind(var), list(var.items), [self.spec(v) for v in var.items.values()])
         if isinstance(var, V.SetVar):
             return ("c", var.python())
         if isinstance(var, V.UserObjVar) and var.is_new:

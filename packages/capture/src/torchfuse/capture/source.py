@@ -170,3 +170,15 @@ class ModuleGlobalSource(Source):
 
     def expr(self) -> str:
         return f"sys.modules[{self.module!r}].__dict__[{self.name!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class FromNumpySource(Source):
+    """The tensor ``torch.from_numpy`` makes of an ndarray argument, read anew on each call
+    (it shares the array's memory: what the graph writes to it, the array sees)."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return f"sys.modules['torch'].from_numpy({self.base.expr()})"
+

@@ -145,6 +145,61 @@ class ListVar(Var):
         return f"{self.kind.__name__} of {len(self.items)}"
 
 
+class DictViewVar(ListVar):
+    """``d.keys()``, ``d.values()`` or ``d.items()``: read like a list, but live, as Python's
+    views are: an item stored in ``d`` after the view was made is in it."""
+
+    def __init__(self, mapping: DictVar, part: str) -> None:
+        self.mapping = mapping
+        self.part = part
+        self.kind = list
+        self.source = None
+
+    @property
+    def items(self) -> list[Var]:  # type: ignore[override]
+        items = self.mapping.items
+        if self.part == "keys":
+            return [ConstVar(k) for k in items]
+        if self.part == "values":
+            return list(items.values())
+        return [ListVar([ConstVar(k), v], tuple) for k, v in items.items()]
+
+    @items.setter
+    def items(self, value: list[Var]) -> None:
+        raise TypeError(f"dict_{self.part} does not support assignment")
+
+
+class DequeVar(ListVar):
+    """A ``collections.deque`` made in the function: a list of Vars plus its ``maxlen``
+    (methods in `torchfuse.capture.stdlib`)."""
+
+    def __init__(self, items: list[Var], maxlen: int | None) -> None:
+        import collections
+
+        keep = items[max(0, len(items) - maxlen):] if maxlen is not None else items
+        super().__init__(keep, collections.deque)
+        self.maxlen = maxlen
+
+
+class NdarrayVar(Var):
+    """A numpy array read from outside the frame, guarded on its type only: its metadata
+    (``shape``, ``dtype`` …) is read through its source (guarded when used), and
+    ``torch.from_numpy`` of it is a graph input; any other use is a graph break
+    (`torchfuse.capture.arrays`)."""
+
+    def __init__(self, value: Any, source: Source) -> None:
+        self.value = value
+        self.source = source
+        self.tensor: TensorVar | None = None
+        """The graph input ``torch.from_numpy`` of it made (one, however often it is called)."""
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def describe(self) -> str:
+        return f"ndarray {self.value.shape} {self.value.dtype}"
+
+
 def make_sequence(kind: type, vals: list[Any]) -> Any:
     if kind is list or kind is tuple:
         return kind(vals)
@@ -307,6 +362,11 @@ class PartialVar(Var):
         self.func = func
         self.args = args
         self.kwargs = kwargs
+
+    def python_type(self) -> type:
+        import functools
+
+        return functools.partial
 
 
 class IteratorVar(Var):

@@ -1,0 +1,255 @@
+"""The stdlib's C-implemented iterator constructors and containers, modelled on Vars.
+
+These classes have a ``__new__`` of their own, so `torchfuse.capture.calls.construct` cannot
+make them as user objects; instead each constructor here builds what capture already models:
+
+* ``itertools`` constructors over finite iterables run *for real on the lists of Vars* the
+  arguments iterate to, and yield an ``IteratorVar`` of their items (tuples become tuple
+  ``ListVar`` s). ``itertools.product([a, b], [c])`` is ``iter([(a, c), (b, c)])``, with
+  ``a``, ``b``, ``c`` the Vars themselves: nothing is recorded, loops over it unroll.
+  ``islice`` over a live iterator pulls only the items it yields, as Python's does.
+* ``collections.deque`` is a `DequeVar`: a list of Vars and its ``maxlen``.
+* ``collections.OrderedDict`` and ``defaultdict`` are a `DictVar` whose ``kind`` is that
+  class; a ``defaultdict`` keeps its ``default_factory`` among the DictVar's ``attrs`` and a
+  missing key calls it (`missing_item`).
+
+Infinite iterators (``count``, ``cycle``, ``repeat`` without ``times``) and those that call
+back into user code lazily (``starmap``, ``groupby``, ``accumulate`` with a function) are not
+modelled: calling them is an ordinary unsupported call, a graph break.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from torchfuse.capture import variables as V
+from torchfuse.capture.context import current
+from torchfuse.capture.errors import Unsupported, UserException
+
+Handler = Callable[[list[V.Var], dict[str, V.Var]], V.Var]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Core:
+    """What these models need of the interpreter, handed in by it: the interpreter imports
+    this module, never the reverse (no import cycle through the stdlib models)."""
+
+    iterate: Callable[[V.Var], list[V.Var]]
+    binary: Callable[[str, V.Var, V.Var], V.Var]
+    mutate: Callable[[V.Var], None]
+    call: Callable[[V.Var, list[V.Var], dict[str, V.Var]], V.Var]
+    make_dict: Handler
+    list_method: Callable[[V.ListVar, str, list[V.Var], dict[str, V.Var]], V.Var]
+
+
+def _const(v: V.Var | None, default: Any = None) -> Any:
+    return default if v is None else v.python()
+
+
+def _as_var(item: Any) -> V.Var:
+    """An item the real itertools produced from lists of Vars: a Var, or a tuple of them."""
+    if isinstance(item, tuple):
+        return V.ListVar([_as_var(i) for i in item], tuple)
+    return item if isinstance(item, V.Var) else V.ConstVar(item)
+
+
+def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> V.Var:
+    try:
+        items = list(fn(*args, **kwargs))
+    except (TypeError, ValueError) as e:  # eager's own error for bad arguments
+        raise UserException(e, current().loc) from e
+    return V.IteratorVar([_as_var(i) for i in items])
+
+
+def _chain(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    return V.IteratorVar([v for a in args for v in core.iterate(a)])
+
+
+def _chain_from_iterable(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    return V.IteratorVar([v for a in core.iterate(args[0]) for v in core.iterate(a)])
+
+
+def _product(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    return _run(itertools.product, *[core.iterate(a) for a in args], repeat=_const(kwargs.get("repeat"), 1))
+
+
+def _choose(fn: Callable[..., Any]) -> Handler:
+    """``combinations``/``permutations``/``combinations_with_replacement``: (iterable, r)."""
+    def handler(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+        r = args[1] if len(args) > 1 else kwargs.get("r")
+        rest = () if r is None and fn is itertools.permutations else (_const(r),)
+        return _run(fn, core.iterate(args[0]), *rest)
+    return handler
+
+
+def _islice(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    bounds = [_const(a) for a in args[1:]]
+    src = args[0]
+    window = slice(*bounds) if len(bounds) > 1 else slice(bounds[0] if bounds else None)
+    stop = window.stop
+    if isinstance(src, V.IteratorVar) and stop is not None:
+        # a live iterator gives up only the items up to ``stop``: the rest stay in it
+        taken = []
+        while len(taken) < stop and (v := src.next()) is not None:
+            taken.append(v)
+        return _run(itertools.islice, taken, *bounds)
+    return _run(itertools.islice, core.iterate(src), *bounds)
+
+
+def _zip_longest(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    fill = kwargs.get("fillvalue", V.ConstVar(None))
+    return _run(itertools.zip_longest, *[core.iterate(a) for a in args], fillvalue=fill)
+
+
+def _repeat(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    times = args[1] if len(args) > 1 else kwargs.get("times")
+    if times is None:
+        raise Unsupported("itertools.repeat without times (an infinite iterator)", current().loc)
+    return V.IteratorVar([args[0]] * max(0, _const(times)))
+
+
+def _accumulate(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    func = args[1] if len(args) > 1 else kwargs.get("func")
+    initial = kwargs.get("initial")
+    acc: list[V.Var] = [] if initial is None else [initial]
+    for v in core.iterate(args[0]):
+        if not acc:
+            acc.append(v)
+        elif func is None:
+            acc.append(core.binary("+", acc[-1], v))
+        else:
+            acc.append(core.call(func, [acc[-1], v], {}))
+    return V.IteratorVar(acc)
+
+
+# ----------------------------------------------------------------------------- collections
+
+
+def _ordered_dict(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    plain = core.make_dict(args, kwargs)
+    return V.DictVar(plain.items, kind=collections.OrderedDict)
+
+
+def _defaultdict(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    factory = args[0] if args else V.ConstVar(None)
+    plain = core.make_dict(list(args[1:]), kwargs)
+    return V.DictVar(plain.items, kind=collections.defaultdict, attrs={"default_factory": factory})
+
+
+def is_defaultdict(var: V.DictVar) -> bool:
+    return issubclass(var.kind, collections.defaultdict) and bool(var.attrs) and \
+        "default_factory" in var.attrs
+
+
+def missing_item(core: Core, var: V.DictVar, key: Any) -> V.Var:
+    """``d[key]`` of a defaultdict without ``key``: the factory's value, stored (as
+    ``__missing__`` does); a KeyError without a factory."""
+    factory = var.attrs["default_factory"]
+    if isinstance(factory, V.ConstVar) and factory.value is None:
+        raise UserException(KeyError(key), current().loc)
+    value = core.call(factory, [], {})
+    core.mutate(var)
+    var.items[key] = value
+    return value
+
+
+def rebuild_kind(var: V.DictVar) -> Any:
+    """What rebuilds the mapping at the graph's edge from its items: the class, or for a
+    defaultdict the class bound to its factory (``defaultdict(list)(items)``)."""
+    if not is_defaultdict(var):
+        return var.kind
+    factory = var.attrs["default_factory"]
+    try:
+        value = factory.python()
+    except Unsupported as e:
+        raise Unsupported("a defaultdict whose factory was made in the function leaves the graph",
+                          current().loc) from e
+    return functools.partial(var.kind, value)
+
+
+def _deque(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    items = core.iterate(args[0]) if args else []
+    maxlen = _const(args[1] if len(args) > 1 else kwargs.get("maxlen"))
+    if maxlen is not None and (not isinstance(maxlen, int) or maxlen < 0):
+        raise UserException(ValueError("maxlen must be non-negative"), current().loc)
+    return V.DequeVar(items, maxlen)
+
+
+def deque_method(core: Core, obj: V.DequeVar, name: str, args: list[V.Var],
+                 kwargs: dict[str, V.Var]) -> V.Var:
+    """A deque's methods: a list's, plus the left end; ``maxlen`` drops from the other end."""
+    items = obj.items
+    if name in ("popleft", "pop") and not items:
+        raise UserException(IndexError(f"{name} from an empty deque"), current().loc)
+    if name == "popleft":
+        core.mutate(obj)
+        return items.pop(0)
+    if name == "pop" and args:
+        raise UserException(TypeError("deque.pop() takes no arguments"), current().loc)
+    if name in ("appendleft", "extendleft"):
+        core.mutate(obj)
+        new = [args[0]] if name == "appendleft" else core.iterate(args[0])
+        for v in new:
+            items.insert(0, v)
+        if obj.maxlen is not None:
+            del items[obj.maxlen:]
+        return V.ConstVar(None)
+    if name == "rotate":
+        core.mutate(obj)
+        n = _const(args[0], 1) if args else 1
+        if items:
+            n %= len(items)
+            items[:] = items[len(items) - n:] + items[:len(items) - n]
+        return V.ConstVar(None)
+    if name == "copy":
+        return V.DequeVar(list(items), obj.maxlen)
+    out = core.list_method(obj, name, args, kwargs)
+    if obj.maxlen is not None and len(items) > obj.maxlen:  # append/extend/insert at the right
+        del items[:len(items) - obj.maxlen]
+    return out
+
+
+def rebuild_sequence_kind(var: V.ListVar) -> Any:
+    """What rebuilds a sequence at the graph's edge: its class, a deque with its maxlen."""
+    if isinstance(var, V.DequeVar) and var.maxlen is not None:
+        return functools.partial(collections.deque, maxlen=var.maxlen)
+    return var.kind
+
+
+_HANDLERS: dict[Any, Callable[..., V.Var]] = {
+    itertools.chain: _chain,
+    itertools.chain.from_iterable: _chain_from_iterable,
+    itertools.product: _product,
+    itertools.combinations: _choose(itertools.combinations),
+    itertools.combinations_with_replacement: _choose(itertools.combinations_with_replacement),
+    itertools.permutations: _choose(itertools.permutations),
+    itertools.islice: _islice,
+    itertools.zip_longest: _zip_longest,
+    itertools.repeat: _repeat,
+    itertools.accumulate: _accumulate,
+    collections.OrderedDict: _ordered_dict,
+    collections.defaultdict: _defaultdict,
+    collections.deque: _deque,
+    itertools.pairwise: lambda core, a, k: _run(itertools.pairwise, core.iterate(a[0])),
+}
+
+
+def handlers(core: Core) -> dict[Any, Handler]:
+    """The constructors above as builtin-table handlers ``(args, kwargs) -> Var``."""
+    return {fn: functools.partial(h, core) for fn, h in _HANDLERS.items()}
+
+
+__all__ = [
+    "Core",
+    "deque_method",
+    "handlers",
+    "is_defaultdict",
+    "missing_item",
+    "rebuild_kind",
+    "rebuild_sequence_kind",
+]

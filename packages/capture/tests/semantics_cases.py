@@ -1,0 +1,221 @@
+"""Conformance records for Python's object model as it is written (issue 20): ``hasattr`` on
+any object, live dict views, the stdlib containers and constructors. Same record shape as
+``capture_cases`` and registered into its table, so ``test_conformance`` runs them."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+
+import torch
+from capture_cases import X34, case
+
+# ============================================================ hasattr / getattr on any object
+
+
+@case(X34)
+def obj_hasattr_partial(x):
+    p = functools.partial(torch.add, alpha=2)
+    k = 2 if hasattr(p, "func") and hasattr(p, "keywords") else 3
+    return p(x, x) * k * (5 if hasattr(p, "no_such") else 7)
+
+
+@case(X34)
+def obj_partial_attributes(x):
+    p = functools.partial(torch.mul, x)
+    return p.func(*p.args, len(p.keywords) + 2)
+
+
+@case(X34)
+def obj_hasattr_dict_duck_typing(x):
+    d = {"a": x}
+    if hasattr(d, "to"):  # a tensor or a module would move; a dict does not
+        return d.to(torch.float64)
+    return d["a"] + 1
+
+
+@case(X34)
+def obj_hasattr_containers(x):
+    found = [hasattr([x], "append"), hasattr((x,), "append"), hasattr({1}, "add"),
+             hasattr([x], "shape"), hasattr({}, "items"), hasattr({}, "device")]
+    return x * sum(2 ** i for i, f in enumerate(found) if f)
+
+
+@case(X34)
+def obj_getattr_default_on_list(x):
+    xs = [x, x]
+    return getattr(xs, "shape", len(xs)) * x
+
+
+# ============================================================ dict views are live
+
+
+@case(X34)
+def dict_views_see_later_stores(x):
+    d = {1: 2}
+    keys, values, items = d.keys(), d.values(), d.items()
+    d[4] = x
+    return x * (10 if 4 in keys else 1) + len(values) + len(items)
+
+
+@case(X34)
+def dict_values_after_pop(x):
+    d = {"a": x, "b": x * 2}
+    values = d.values()
+    d.pop("a")
+    return sum(values) + len(values)
+
+
+@case(X34)
+def dict_items_iterated_after_update(x):
+    d = {"a": 1}
+    items = d.items()
+    d.update(b=2, c=3)
+    return x * sum(v for _, v in items) + len(list(d.keys()))
+
+
+# ============================================================ stdlib containers and itertools
+
+
+@case(X34)
+def std_ordered_dict_built_and_returned(x):
+    d = collections.OrderedDict()
+    d["b"] = x
+    d["a"] = x * 2
+    d.move_to_end("b")
+    return d, list(d), d.popitem(last=False)[0]
+
+
+@case(X34)
+def std_ordered_dict_from_pairs(x):
+    d = collections.OrderedDict([("a", x), ("b", 1)], c=2)
+    return d["a"] * (d["b"] + d["c"]) + len(d.copy())
+
+
+@case(X34)
+def std_defaultdict_missing_is_stored(x):
+    groups = collections.defaultdict(list)
+    for i, name in enumerate(["a", "b", "a"]):
+        groups[name].append(x * i)
+    counts = collections.defaultdict(int)
+    counts["z"] += 2
+    return sum(groups["a"]), len(groups), counts["z"] + counts["never"], len(counts)
+
+
+@case(X34)
+def std_defaultdict_setdefault_and_return(x):
+    d = collections.defaultdict(int)
+    d.setdefault("a", 3)
+    d["b"] = 4
+    return x * d["a"] + d["b"], d
+
+
+@case(X34)
+def std_dict_fromkeys(x):
+    d = collections.OrderedDict.fromkeys(["a", "b"], 2)
+    e = dict.fromkeys("xy")
+    return x * sum(d.values()) + len(e)
+
+
+@case(X34)
+def std_itertools_product_combinations(x):
+    total = sum(a * b for a, b in itertools.product([1, 2], [3, 4]))
+    pairs = list(itertools.combinations([x, x * 2, x * 3], 2))
+    perms = len(list(itertools.permutations(range(3))))
+    return x * total + sum(a * b for a, b in pairs) + perms
+
+
+@case(X34)
+def std_itertools_chain(x):
+    layers = [[x, x + 1], [x * 2]]
+    return sum(itertools.chain(*layers)) + sum(itertools.chain.from_iterable(layers))
+
+
+@case(X34)
+def std_itertools_islice_live_iterator(x):
+    it = iter([1, 2, 3, 4, 5])
+    head = list(itertools.islice(it, 2))
+    return x * sum(head) + next(it) + sum(itertools.islice(range(10), 2, 8, 3))
+
+
+@case(X34)
+def std_itertools_accumulate_pairwise_zip_longest(x):
+    running = list(itertools.accumulate([x, x, x]))
+    steps = sum(b - a for a, b in itertools.pairwise([1, 4, 9]))
+    padded = list(itertools.zip_longest([1, 2, 3], [x], fillvalue=0))
+    return running[-1] * steps + len(padded) + sum(itertools.repeat(2, 3))
+
+
+@case(X34)
+def std_zip_strict_raises_value_error(x):
+    try:
+        pairs = list(zip([x, x], [1], strict=True))
+    except ValueError:
+        pairs = [(x, 5)]
+    return sum(a * b for a, b in zip([x], [3], strict=True)) + pairs[0][1]
+
+
+@case(X34)
+def std_deque_both_ends(x):
+    q = collections.deque([1, 2], maxlen=3)
+    q.append(3)
+    q.appendleft(0)  # full: drops from the right
+    q.rotate(1)
+    window = collections.deque(maxlen=2)
+    for t in (x, x * 2, x * 3):
+        window.append(t)
+    return x * sum(q) + len(q) + q.popleft() + q.maxlen, sum(window), window
+
+
+@case(X34)
+def std_deque_as_a_queue(x):
+    todo = collections.deque([x])
+    out = []
+    while todo:
+        t = todo.popleft()
+        out.append(t)
+        if len(out) < 3:
+            todo.extend([t + 1])
+    return out
+
+
+# ============================================================ builtins over tensors
+
+
+@case(lambda: (torch.randn(3, 4), torch.randn(3, 4)))
+def builtin_max_min_of_scalar_tensors(x, y):
+    a, b = x.sum(), y.sum()
+    return max(a, b) * 2 + min(a, b, x.mean()), max([a, b]), min(x[0, :1], y[0, :1])
+
+
+@case(lambda: (torch.randn(3, 4), torch.randn(3, 4)))
+def builtin_max_nan_as_python_compares(x, y):
+    nan = x.sum() * float("nan")
+    return max(nan, y.sum()), max(y.sum(), nan), min(nan, y.sum())
+
+
+# ============================================================ numpy arrays at the graph's edge
+
+
+def _with_array(*shape):
+    return lambda: (torch.randn(*shape), torch.randn(*shape).numpy())
+
+
+@case(_with_array(3, 4))
+def np_from_numpy_is_an_input(x, a):
+    return x + torch.from_numpy(a) * a.shape[0] + a.ndim
+
+
+@case(_with_array(3, 4))
+def np_from_numpy_shares_memory(x, a):
+    t = torch.from_numpy(a)
+    t.add_(1)  # the caller's array changes too, as in eager
+    return x * t
+
+
+@case(_with_array(3, 4))
+def np_as_tensor_cast_and_copy(x, a):
+    copied = torch.tensor(a)
+    copied.mul_(0)  # a copy: the array keeps its values
+    return torch.as_tensor(a, dtype=torch.float64) + copied.double() + len(a), a.dtype.name
