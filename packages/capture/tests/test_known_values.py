@@ -105,6 +105,22 @@ def test_attention_mask_that_masks_nothing_is_dropped():
     assert masks[0] is None and masks[1] is not None, masks
 
 
+def test_known_causal_mask_becomes_is_causal():
+    q = torch.randn(2, 3, 6, 8)
+
+    def f(q):
+        n = q.shape[-2]
+        causal = torch.arange(n)[:, None] >= torch.arange(n)[None, :]  # known: tril
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=causal[None, None])
+
+    c = check(f, q, breaks=0)
+    (call,) = [n for r in c.results if r.graph is not None for n in r.graph.nodes
+               if "scaled_dot_product" in n.op]
+    # the CPU kernel: (q, k, v, dropout_p, is_causal), no mask argument
+    assert call.op == "aten._scaled_dot_product_flash_attention_for_cpu.default", call.op
+    assert len(call.args) == 5 and call.args[4].value is True and "attn_mask" not in call.kwargs
+
+
 def test_symbolic_sizes_are_not_known():
     def f(x):
         if (torch.arange(x.shape[0]) < 100).all():

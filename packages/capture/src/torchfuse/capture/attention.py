@@ -22,6 +22,8 @@ A mask that is known to mask nothing (made from constants alone, all ``True``; s
 `torchfuse.capture.known`) is dropped first, on every device: ``transformers`` builds such
 a mask when it cannot look at the data (under a compiler), and drops it in eager mode, where
 the GPU then runs flash attention. BERT called without padding gets flash in training too.
+A mask known to be the causal one (``ones(L, S).tril()``, built from position indices) becomes
+``is_causal=True`` the same way: a causal model called without padding runs what eager runs.
 
 With ``enable_gqa`` and fewer key/value heads than query heads, key and value are repeated
 to the query's heads first (what the math fallback does), and the choice is asked for that.
@@ -40,7 +42,7 @@ from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend
-from torchfuse.capture.known import KnownValues, noop_mask
+from torchfuse.capture.known import KnownValues, causal_mask, noop_mask
 from torchfuse.graph.tracing import FakeTensor, is_symbolic
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
@@ -102,17 +104,26 @@ def fused_call(args: list[Any], kwargs: dict[str, Any],
 def without_noop_mask(args: list[Any], kwargs: dict[str, Any],
                       known: KnownValues) -> tuple[list[Any], dict[str, Any]]:
     """The call's arguments with an ``attn_mask`` that is known to mask nothing (see
-    [`noop_mask`][torchfuse.capture.known.noop_mask]) replaced by ``None``: the same result, and the
-    kernel choice eager gets when the library drops such a mask itself (``transformers``
-    does, in eager mode, for a model called without padding)."""
+    [`noop_mask`][torchfuse.capture.known.noop_mask]) replaced by ``None``, and one known to be
+    the causal mask ([`causal_mask`][torchfuse.capture.known.causal_mask]) replaced by
+    ``is_causal=True``: the same result, and the kernel choice eager gets when the library
+    skips such a mask itself (``transformers`` does, in eager mode, for a model called
+    without padding)."""
     try:
         bound = _SIG.bind(*args, **kwargs)
     except TypeError:
         return args, kwargs
-    mask = bound.arguments.get("attn_mask")
-    if mask is None or not noop_mask(mask, known):
+    a = bound.arguments
+    mask = a.get("attn_mask")
+    if mask is None:
         return args, kwargs
-    bound.arguments["attn_mask"] = None
+    if noop_mask(mask, known):
+        a["attn_mask"] = None
+    elif not a.get("is_causal", False) and causal_mask(mask, known) and \
+            tuple(mask.shape[-2:]) == (a["query"].shape[-2], a["key"].shape[-2]):
+        a["attn_mask"], a["is_causal"] = None, True  # what eager runs with the mask skipped
+    else:
+        return args, kwargs
     return list(bound.args), dict(bound.kwargs)
 
 

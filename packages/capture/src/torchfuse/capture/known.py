@@ -177,4 +177,15 @@ def noop_mask(mask: Any, known: KnownValues) -> bool:
     return value.is_floating_point() and bool((value == 0).all())
 
 
-__all__ = ["MAX_BYTES", "SCALAR_QUERIES", "KnownRecorder", "KnownValues", "noop_mask"]
+def causal_mask(mask: Any, known: KnownValues) -> bool:
+    """True when ``mask`` is a boolean ``attn_mask`` known to be the causal one:
+    ``ones(L, S).tril()`` over its last two dims (what ``is_causal=True`` means, top-left
+    aligned), the same for every batch and head."""
+    value = known.get(mask)
+    if value is None or value.dtype != torch.bool or value.dim() < 2:
+        return False
+    rows, cols = value.shape[-2:]
+    return bool((value == torch.ones(rows, cols, dtype=torch.bool).tril()).all())
+
+
+__all__ = ["MAX_BYTES", "SCALAR_QUERIES", "KnownRecorder", "KnownValues", "causal_mask", "noop_mask"]
