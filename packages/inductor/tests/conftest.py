@@ -22,3 +22,31 @@ def _runtime_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(path))
     if hasattr(rconfig.config, "cache_dir"):
         monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, cache_dir=path))
+
+
+@pytest.fixture(params=["triton", "cpp"])
+def cpu_backend(request, monkeypatch):
+    """Run a test once per CPU code generator: Triton (interpreted) and C++/OpenMP. Modules
+    opt in with ``pytestmark = pytest.mark.usefixtures("cpu_backend")``."""
+    import torchfuse.inductor.backend as backend
+    import torchfuse.inductor.compile as compile_mod
+
+    if request.param == "cpp":
+        from torchfuse.runtime.cpp import CompilerNotFoundError, find_compiler
+
+        try:
+            find_compiler()
+        except CompilerNotFoundError as e:
+            pytest.skip(str(e))
+    cfg = dataclasses.replace(compile_mod.default_config, cpu_backend=request.param)
+    monkeypatch.setattr(compile_mod, "default_config", cfg)
+    monkeypatch.setattr(backend, "default_config", cfg)
+    return request.param
+
+
+@pytest.fixture
+def triton_codegen_only(cpu_backend):
+    """For a test under `cpu_backend` that pins Triton's generated code (grids, launch
+    configs, block sizes, 32-bit index switches): the C++ kernels have none of these."""
+    if cpu_backend != "triton":
+        pytest.skip("pins the Triton kernel's code; the C++ path is checked by its values elsewhere")

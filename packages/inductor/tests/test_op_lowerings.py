@@ -11,6 +11,9 @@ import torch.nn.functional as F
 from inductor_helpers import BF16_TOL, assert_matches, compile_fn, run_runtime
 from torchfuse.graph import schema as S
 
+pytestmark = pytest.mark.usefixtures("cpu_backend")
+"""Every test here runs on both CPU code generators (Triton interpreted, C++/OpenMP)."""
+
 
 @dataclass(frozen=True)
 class OpCase:

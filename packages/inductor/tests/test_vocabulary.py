@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from inductor_helpers import assert_matches, compile_fn, run_runtime
 from torchfuse.graph import trace
-from torchfuse.inductor import compile_graph, triton_ops
+from torchfuse.inductor import compile_graph, cpp_ops, triton_ops
 from torchfuse.inductor.ir import VOp
 
 pytestmark = pytest.mark.filterwarnings("ignore:torchfuse.runtime. running Triton kernels")
 
-TARGETS = {"triton": triton_ops}
+TARGETS = {"triton": triton_ops, "cpp": cpp_ops}
 """Every renderer of the loop IR: a new target (C++) adds its module here."""
 
 NAN, INF = float("nan"), float("inf")
@@ -102,6 +102,7 @@ def _same(out, ref) -> None:
 
 @pytest.mark.parametrize("options", [None, LOOPED], ids=["persistent", "looped"])
 @pytest.mark.parametrize("name", sorted(NAN_CASES))
+@pytest.mark.usefixtures("cpu_backend")
 def test_nan_and_inf_like_eager(name, options):
     fn = NAN_CASES[name]
     x = corners()
@@ -110,6 +111,7 @@ def test_nan_and_inf_like_eager(name, options):
     _same(run_runtime(program, [x]), fn(x))
 
 
+@pytest.mark.usefixtures("cpu_backend")
 def test_tanh_is_one_formula_with_a_known_absolute_error():
     # 1 - 2/(exp(2x) + 1): right to ~1e-7 absolutely, not relatively near 0 (see triton_ops)
     x = torch.tensor([1e-8, -4e-8, -1e-6, 1e-4, 0.06, 0.07, -0.3, 9.0, -9.0, 60.0, -60.0])
@@ -178,6 +180,7 @@ def test_one_decomposition_table_with_explicit_overrides():
         assert D.DECOMPOSITIONS[op].__module__ == "torchfuse.autograd.decompositions"
 
 
+@pytest.mark.usefixtures("cpu_backend")
 def test_bools_add_and_multiply_as_eager():
     a, b = torch.tensor([True, True, False, False]), torch.tensor([True, False, True, False])
     fn = lambda a, b: (a + b, a * b, a + True)

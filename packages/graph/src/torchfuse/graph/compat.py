@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 FORMAT_NAME = "torchfuse.graph"
-FORMAT_VERSION: tuple[int, int] = (1, 0)
+FORMAT_VERSION: tuple[int, int] = (1, 1)
 """The (major, minor) format version this package writes; it reads any minor of its major."""
 
 RawDocument = dict[str, Any]

@@ -329,7 +329,12 @@ class Kernel(msgspec.Struct, **_FROZEN):
     """A complete Python module defining the kernel (with its imports)."""
     entry: str = ""
     """The function name inside ``source``; defaults to ``name``."""
-    language: Literal["triton"] = "triton"
+    language: Literal["triton", "cpp"] = "triton"
+    """``triton``: ``source`` is a Python module of ``@triton.jit`` functions. ``cpp`` (format
+    1.1): ``source`` is C++ defining ``extern "C" void <entry>(...)``, its parameters the
+    signature's pointers and 64-bit integers; a Program's C++ kernels are compiled together
+    into one shared object, and running them needs ``trust_code=True`` (C++ cannot be
+    validated like a Triton source)."""
     signature: tuple[KernelParam, ...] = ()
     constexprs: dict[str, int | float | bool | str] = {}
     configs: tuple[LaunchConfig, ...] = ()

@@ -395,10 +395,13 @@ class _ProgramChecker:
 
     def kernel(self, k: S.Kernel) -> None:
         self.where = f"program {self.p.name!r}, kernel {k.name!r}"
-        try:
-            check_kernel_source(k.source, k.entry or k.name)
-        except KernelSourceError as e:
-            self.fail(str(e))
+        if k.language == "cpp":
+            self.cpp_kernel(k)
+        else:
+            try:
+                check_kernel_source(k.source, k.entry or k.name)
+            except KernelSourceError as e:
+                self.fail(str(e))
         meta_names = set(k.constexprs)
         for c in k.configs:
             meta_names |= set(c.meta)
@@ -410,6 +413,19 @@ class _ProgramChecker:
                     to_dtype(param.dtype)
                 except ValueError as e:
                     self.fail(f"parameter {param.name!r}: {e}")
+
+    def cpp_kernel(self, k: S.Kernel) -> None:
+        """What can be checked of C++ without a compiler: an identifier entry that the source
+        defines with C linkage, and parameters of the kinds a C function takes. (C++ cannot be
+        validated like a Triton source: running it needs ``trust_code=True``.)"""
+        entry = k.entry or k.name
+        if not entry.isidentifier():
+            self.fail(f"entry {entry!r} is not an identifier")
+        if f'extern "C" void {entry}(' not in k.source:
+            self.fail(f'the source defines no extern "C" void {entry}(...)')
+        for param in k.signature:
+            if param.kind not in ("ptr", "i64", "i32"):
+                self.fail(f"parameter {param.name!r}: kind {param.kind!r} cannot be passed to C++")
 
     def step_(self, step: S.Step) -> None:
         if isinstance(step, S.AllocStep):

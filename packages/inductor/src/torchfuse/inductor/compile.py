@@ -28,6 +28,7 @@ from torchfuse.inductor.cache import graph_device
 from torchfuse.inductor.codegen import generate_kernel
 from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.config import config as default_config
+from torchfuse.inductor.cpp_codegen import generate_kernel as cpp_kernel
 from torchfuse.inductor.decompositions import DECOMPOSITIONS
 from torchfuse.inductor.lowering import lower
 from torchfuse.inductor.pad_mm import pad_matmuls
@@ -151,7 +152,9 @@ def compile_candidate(graph: S.Graph, device: str) -> Callable[..., Any]:
 
 
 def _codegen(sched, prog: ir.LoopProgram, cfg: InductorConfig) -> dict[int, S.Kernel]:
-    return {g.index: generate_kernel(g, prog, cfg) for g in sched.groups if g.kind in KERNEL_KINDS}
+    # the CPU's C++ kernels come from the same groups (`.cpp_codegen`); Triton elsewhere
+    gen = cpp_kernel if cfg.cpu_backend == "cpp" and prog.device.split(":")[0] == "cpu" else generate_kernel
+    return {g.index: gen(g, prog, cfg) for g in sched.groups if g.kind in KERNEL_KINDS}
 
 
 PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (

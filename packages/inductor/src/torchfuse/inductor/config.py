@@ -10,6 +10,8 @@ Environment variables (all optional):
 * ``TORCHFUSE_PAD_MM=0`` -- leave unaligned half-precision matmuls unpadded.
 * ``TORCHFUSE_MM_TEMPLATES=auto|always|never`` -- the Triton matmul template under
   ``mode="max-autotune"`` (default ``auto``: benchmarked against cuBLAS per shape).
+* ``TORCHFUSE_CPU_BACKEND=triton|cpp`` -- the kernels of a CPU graph: Triton (run by its
+  interpreter; the default) or C++ with OpenMP (`torchfuse.inductor.cpp_codegen`).
 * ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
   Programs and autograd plans (`torchfuse.inductor.cache`; default on). Where they live
   is the runtime's ``TORCHFUSE_CACHE_DIR``.
@@ -73,12 +75,20 @@ class InductorConfig:
     """``mode="max-autotune"`` only: ``"auto"`` (the Triton matmul template against cuBLAS,
     benchmarked per shape and cached in ``<cache dir>/mm_choices.json``), ``"always"`` (the
     template, first config, no benchmark), ``"never"``."""
+    cpu_backend: str = "triton"
+    """Kernels of a graph on the CPU: ``"triton"`` (run by Triton's interpreter, which needs
+    ``TRITON_INTERPRET=1``) or ``"cpp"`` (C++/OpenMP, built with the system compiler into one
+    shared object per Program; see [`torchfuse.inductor.cpp_codegen`][torchfuse.inductor.cpp_codegen])."""
     logs: frozenset[str] = field(default_factory=frozenset)
     debug: bool = False
     debug_dir: str = "torchfuse_debug"
     update_snapshots: bool = False
     cache: bool = True
     """Reuse Programs and autograd plans compiled earlier, by any process (on-disk caches)."""
+
+    def __post_init__(self) -> None:
+        if self.cpu_backend not in ("triton", "cpp"):
+            raise ValueError(f"cpu_backend={self.cpu_backend!r}: use 'triton' or 'cpp'")
 
     def with_options(self, options: dict | None) -> InductorConfig:
         return replace(self, **(options or {}))
@@ -95,6 +105,7 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         cache=env.get("TORCHFUSE_COMPILE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off"),
         pad_mm=env.get("TORCHFUSE_PAD_MM", "1").strip().lower() not in ("0", "false", "no", "off"),
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
+        cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "triton").strip().lower() or "triton",
         pointwise_rows=max(0, int(env.get("TORCHFUSE_POINTWISE_ROWS", "0") or 0)),
     )
 

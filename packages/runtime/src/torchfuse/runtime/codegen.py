@@ -510,6 +510,15 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
             kernel = kmap[step.kernel]
             fn = kernels[kernel.name]
             kname = names.glob("k_" + kernel.name, fn)
+            if kernel.language == "cpp":
+                # a C function (`torchfuse.runtime.cpp`): buffer addresses and sizes, no grid
+                cargs = [f"_ptr({ctx.arg(a)})" if isinstance(a, S.TensorRef) else ctx.arg(a)
+                         for a in step.args]
+                call = f"    {kname}({', '.join(cargs)})"
+                slow.append(call)
+                quick.append(call)
+                launches += 1
+                continue
             params = param_cache.setdefault(kernel.name, param_names(fn))
             cfg = configs.get(kernel.name)
             call_args, grid, ordered, tensors = _launch_args(ctx, kernel, step, cfg, fn, params)

@@ -50,6 +50,8 @@ class Config:
     """CUDA graphs one program keeps under ``mode="reduce-overhead"`` (one per input layout:
     with dynamic shapes, one per size seen); past it the least recently replayed is dropped,
     with its static buffers. 0: no limit."""
+    cxx: str | None = None
+    """The C++ compiler of C++ kernels (``CXX``); None: ``g++``, ``clang++`` or ``c++`` from the PATH."""
     log_runtime: bool = False
     log_level: int = logging.INFO
 
@@ -82,6 +84,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, os.cpu_count() or 1)),
         cudagraph_max=max(0, int(graphs)) if graphs else 8,
+        cxx=env.get("CXX") or None,
         log_runtime=bool(logs & {"runtime", "+runtime", "all"}),
         log_level=logging.DEBUG if "+runtime" in logs else logging.INFO,
     )

@@ -37,6 +37,7 @@ from torchfuse.runtime.errors import (
     InputError,
     InterpreterRequiredError,
     RuntimeLoadError,
+    UntrustedCodeError,
 )
 from torchfuse.runtime.kernels import (
     CompileStats,
@@ -133,18 +134,35 @@ class CompiledProgram:
         self.cache_dir = cache_dir or rconfig.config.cache_dir
         self.stats = CompileStats()
         self._lock = threading.RLock()
-        self._serial = device_type == "cpu" and bool(program.kernels)
+        triton_kernels = [k for k in program.kernels if k.language == "triton"]
+        cpp_kernels = [k for k in program.kernels if k.language == "cpp"]
+        self._serial = device_type == "cpu" and bool(triton_kernels)
         """Calls take `_INTERPRETER_LOCK` (Triton's interpreter is not thread-safe)."""
         self._kmap = {k.name: k for k in program.kernels}
-        if device_type == "cpu" and program.kernels and not triton_interpreting():
+        if cpp_kernels and not trust_code:
+            raise UntrustedCodeError(
+                f"program {program.name!r} holds C++ kernels ({cpp_kernels[0].name!r}, ...), native code "
+                "that cannot be validated before it runs: load it with trust_code=True (only for a "
+                "Program from a source you trust)")
+        if cpp_kernels and device_type != "cpu":
+            raise RuntimeLoadError(f"program {program.name!r} holds C++ kernels, which run on the CPU only")
+        if device_type == "cpu" and triton_kernels and not triton_interpreting():
             raise InterpreterRequiredError(
                 f"program {program.name!r} runs on the CPU, which needs Triton's interpreter: set "
                 "TRITON_INTERPRET=1 in the environment before triton is imported (e.g. before "
-                "`import torchfuse.runtime`), or load it with device='cuda'"
+                "`import torchfuse.runtime`), or load it with device='cuda' (or compile it with the "
+                "C++ CPU backend, inductor option cpu_backend='cpp')"
             )
-        self.kernels: dict[str, Any] = timed(
-            self.stats, lambda: {k.name: load_kernel(k, self.cache_dir, trust_code=trust_code)
-                                 for k in program.kernels})
+
+        def load_all() -> dict[str, Any]:
+            out = {k.name: load_kernel(k, self.cache_dir, trust_code=trust_code) for k in triton_kernels}
+            if cpp_kernels:
+                from torchfuse.runtime.cpp import load_library
+
+                out.update(load_library(cpp_kernels, self.cache_dir))
+            return out
+
+        self.kernels: dict[str, Any] = timed(self.stats, load_all)
         self.stats.kernels_loaded = len(self.kernels)
         self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
         self._gpu = device_type == "cuda"
@@ -225,7 +243,7 @@ class CompiledProgram:
     def _first_call(self, *args: Any) -> list[Any]:
         with self._lock:
             env = self._bind(args)
-            if not self._gpu and self.program.kernels:
+            if not self._gpu and self._serial:
                 _warn_interpreter_once()
             if not self._gpu and not self._tunable:
                 return self._install(self._default_configs(), tuned_key=None)(*args)
@@ -501,7 +519,9 @@ def load(program_or_path: S.Program | str | Path, *, device: str | torch.device 
     and each kernel source must have the form
     [`check_kernel_source`][torchfuse.graph.kernel_source.check_kernel_source] accepts before it is imported
     (`UntrustedCodeError`). ``trust_code=True`` skips the source check, for a Program
-    from a source you trust whose kernels use more of Python than that form allows.
+    from a source you trust whose kernels use more of Python than that form allows. A Program
+    with C++ kernels (`torchfuse.runtime.cpp`) needs ``trust_code=True`` wherever it comes from:
+    C++ cannot be checked before it runs.
 
     Needs only torchfuse-graph and torchfuse-runtime. Kernels are imported from a
     content-addressed cache and compiled by Triton on first use; an archive's kernel sources

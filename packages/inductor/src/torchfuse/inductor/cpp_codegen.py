@@ -1,0 +1,534 @@
+"""C++/OpenMP code generation for the CPU: one [`KernelGroup`][torchfuse.inductor.scheduler.KernelGroup]
+becomes one ``extern "C"`` function (a [`Kernel`][torchfuse.graph.Kernel] of language ``cpp``),
+from the same loop IR, scheduler and fusion decisions as the Triton path
+([`torchfuse.inductor.codegen`][torchfuse.inductor.codegen]); scalar ops are rendered by
+[`torchfuse.inductor.cpp_ops`][torchfuse.inductor.cpp_ops].
+
+Two kernel shapes::
+
+    // cpp_poi_*: chunks of the flat domain in parallel, each chunk a simd loop
+    #pragma omp parallel for if(xnumel >= 32768)
+    for (int64_t xo = 0; xo < xnumel; xo += 1024) {
+      #pragma omp simd
+      for (int64_t xindex = xo; xindex < xend; ++xindex) { ... out_ptr0[xindex] = tmp2; }
+    }
+
+    // cpp_per_* / cpp_red_*: rows in parallel; per row, one pass over r per phase
+    #pragma omp parallel for if(xnumel * rnumel >= 32768)
+    for (int64_t xindex = 0; xindex < xnumel; ++xindex) {
+      float acc0 = 0.0f;
+      #pragma omp simd reduction(+:acc0)
+      for (int64_t rindex = 0; rindex < rnumel; ++rindex) { acc0 += ...; }
+      ...                                        // per-row values, then the next pass
+    }
+
+On the CPU the persistent and looped forms of a reduction are the same code: a row is walked
+once per *phase* (max, then sum of exp, then the normalized output), each pass's reads
+coming from cache; a pass holds every reduction and store that needs no result of a
+reduction of the same pass. Values that depend on the row only are computed once, before
+the pass. A row's reductions run in one thread, in index order, so results do not depend on
+the thread count. When there are fewer rows than threads and the rows are long, a single-pass
+sum/max/min/any/all kernel splits each row into fixed chunks whose partials are computed in
+parallel and combined in chunk order (deterministic per-thread partials).
+
+Half types are computed in float32 and rounded on store; index arithmetic is ``int64_t``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+from torchfuse.graph import schema as S
+from torchfuse.inductor import ir
+from torchfuse.inductor.config import InductorConfig
+from torchfuse.inductor.cpp_ops import (
+    CPP_TYPE,
+    PRELUDE,
+    STORAGE_TYPE,
+    cast_text,
+    const_text,
+    helper_source,
+    helpers_in,
+    load_text,
+    render,
+    store_text,
+)
+from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
+
+SCALAR, ROWS, FULL = 0, 1, 2
+PARALLEL_MIN_WORK = 1 << 15
+"""Elements below which a kernel runs in the calling thread (a fork/join costs ~microseconds)."""
+POINTWISE_CHUNK = 1024
+"""Elements per simd loop of a pointwise kernel (the unit of parallel work)."""
+PARTIAL_CHUNK = 1 << 14
+"""Row elements per partial of a split row (fixed: the combination order never changes)."""
+_SPLITTABLE = frozenset({ir.ReduceOp.SUM, ir.ReduceOp.MAX, ir.ReduceOp.MIN, ir.ReduceOp.ANY, ir.ReduceOp.ALL})
+
+
+def print_index(e: sympy.Expr, names: dict) -> str:
+    """An index expression as C++ (``int64_t`` arithmetic; operands of ``/`` and ``%`` are
+    non-negative, as in the Triton path)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return const_text(int(e), "int64")
+    if e.is_Symbol:
+        return names.get(e, e.name)
+    if isinstance(e, sympy.Add):
+        terms = sorted(e.args, key=sympy.default_sort_key)
+        return "(" + " + ".join(print_index(a, names) for a in terms) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + "*".join(print_index(a, names) for a in e.args) + ")"
+    if isinstance(e, ir.FloorDiv):
+        return f"({print_index(e.args[0], names)} / {print_index(e.args[1], names)})"
+    if isinstance(e, ir.ModIdx):
+        return f"({print_index(e.args[0], names)} % {print_index(e.args[1], names)})"
+    if isinstance(e, sympy.Min | sympy.Max):
+        fn = "std::min<int64_t>" if isinstance(e, sympy.Min) else "std::max<int64_t>"
+        out = print_index(e.args[0], names)
+        for a in e.args[1:]:
+            out = f"{fn}({out}, {print_index(a, names)})"
+        return out
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + "*".join([print_index(e.base, names)] * int(e.exp)) + ")"
+    raise NotImplementedError(f"cannot print index expression {e}")
+
+
+@dataclass
+class _Tmp:
+    name: str
+    shape: int
+    dtype: str
+
+
+class CppKernelWriter:
+    """Writes one kernel; `write` returns the format Kernel record."""
+
+    def __init__(self, group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> None:
+        self.g = group
+        self.prog = prog
+        self.config = config
+        self.members = {n.name: n for n in group.nodes}
+        self.params: dict[str, str] = {}
+        self.lines: list[str] = []
+        self.indent = 1
+        self.scopes: list[dict[tuple[str, str], _Tmp]] = [{}]
+        self.values: list[dict[str, _Tmp]] = [{}]
+        self.row_values: dict[str, _Tmp] = {}
+        self.helpers: set[str] = set()
+        self.count = 0
+        self.size_syms: set[sympy.Symbol] = set()
+        self.bounds = {XI: group.xnumel, RI: group.rnumel}
+        self.loop_at: int | None = None
+        self._deps: dict[str, frozenset[str]] = {}
+
+    # -- emission helpers
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.indent + text)
+
+    def fresh(self, prefix: str = "tmp") -> str:
+        self.count += 1
+        return f"{prefix}{self.count - 1}"
+
+    def tmp(self, expr: str, shape: int, dtype: str) -> _Tmp:
+        key = (expr, dtype)
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        self.helpers |= helpers_in(expr)
+        t = _Tmp(self.fresh(), shape, dtype)
+        decl = f"const {CPP_TYPE[dtype]} {t.name} = {expr};"
+        if self.loop_at is not None and shape != FULL:
+            # a per-row value inside a pass over the row: computed once, before the pass
+            self.lines.insert(self.loop_at, "  " * (self.indent - 1) + decl)
+            self.loop_at += 1
+            self.scopes[-2][key] = t
+            return t
+        self.line(decl)
+        self.scopes[-1][key] = t
+        return t
+
+    def ptr(self, buf: str, out: bool) -> str:
+        if buf not in self.params:
+            k = sum(1 for p in self.params.values() if p.startswith("out" if out else "in"))
+            self.params[buf] = f"{'out' if out else 'in'}_ptr{k}"
+        return self.params[buf]
+
+    def index(self, e: sympy.Expr, placement, extra: dict | None = None) -> tuple[str, int]:
+        e = ir.simplify_index(e.xreplace(dict(placement.varmap)), self.bounds)
+        names = {XI: "xindex", RI: "rindex", **(extra or {})}
+        for s in e.free_symbols:
+            if s not in names and not s.name.startswith("ind"):
+                self.size_syms.add(s)
+        shape = FULL if RI in e.free_symbols else ROWS if XI in e.free_symbols else SCALAR
+        return print_index(e, names), shape
+
+    # -- values
+    def emit(self, v: ir.Value, node: ir.Node) -> _Tmp:
+        placement = self.g.placement(node.name)
+        if isinstance(v, ir.Const):
+            return _Tmp(const_text(v.value, v.dtype), SCALAR, v.dtype)
+        if isinstance(v, ir.IndexValue):
+            text, shape = self.index(v.index, placement)
+            return self.tmp(text, shape, "int64") if shape != SCALAR else _Tmp(text, SCALAR, "int64")
+        if isinstance(v, ir.Cast):
+            if isinstance(v.arg, ir.Const) and v.dtype not in ir.LOW_PRECISION:
+                folded = _fold_cast(v.arg.value, v.dtype)
+                if folded is not None:
+                    return _Tmp(const_text(folded, v.dtype), SCALAR, v.dtype)
+            a = self.emit(v.arg, node)
+            if a.dtype == v.dtype:
+                return a
+            return self.tmp(cast_text(a.name, v.dtype), a.shape, v.dtype)
+        if isinstance(v, ir.Load):
+            return self.emit_load(v, node, placement)
+        args = [self.emit(a, node) for a in v.args]
+        shape = max(a.shape for a in args)
+        return self.tmp(render(v.op, [x.name for x in args], v.dtype), shape, v.dtype)
+
+    def emit_load(self, ld: ir.Load, node: ir.Node, placement) -> _Tmp:
+        prod = self.members.get(ld.buffer)
+        if prod is not None:
+            return self.value_of(prod)
+        extra, shapes = {}, []
+        for s, val in ld.indirect:
+            t = self.emit(val, node)
+            extra[s] = t.name
+            shapes.append(t.shape)
+        text, shape = self.index(ld.index, placement, extra)
+        guard = self.emit(ld.mask, node) if ld.mask is not None else None
+        if guard is not None:
+            shapes.append(guard.shape)
+        shape = max([shape, *shapes])
+        dtype = self.prog.buffers[ld.buffer].dtype
+        value = load_text(self.ptr(ld.buffer, out=False), text, dtype)
+        if guard is not None:  # elsewhere the index may be out of range: not read at all
+            value = f"({guard.name} ? {value} : ({CPP_TYPE[dtype]})0)"
+        return self.tmp(value, shape, ld.dtype if ld.dtype in CPP_TYPE else dtype)
+
+    def value_of(self, node: ir.Node) -> _Tmp:
+        if self.g.placement(node.name).role != Role.FULL:
+            return self.row_values[node.name]
+        for scope in reversed(self.values):
+            if node.name in scope:
+                return scope[node.name]
+        assert isinstance(node, ir.Pointwise), node
+        t = self.emit(node.body, node)
+        self.values[-1][node.name] = t
+        return t
+
+    def store(self, node: ir.Node, t: _Tmp) -> None:
+        if node.name not in self.g.stores:
+            return
+        text, _ = self.index(node.store_index, self.g.placement(node.name))
+        spec = self.prog.buffers[node.name]
+        self.line(f"{self.ptr(node.name, out=True)}[{text}] = {store_text(t.name, spec.dtype)};")
+        self.helpers |= helpers_in(store_text("x", spec.dtype))
+
+    def row_deps(self, node: ir.Node) -> frozenset[str]:
+        """The per-row values (row nodes, reductions) of this kernel that ``node`` reads,
+        directly or through the full-size values it computes inline."""
+        if node.name in self._deps:
+            return self._deps[node.name]
+        out: set[str] = set()
+        if isinstance(node, ir.Pointwise | ir.Reduction):
+            for ld in ir.loads_of(node.body):
+                m = self.members.get(ld.buffer)
+                if m is None:
+                    continue
+                if self.g.placement(m.name).role == Role.FULL:
+                    out |= self.row_deps(m)
+                else:
+                    out.add(m.name)
+        self._deps[node.name] = frozenset(out)
+        return self._deps[node.name]
+
+    # -- reductions
+    def identity(self, rop: ir.ReduceOp, dtype: str) -> str:
+        t = CPP_TYPE[dtype]
+        if rop in (ir.ReduceOp.ANY, ir.ReduceOp.ALL):
+            return "false" if rop == ir.ReduceOp.ANY else "true"
+        if rop == ir.ReduceOp.SUM:
+            return const_text(0, dtype)
+        if rop == ir.ReduceOp.PROD:
+            return const_text(1, dtype)
+        lo = rop in (ir.ReduceOp.MAX, ir.ReduceOp.ARGMAX)
+        if dtype in ir.FLOAT_DTYPES:
+            return f"{'-' if lo else ''}std::numeric_limits<{t}>::infinity()"
+        return f"std::numeric_limits<{t}>::{'lowest' if lo else 'max'}()"
+
+    def acc_dtype(self, node: ir.Reduction) -> str:
+        if node.reduce in (ir.ReduceOp.ANY, ir.ReduceOp.ALL):
+            return "bool"
+        return ir.compute_dtype(node.body.dtype)
+
+    def combine(self, rop: ir.ReduceOp, acc: str, val: str, dtype: str) -> str:
+        """The statement folding ``val`` into ``acc`` (not for argmax/argmin)."""
+        if rop == ir.ReduceOp.SUM:
+            return f"{acc} += {val};"
+        if rop == ir.ReduceOp.PROD:
+            return f"{acc} *= {val};"
+        if rop == ir.ReduceOp.ANY:
+            return f"{acc} = {acc} || ({val} != 0);"
+        if rop == ir.ReduceOp.ALL:
+            return f"{acc} = {acc} && ({val} != 0);"
+        op = ir.VOp.MAX if rop == ir.ReduceOp.MAX else ir.VOp.MIN
+        text = render(op, [acc, val], dtype)
+        self.helpers |= helpers_in(text)
+        return f"{acc} = {text};"
+
+    def accumulate(self, node: ir.Reduction, acc: str, dtype: str) -> None:
+        v = self.emit(node.body, node)
+        rop = node.reduce
+        if rop in ir.INDEX_REDUCTIONS:
+            # eager: the first NaN is the extreme value; ties keep the lower index
+            cmp = ">" if rop == ir.ReduceOp.ARGMAX else "<"
+            nan = f" || ({v.name} != {v.name} && {acc} == {acc})" if dtype in ir.FLOAT_DTYPES else ""
+            self.line(f"if ({v.name} {cmp} {acc}{nan}) {{ {acc} = {v.name}; {acc}_i = rindex; }}")
+            return
+        if rop in (ir.ReduceOp.MAX, ir.ReduceOp.MIN):
+            # the plain compare-select vectorizes (an OpenMP max/min reduction); a NaN is
+            # remembered on the side and is the result (eager's max propagates NaN)
+            cmp = ">" if rop == ir.ReduceOp.MAX else "<"
+            self.line(f"{acc} = {v.name} {cmp} {acc} ? {v.name} : {acc};")
+            if dtype in ir.FLOAT_DTYPES:
+                self.line(f"{acc}_nan |= ({v.name} != {v.name});")
+            return
+        self.line(self.combine(rop, acc, v.name, dtype))
+
+    def finish(self, node: ir.Reduction, acc: str, dtype: str) -> None:
+        """After the pass: a max/min that saw a NaN is NaN."""
+        if node.reduce in (ir.ReduceOp.MAX, ir.ReduceOp.MIN) and dtype in ir.FLOAT_DTYPES:
+            self.line(f"if ({acc}_nan) {acc} = std::numeric_limits<{CPP_TYPE[dtype]}>::quiet_NaN();")
+
+    def open_pass(self, reds: list[ir.Reduction], start: str = "0", stop: str = "rnumel",
+                  stores: bool = False) -> dict:
+        accs = {}
+        for n in reds:
+            dtype = self.acc_dtype(n)
+            name = self.fresh("acc")
+            self.line(f"{CPP_TYPE[dtype]} {name} = {self.identity(n.reduce, dtype)};")
+            if n.reduce in ir.INDEX_REDUCTIONS:
+                self.line(f"int64_t {name}_i = 0;")
+            if n.reduce in (ir.ReduceOp.MAX, ir.ReduceOp.MIN) and dtype in ir.FLOAT_DTYPES:
+                self.line(f"int {name}_nan = 0;")
+            accs[n.name] = (name, dtype)
+        self.loop_at = len(self.lines)
+        clauses = {ir.ReduceOp.SUM: "+", ir.ReduceOp.MAX: "max", ir.ReduceOp.MIN: "min"}
+        # Not a simd reduction in a pass that also stores: g++ 12 (-O3 -fopenmp, AVX2 and
+        # AVX-512) computed wrong sums for tanh(x).sum(1) fused with a bf16 store of x * 2
+        # (test_cpp_codegen's output-code test); such passes are left to the auto-vectorizer.
+        if all(n.reduce in clauses for n in reds) and not (reds and stores):
+            # reassociating a sum is what lets it vectorize: a fixed order for a given build
+            red = ""
+            for rop, sym in clauses.items():
+                names = [accs[n.name][0] for n in reds if n.reduce == rop]
+                red += f" reduction({sym}:{', '.join(names)})" if names else ""
+            flags = [f"{accs[n.name][0]}_nan" for n in reds
+                     if n.reduce != ir.ReduceOp.SUM and accs[n.name][1] in ir.FLOAT_DTYPES]
+            red += f" reduction(|:{', '.join(flags)})" if flags else ""
+            self.line(f"#pragma omp simd{red}")
+        self.line(f"for (int64_t rindex = {start}; rindex < {stop}; ++rindex) {{")
+        self.indent += 1
+        self.scopes.append({})
+        self.values.append({})
+        return accs
+
+    def close_pass(self) -> None:
+        self.scopes.pop()
+        self.values.pop()
+        self.indent -= 1
+        self.line("}")
+        self.loop_at = None
+
+    def run_pass(self, batch: list[ir.Node]) -> None:
+        reds = [n for n in batch if isinstance(n, ir.Reduction)]
+        accs = self.open_pass(reds, stores=any(n.name in self.g.stores for n in batch
+                                               if not isinstance(n, ir.Reduction)))
+        for node in batch:
+            if isinstance(node, ir.Reduction):
+                self.accumulate(node, *accs[node.name])
+            else:
+                self.store(node, self.value_of(node))
+        self.close_pass()
+        for n in reds:
+            self.finish(n, *accs[n.name])
+        for n in reds:
+            name, dtype = accs[n.name]
+            index = n.reduce in ir.INDEX_REDUCTIONS
+            t = _Tmp(f"{name}_i", ROWS, "int64") if index else _Tmp(name, ROWS, dtype)
+            self.row_values[n.name] = t
+            self.store(n, t)
+
+    def passes(self) -> list[list[ir.Node] | ir.Node]:
+        """The kernel's row program: passes over r (lists of nodes) and per-row nodes, in order."""
+        out: list[list[ir.Node] | ir.Node] = []
+        batch: list[ir.Node] = []
+        pending: set[str] = set()
+        for node in self.g.nodes:
+            role = self.g.placement(node.name).role
+            if role == Role.FULL and node.name not in self.g.stores:
+                continue  # computed where it is read
+            if self.row_deps(node) & pending:
+                out.append(batch)
+                batch, pending = [], set()
+            if role == Role.ROW:
+                out.append(node)
+            else:
+                batch.append(node)
+                if isinstance(node, ir.Reduction):
+                    pending.add(node.name)
+        if batch:
+            out.append(batch)
+        return out
+
+    # -- kernel bodies
+    def body_pointwise(self) -> None:
+        self.line(f"#pragma omp parallel for if(xnumel >= {PARALLEL_MIN_WORK})")
+        self.line(f"for (int64_t xo = 0; xo < xnumel; xo += {POINTWISE_CHUNK}) {{")
+        self.indent += 1
+        self.line(f"const int64_t xend = xo + {POINTWISE_CHUNK} < xnumel ? xo + {POINTWISE_CHUNK} : xnumel;")
+        self.line("#pragma omp simd")
+        self.line("for (int64_t xindex = xo; xindex < xend; ++xindex) {")
+        self.indent += 1
+        for node in self.g.nodes:
+            self.store(node, self.value_of(node))
+        self.indent -= 1
+        self.line("}")
+        self.indent -= 1
+        self.line("}")
+
+    def body_rows(self) -> None:
+        self.line(f"#pragma omp parallel for if(xnumel * rnumel >= {PARALLEL_MIN_WORK})")
+        self.line("for (int64_t xindex = 0; xindex < xnumel; ++xindex) {")
+        self.indent += 1
+        for step in self.passes():
+            if isinstance(step, list):
+                self.run_pass(step)
+            else:
+                t = self.emit(step.body, step)
+                self.row_values[step.name] = t
+                self.store(step, t)
+        self.indent -= 1
+        self.line("}")
+
+    def splittable(self) -> bool:
+        """One pass of sums/extremes (no stores inside it): rows can be split into partials."""
+        steps = self.passes()
+        if not steps or not isinstance(steps[0], list):
+            return False
+        first = steps[0]
+        return all(isinstance(n, ir.Reduction) and n.reduce in _SPLITTABLE for n in first)
+
+    def body_split(self) -> None:
+        """Few long rows: the first pass's partials over fixed chunks of each row in parallel,
+        combined in chunk order; the rest of the row program runs per row as usual."""
+        steps = self.passes()
+        first = steps[0]
+        assert isinstance(first, list)
+        reds = [n for n in first if isinstance(n, ir.Reduction)]
+        self.line(f"const int64_t nchunks = (rnumel + {PARTIAL_CHUNK - 1}) / {PARTIAL_CHUNK};")
+        parts = {}
+        for n in reds:
+            dtype = self.acc_dtype(n)
+            name = self.fresh("part")
+            # std::vector would need <vector>; one allocation per call
+            self.line(f"{CPP_TYPE[dtype]}* {name} = new {CPP_TYPE[dtype]}[xnumel * nchunks + 1];")
+            parts[n.name] = (name, dtype)
+        self.line("#pragma omp parallel for collapse(2)")
+        self.line("for (int64_t xindex = 0; xindex < xnumel; ++xindex) {")
+        self.line("  for (int64_t c = 0; c < nchunks; ++c) {")
+        self.indent += 2
+        stop = f"(c + 1) * {PARTIAL_CHUNK} < rnumel ? (c + 1) * {PARTIAL_CHUNK} : rnumel"
+        self.line(f"const int64_t rend = {stop};")
+        accs = self.open_pass(reds, start=f"c * {PARTIAL_CHUNK}", stop="rend")
+        for n in reds:
+            self.accumulate(n, *accs[n.name])
+        self.close_pass()
+        for n in reds:
+            self.finish(n, *accs[n.name])
+            self.line(f"{parts[n.name][0]}[xindex * nchunks + c] = {accs[n.name][0]};")
+        self.indent -= 2
+        self.line("  }")
+        self.line("}")
+        self.scopes, self.values = [{}], [{}]
+        self.line("for (int64_t xindex = 0; xindex < xnumel; ++xindex) {")
+        self.indent += 1
+        for n in reds:
+            name, dtype = parts[n.name]
+            acc = self.fresh("acc")
+            self.line(f"{CPP_TYPE[dtype]} {acc} = {self.identity(n.reduce, dtype)};")
+            self.line("for (int64_t c = 0; c < nchunks; ++c) {")
+            self.line("  " + self.combine(n.reduce, acc, f"{name}[xindex * nchunks + c]", dtype))
+            self.line("}")
+            self.row_values[n.name] = _Tmp(acc, ROWS, dtype)
+            self.store(n, self.row_values[n.name])
+        for step in steps[1:]:
+            if isinstance(step, list):
+                self.run_pass(step)
+            else:
+                t = self.emit(step.body, step)
+                self.row_values[step.name] = t
+                self.store(step, t)
+        self.indent -= 1
+        self.line("}")
+        for name, _ in parts.values():
+            self.line(f"delete[] {name};")
+
+    # -- the whole kernel
+    def name(self) -> str:
+        origins = sorted({o for n in self.g.nodes for o in getattr(n, "origins", ())})
+        fused = "_".join(origins[:8]) or "kernel"
+        return f"cpp_{self.g.kind.value}_fused_{fused}_{self.g.index}"
+
+    def use_split(self) -> bool:
+        x, r = self.g.xnumel, self.g.rnumel
+        # static sizes only: a symbolic row would need both forms in the kernel
+        return bool(x.is_Integer and r.is_Integer and int(x) < 8 and int(r) >= 4 * PARTIAL_CHUNK
+                    and self.splittable())
+
+    def write(self) -> S.Kernel:
+        kind = self.g.kind
+        if kind == GroupKind.POINTWISE:
+            self.body_pointwise()
+        elif self.use_split():
+            self.body_split()
+        else:
+            self.body_rows()
+        body = self.lines
+        name = self.name()
+        ptr_params = sorted(self.params.items(), key=lambda kv: (kv[1].startswith("out"),
+                                                                  int(kv[1].split("ptr")[1])))
+        sym_params = sorted(self.size_syms, key=lambda s: s.name)
+        scalar_names = ["xnumel"] + (["rnumel"] if kind != GroupKind.POINTWISE else [])
+        args = []
+        for buf, p in ptr_params:
+            const = "" if p.startswith("out") else "const "
+            args.append(f"{const}{STORAGE_TYPE[self.prog.buffers[buf].dtype]}* {p}")
+        args += [f"int64_t {n}" for n in scalar_names + [s.name for s in sym_params]]
+        src = [PRELUDE.rstrip(), *helper_source(self.helpers), "",
+               f'extern "C" void {name}({", ".join(args)}) {{', *body, "}", ""]
+        params = [S.KernelParam(name=p, kind="ptr", dtype=self.prog.buffers[b].dtype) for b, p in ptr_params]
+        params += [S.KernelParam(name=n, kind="i64") for n in scalar_names + [s.name for s in sym_params]]
+        meta = {
+            "buffers": ",".join(b for b, _ in ptr_params),
+            "kind": kind.value,
+            "nodes": ",".join(n.name for n in self.g.nodes),
+        }
+        return S.Kernel(name=name, source="\n".join(src), entry=name, language="cpp",
+                        signature=tuple(params), grid=(1,), meta=meta)
+
+
+def _fold_cast(value: float | int | bool, dtype: str) -> float | int | bool | None:
+    if dtype == "bool":
+        return bool(value)
+    if dtype in ir.FLOAT_DTYPES:
+        return float(value)
+    try:
+        return int(value)
+    except (OverflowError, ValueError):  # a non-finite float: left to the compiled cast
+        return None
+
+
+def generate_kernel(group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> S.Kernel:
+    return CppKernelWriter(group, prog, config).write()
