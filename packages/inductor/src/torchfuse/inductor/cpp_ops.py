@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from torchfuse.inductor import ir
 from torchfuse.inductor.ir import VOp
+from torchfuse.inductor.render import Render
+from torchfuse.inductor.render import arith as _arith
+from torchfuse.inductor.render import call as _call
+from torchfuse.inductor.render import infix as _infix
 
-Render = Callable[[Sequence[str], str], str]
 """Operand texts and the result dtype -> the expression."""
 
 CPP_TYPE: Mapping[str, str] = {
@@ -127,19 +130,6 @@ def floating(dtype: str) -> bool:
 
 def _one(dt: str) -> str:
     return "1.0" if dt == "float64" else "1.0f"
-
-
-def _infix(sym: str) -> Render:
-    return lambda a, dt: f"({a[0]} {sym} {a[1]})"
-
-
-def _call(fn: str) -> Render:
-    return lambda a, dt: f"{fn}({', '.join(a)})"
-
-
-def _arith(sym: str, logical: str) -> Render:
-    # bools add as ``or`` and multiply as ``and`` in eager
-    return lambda a, dt: f"({a[0]} {logical if dt == 'bool' else sym} {a[1]})"
 
 
 def _minmax(helper: str, cmp: str) -> Render:

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from torchfuse.inductor import ir
 from torchfuse.inductor.ir import VOp
+from torchfuse.inductor.render import Render
+from torchfuse.inductor.render import arith as _arith
+from torchfuse.inductor.render import call as _call
+from torchfuse.inductor.render import infix as _infix
 
-Render = Callable[[Sequence[str], str], str]
 """Operand texts and the result dtype -> the expression."""
 
 TL_DTYPE: Mapping[str, str] = {
@@ -95,19 +98,6 @@ HELPERS: Mapping[str, str] = {
 
 def floating(dtype: str) -> bool:
     return dtype in ir.FLOAT_DTYPES
-
-
-def _infix(sym: str) -> Render:
-    return lambda a, dt: f"({a[0]} {sym} {a[1]})"
-
-
-def _call(fn: str) -> Render:
-    return lambda a, dt: f"{fn}({', '.join(a)})"
-
-
-def _arith(sym: str, logical: str) -> Render:
-    # bools add as ``or`` and multiply as ``and`` in eager; int1 arithmetic would wrap (1 + 1 = 0)
-    return lambda a, dt: f"({a[0]} {logical if dt == 'bool' else sym} {a[1]})"
 
 
 def _minmax(fn: str) -> Render:
