@@ -50,8 +50,27 @@ PRELUDE = """#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#if defined(TORCHFUSE_LIBMVEC) && !defined(TORCHFUSE_VECTOR_MATH)
+#define TORCHFUSE_VECTOR_MATH
+extern "C" {
+#pragma omp declare simd notinbranch
+float sinf(float) noexcept;
+#pragma omp declare simd notinbranch
+float cosf(float) noexcept;
+#pragma omp declare simd notinbranch
+float expf(float) noexcept;
+#pragma omp declare simd notinbranch
+float logf(float) noexcept;
+#pragma omp declare simd notinbranch
+float powf(float, float) noexcept;
+}
+#endif
 """
-"""Headers every kernel source starts with (include-guarded: repeats in one unit are free)."""
+"""Headers every kernel source starts with (include-guarded: repeats in one unit are free).
+With ``TORCHFUSE_LIBMVEC`` (set by the runtime when the compiler links glibc's vector math
+library), the float ``sin``/``cos``/``exp``/``log``/``pow`` are declared SIMD-callable, so an
+``omp simd`` loop calls their vector forms (``_ZGVdN8v_sinf``) instead of one scalar call per
+element: a chain of 20 sin/cos ran 2.2x slower than eager before."""
 
 HELPERS: Mapping[str, str] = {
     # eager max/min propagate NaN (relu, clamp, hardtanh lower to these)

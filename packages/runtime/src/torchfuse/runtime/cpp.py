@@ -63,12 +63,28 @@ def find_compiler(cxx: str | None = None) -> str:
     raise CompilerNotFoundError(f"C++ kernels need a C++ compiler, and {said}: {_INSTALL_HINT}")
 
 
-def _works(cxx: str, flags: Sequence[str]) -> bool:
+_PROBE = ('extern "C" int probe(int n) { int s = 0;\n#pragma omp parallel for reduction(+:s)\n'
+          "for (int i = 0; i < n; ++i) s += i; return s; }\n")
+
+_VECTOR_MATH_PROBE = """#include <cmath>
+#include <cstdint>
+extern "C" {
+#pragma omp declare simd notinbranch
+float sinf(float) noexcept;
+}
+extern "C" void probe(const float* a, float* o, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) o[i] = std::sin(a[i]);
+}
+"""
+"""Does the compiler call glibc's vector math (libmvec) from an ``omp simd`` loop, and link it?"""
+
+
+def _works(cxx: str, flags: Sequence[str], source: str = _PROBE, libs: Sequence[str] = ()) -> bool:
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "probe.cpp"
-        src.write_text('extern "C" int probe(int n) { int s = 0;\n#pragma omp parallel for reduction(+:s)\n'
-                       "for (int i = 0; i < n; ++i) s += i; return s; }\n")
-        cmd = [cxx, *flags, "-shared", "-fPIC", str(src), "-o", str(Path(d) / "probe.so")]
+        src.write_text(source)
+        cmd = [cxx, *flags, "-shared", "-fPIC", str(src), "-o", str(Path(d) / "probe.so"), *libs]
         return subprocess.run(cmd, capture_output=True).returncode == 0
 
 
@@ -81,7 +97,14 @@ def compiler_flags(cxx: str) -> tuple[str, ...]:
     if _works(cxx, [*flags, "-march=native"]):
         flags.append("-march=native")
     flags.append("-fopenmp" if _works(cxx, [*flags, "-fopenmp"]) else "-fopenmp-simd")
+    if _works(cxx, flags, _VECTOR_MATH_PROBE, ("-lmvec",)):
+        flags.append("-DTORCHFUSE_LIBMVEC")  # the kernels' prelude then declares sinf & co SIMD
     return tuple(flags)
+
+
+def link_libraries(flags: Sequence[str]) -> tuple[str, ...]:
+    """What the link line ends with for ``flags`` (libmvec when the kernels call it)."""
+    return ("-lmvec",) if "-DTORCHFUSE_LIBMVEC" in flags else ()
 
 
 def openmp_enabled() -> bool:
@@ -110,7 +133,7 @@ def build(source: str, cache_dir: Path | None = None) -> Path:
     src = path.with_suffix(".cpp")
     tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}.so")
     src.write_text(source)
-    cmd = [cxx, *flags, "-shared", "-fPIC", str(src), "-o", str(tmp)]
+    cmd = [cxx, *flags, "-shared", "-fPIC", str(src), "-o", str(tmp), *link_libraries(flags)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -154,4 +177,5 @@ def load_library(kernels: Sequence[S.Kernel], cache_dir: Path | None = None) -> 
 
 
 __all__ = ["CompilerNotFoundError", "build", "compiler_flags", "find_compiler", "library_path",
-           "load_library", "load_source", "openmp_enabled", "signatures", "translation_unit"]
+           "link_libraries", "load_library", "load_source", "openmp_enabled", "signatures",
+           "translation_unit"]
