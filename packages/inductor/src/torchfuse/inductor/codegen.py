@@ -21,21 +21,18 @@ persistent ``RBLOCK`` from their bounds ([`torchfuse.inductor.sizes`][torchfuse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy
 from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
-from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
+from torchfuse.inductor.kernel_writer import FULL, ROWS, SCALAR, KernelWriterBase
+from torchfuse.inductor.kernel_writer import Tmp as _Tmp
+from torchfuse.inductor.scheduler import GroupKind, KernelGroup, Role
 from torchfuse.inductor.sizes import size_info
 from torchfuse.inductor.triton_ops import TL_DTYPE, cast_text, const_text, helper_source, helpers_in, render
 
 _LOG2E = 1.4426950408889634
 """log2(e): ``exp(v) = exp2(v * log2(e))``, one FFMA before the ex2 instead of a sub and a mul."""
-
-SCALAR, ROWS, FULL = 0, 1, 2
-
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
@@ -47,39 +44,20 @@ def format_expr(e: sympy.Expr) -> str:
     return text[1:-1] if isinstance(e, sympy.Add | sympy.Mul) else text  # the outer parentheses
 
 
-@dataclass
-class _Tmp:
-    name: str
-    shape: int
-    dtype: str
+class KernelWriter(KernelWriterBase):
+    """Writes one Triton kernel; `write` returns the format Kernel record."""
 
-
-class KernelWriter:
-    """Writes one kernel; `write` returns the format Kernel record."""
+    PREFIX = "triton"
 
     def __init__(self, group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> None:
-        self.g = group
-        self.prog = prog
-        self.config = config
-        self.members = {n.name: n for n in group.nodes}
-        self.params: dict[str, str] = {}  # buffer -> pointer param
-        self.lines: list[str] = []
-        self.indent = 1
+        super().__init__(group, prog, config)
         self.scopes: list[dict[str, _Tmp]] = [{}]
         self.full_values: list[dict[str, _Tmp]] = [{}]
-        self.row_values: dict[str, _Tmp] = {}
-        self.helpers: set[str] = set()
-        self.count = 0
-        self.size_syms: set[sympy.Symbol] = set()
-        self.bounds = {XI: group.xnumel, RI: group.rnumel}
         self.sizes = size_info(tuple(prog.symbols))
         self.two_d = group.kind != GroupKind.POINTWISE
-        self.loop_at: int | None = None
         self.accs: dict[str, tuple[str, str]] = {}
 
     # -- emission helpers
-    def line(self, text: str) -> None:
-        self.lines.append("    " * self.indent + text)
 
     def tmp(self, expr: str, shape: int, dtype: str) -> _Tmp:
         for scope in reversed(self.scopes):
@@ -96,26 +74,6 @@ class KernelWriter:
         self.line(f"{t.name} = {expr}")
         self.scopes[-1][expr] = t
         return t
-
-    def ptr(self, buf: str, out: bool) -> str:
-        if buf not in self.params:
-            k = sum(1 for p in self.params.values() if p.startswith("out" if out else "in"))
-            self.params[buf] = f"{'out' if out else 'in'}_ptr{k}"
-        return self.params[buf]
-
-    def index(self, e: sympy.Expr, placement, extra: dict | None = None) -> tuple[str, int]:
-        e = ir.simplify_index(e.xreplace(dict(placement.varmap)), self.bounds)
-        names = {XI: "xindex", RI: "rindex"}
-        names.update(extra or {})
-        for s in e.free_symbols:
-            if s not in names and not s.name.startswith("ind"):
-                self.size_syms.add(s)
-        shape = SCALAR
-        if RI in e.free_symbols:
-            shape = FULL
-        elif XI in e.free_symbols:
-            shape = ROWS
-        return ir.print_index(e, names), shape
 
     def mask_for(self, shape: int) -> str | None:
         if shape == SCALAR:
@@ -457,11 +415,6 @@ class KernelWriter:
         )
 
     # -- the whole kernel
-    def name(self) -> str:
-        origins = sorted({o for n in self.g.nodes for o in getattr(n, "origins", ())})
-        fused = "_".join(origins[:8]) or "kernel"
-        return f"triton_{self.g.kind.value}_fused_{fused}_{self.g.index}"
-
     def write(self) -> S.Kernel:
         kind = self.g.kind
         body_start = len(self.lines)

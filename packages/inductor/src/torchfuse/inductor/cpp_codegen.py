@@ -36,8 +36,6 @@ Half types are computed in float32 and rounded on store; index arithmetic is ``i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy
 from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
@@ -54,9 +52,10 @@ from torchfuse.inductor.cpp_ops import (
     render,
     store_text,
 )
-from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
+from torchfuse.inductor.kernel_writer import FULL, ROWS, SCALAR, KernelWriterBase
+from torchfuse.inductor.kernel_writer import Tmp as _Tmp
+from torchfuse.inductor.scheduler import GroupKind, KernelGroup, Role
 
-SCALAR, ROWS, FULL = 0, 1, 2
 PARALLEL_MIN_WORK = 1 << 15
 """Elements below which a kernel runs in the calling thread (a fork/join costs ~microseconds)."""
 POINTWISE_CHUNK = 1024
@@ -94,37 +93,20 @@ def print_index(e: sympy.Expr, names: dict) -> str:
     raise NotImplementedError(f"cannot print index expression {e}")
 
 
-@dataclass
-class _Tmp:
-    name: str
-    shape: int
-    dtype: str
+class CppKernelWriter(KernelWriterBase):
+    """Writes one C++ kernel; `write` returns the format Kernel record."""
 
-
-class CppKernelWriter:
-    """Writes one kernel; `write` returns the format Kernel record."""
+    PREFIX = "cpp"
+    INDENT = "  "
+    print_index = staticmethod(print_index)
 
     def __init__(self, group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> None:
-        self.g = group
-        self.prog = prog
-        self.config = config
-        self.members = {n.name: n for n in group.nodes}
-        self.params: dict[str, str] = {}
-        self.lines: list[str] = []
-        self.indent = 1
+        super().__init__(group, prog, config)
         self.scopes: list[dict[tuple[str, str], _Tmp]] = [{}]
         self.values: list[dict[str, _Tmp]] = [{}]
-        self.row_values: dict[str, _Tmp] = {}
-        self.helpers: set[str] = set()
-        self.count = 0
-        self.size_syms: set[sympy.Symbol] = set()
-        self.bounds = {XI: group.xnumel, RI: group.rnumel}
-        self.loop_at: int | None = None
         self._deps: dict[str, frozenset[str]] = {}
 
     # -- emission helpers
-    def line(self, text: str) -> None:
-        self.lines.append("  " * self.indent + text)
 
     def fresh(self, prefix: str = "tmp") -> str:
         self.count += 1
@@ -147,21 +129,6 @@ class CppKernelWriter:
         self.line(decl)
         self.scopes[-1][key] = t
         return t
-
-    def ptr(self, buf: str, out: bool) -> str:
-        if buf not in self.params:
-            k = sum(1 for p in self.params.values() if p.startswith("out" if out else "in"))
-            self.params[buf] = f"{'out' if out else 'in'}_ptr{k}"
-        return self.params[buf]
-
-    def index(self, e: sympy.Expr, placement, extra: dict | None = None) -> tuple[str, int]:
-        e = ir.simplify_index(e.xreplace(dict(placement.varmap)), self.bounds)
-        names = {XI: "xindex", RI: "rindex", **(extra or {})}
-        for s in e.free_symbols:
-            if s not in names and not s.name.startswith("ind"):
-                self.size_syms.add(s)
-        shape = FULL if RI in e.free_symbols else ROWS if XI in e.free_symbols else SCALAR
-        return print_index(e, names), shape
 
     # -- values
     def emit(self, v: ir.Value, node: ir.Node) -> _Tmp:
@@ -402,15 +369,19 @@ class CppKernelWriter:
         self.line(f"#pragma omp parallel for if(xnumel * rnumel >= {PARALLEL_MIN_WORK})")
         self.line("for (int64_t xindex = 0; xindex < xnumel; ++xindex) {")
         self.indent += 1
-        for step in self.passes():
+        self.run_steps(self.passes())
+        self.indent -= 1
+        self.line("}")
+
+    def run_steps(self, steps: list) -> None:
+        """The row program's steps in order: passes over the row, and per-row values."""
+        for step in steps:
             if isinstance(step, list):
                 self.run_pass(step)
             else:
                 t = self.emit(step.body, step)
                 self.row_values[step.name] = t
                 self.store(step, t)
-        self.indent -= 1
-        self.line("}")
 
     def splittable(self) -> bool:
         """One pass of sums/extremes (no stores inside it): rows can be split into partials."""
@@ -463,24 +434,13 @@ class CppKernelWriter:
             self.line("}")
             self.row_values[n.name] = _Tmp(acc, ROWS, dtype)
             self.store(n, self.row_values[n.name])
-        for step in steps[1:]:
-            if isinstance(step, list):
-                self.run_pass(step)
-            else:
-                t = self.emit(step.body, step)
-                self.row_values[step.name] = t
-                self.store(step, t)
+        self.run_steps(steps[1:])
         self.indent -= 1
         self.line("}")
         for name, _ in parts.values():
             self.line(f"delete[] {name};")
 
     # -- the whole kernel
-    def name(self) -> str:
-        origins = sorted({o for n in self.g.nodes for o in getattr(n, "origins", ())})
-        fused = "_".join(origins[:8]) or "kernel"
-        return f"cpp_{self.g.kind.value}_fused_{fused}_{self.g.index}"
-
     def use_split(self) -> bool:
         x, r = self.g.xnumel, self.g.rnumel
         # static sizes only: a symbolic row would need both forms in the kernel
