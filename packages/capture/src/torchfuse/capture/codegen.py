@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import dis
 import types
+from typing import Any
 
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label
 from bytecode.instr import InstrLocation
-from torchfuse.capture.errors import Unsupported
+from torchfuse.capture import config as C
+from torchfuse.capture.errors import Unsupported, where
 from torchfuse.capture.versions import (
     CALL_NEEDS_PRECALL,
     FOR_ITER_SKIPS_END_FOR,
@@ -219,4 +221,41 @@ def make_function(code: types.CodeType, f_globals: dict, cells: tuple) -> types.
     return types.FunctionType(code, f_globals, code.co_name, None, tuple(cells))
 
 
-__all__ = ["closure_names", "make_function", "resume_code", "routed_code", "step_code"]
+def routed_eager_code(err: Unsupported, code: types.CodeType,
+                      owner: Any) -> types.CodeType | None:
+    """The code an eager frame runs when its break was inside a call: the same code, with that
+    call going through ``owner.root.callee`` (`CompiledFunction.callee`: the callee is
+    captured as a frame of its own, recursively). ``None`` when the break was not inside a
+    call of this frame."""
+    if len(err.break_chain) < 2:
+        return None
+    state = err.break_chain[-1]
+    inst = state.instruction
+    if state.frame.code is not code or inst.opname not in ("CALL", "CALL_FUNCTION_EX"):
+        return None
+    if inst.opname == "CALL_FUNCTION_EX":  # [NULL, callable, args, (kwargs)]
+        depth = 2 + ((inst.arg or 0) & 1)
+    else:  # [NULL, callable, args...] or [method, self, args...]
+        from torchfuse.capture import variables as V
+
+        argc = inst.arg or 0
+        if len(state.stack) < argc + 2:
+            return None
+        below = state.stack[-(argc + 2)]
+        depth = argc + 1 if below is V.NULL or below is V.UNBOUND else argc + 2
+    root = owner.root
+
+    def route(fn: Any) -> Any:
+        compiled = root.callee(fn)
+        return fn if compiled is None else compiled
+
+    try:
+        return routed_code(code, state.instruction.offset, depth, route)
+    except Exception as e:  # the frame still runs, eagerly as before: say why in the log
+        C.logger("breaks").info("cannot route the call at %s: %s: %s", where(err.loc),
+                                type(e).__name__, e)
+        return None
+
+
+__all__ = ["closure_names", "make_function", "resume_code", "routed_code", "routed_eager_code",
+           "step_code"]

@@ -81,7 +81,7 @@ class Entry:
         self.breaker: BreakRunner | None = None
         self.routed: types.CodeType | None = None
         """For an eager entry whose break was inside a call: the frame's code with that call
-        routed through capture (`routed_eager_code`)."""
+        routed through capture (`codegen.routed_eager_code`)."""
         if not self.eager:
             ns = dict(result.checks.namespace)
             self.gather, self.fetch_params = _gather_functions(result.inputs, ns)
@@ -362,7 +362,7 @@ class CompiledFunction:
                                         ch.display, ch.dim, ch.old, ch.new, how)
         routed = None
         if result.error is not None and result.plan is None:
-            routed = routed_eager_code(result.error, self._frame_code(), self)
+            routed = codegen.routed_eager_code(result.error, self._frame_code(), self)
         self._record(result, routed is not None)
         if result.error is not None and result.plan is None:
             entry = Entry(result, None)
@@ -558,41 +558,6 @@ class ResumeFunction(CompiledFunction):
 class EagerFallbackWarning(RuntimeWarning):
     """A compiled function runs a real part of its work eagerly (no graph, or a whole frame
     with everything it calls). Filter it with `warnings`."""
-
-
-def routed_eager_code(err: Unsupported, code: types.CodeType,
-                      owner: CompiledFunction) -> types.CodeType | None:
-    """The code an eager frame runs when its break was inside a call: the same code, with that
-    call going through `CompiledFunction.callee` (the callee is captured as a frame of
-    its own, recursively). ``None`` when the break was not inside a call of this frame."""
-    if len(err.break_chain) < 2:
-        return None
-    state = err.break_chain[-1]
-    inst = state.instruction
-    if state.frame.code is not code or inst.opname not in ("CALL", "CALL_FUNCTION_EX"):
-        return None
-    if inst.opname == "CALL_FUNCTION_EX":  # [NULL, callable, args, (kwargs)]
-        depth = 2 + ((inst.arg or 0) & 1)
-    else:  # [NULL, callable, args...] or [method, self, args...]
-        from torchfuse.capture import variables as V
-
-        argc = inst.arg or 0
-        if len(state.stack) < argc + 2:
-            return None
-        below = state.stack[-(argc + 2)]
-        depth = argc + 1 if below is V.NULL or below is V.UNBOUND else argc + 2
-    root = owner.root
-
-    def route(fn: Any) -> Any:
-        compiled = root.callee(fn)
-        return fn if compiled is None else compiled
-
-    try:
-        return codegen.routed_code(code, state.instruction.offset, depth, route)
-    except Exception as e:  # the frame still runs, eagerly as before: say why in the log
-        C.logger("breaks").info("cannot route the call at %s: %s: %s", where(err.loc),
-                                type(e).__name__, e)
-        return None
 
 
 def _log_graph(result: CaptureResult) -> None:
