@@ -119,3 +119,26 @@ def test_fused_attention_matches_eager_on_the_gpu(kind, backend):
     wants = torch.autograd.grad(want.float().square().sum(), (q, k, v))
     for a, b in zip(grads, wants, strict=True):
         torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.gpu
+@_CUDA
+@pytest.mark.parametrize("kind", ["none", "causal", "bool_mask"])
+def test_fused_attention_without_grad_matches_eager_on_the_gpu(kind):
+    # Inference: no log-sum-exp is asked for, and cuDNN leaves it undefined (None) though its
+    # meta kernel plans one. The compiled Program must pass that through (a GPT-2 inference run
+    # once failed on it with "'NoneType' object has no attribute 'stride'").
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(4, 8, 128, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    mask = None
+    if kind == "bool_mask":
+        mask = torch.ones(4, 1, 128, 128, dtype=torch.bool, device="cuda")
+        mask[1, ..., :40] = False
+
+    def f(q, k, v):
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kind == "causal")
+
+    got = compile(f, backend="inductor")(q, k, v)
+    torch.testing.assert_close(got, f(q, k, v), rtol=2e-2, atol=2e-2)

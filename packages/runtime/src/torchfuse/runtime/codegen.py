@@ -707,7 +707,11 @@ def fit_layout(t: Any, strides: tuple[int, ...]) -> Any:
     layout than its meta kernel says (cuDNN's convolution backward gives a channels-last
     weight gradient for a channels-last gradient input); the kernels after it index the buffer
     with the planned strides, so it is copied. One tuple comparison when the layouts agree;
-    dims of size 1 may have any stride."""
+    dims of size 1 may have any stride. An output the kernel left undefined (``None``: cuDNN
+    attention's log-sum-exp when none was asked for, whose meta kernel still returns an empty
+    tensor) is passed on as it is."""
+    if t is None:
+        return t
     have = t.stride()
     if have == strides or all(a == b or n == 1 for a, b, n in zip(have, strides, t.shape, strict=True)):
         return t
