@@ -18,7 +18,7 @@
 # produced, so a run cut short still leaves its logs; at most 8 files),
 # PYTHON, TORCHFUSE_SITE, WHEEL_DIR, FORCE_WHEELS=1 (install the wheels even when the module
 # imports), GPU_RUN_BUDGET_S (whole run, default 540), BENCH_ARGS (extra run.py arguments),
-# MODELS_ARGS (extra benchmarks/models.py arguments).
+# MODELS_ARGS (extra benchmarks/models.py arguments), MODELS_TIMEOUT_S (the models phase's cap, 420).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -327,7 +327,7 @@ phase_autotune() {
 # ("--mode inference", "--mode training --only gpt2,llama").
 phase_models() {
     local t extra=() rc
-    t=$(phase_timeout 420)
+    t=$(phase_timeout "${MODELS_TIMEOUT_S:-420}")
     ((t < 60)) && return 124
     if ! have_cuda; then
         log "no CUDA device: models smoke run with tiny configs on the CPU"
