@@ -128,6 +128,28 @@ def test_two_inputs_transposed_differently():
     check(fn, x, y, z)
 
 
+@pytest.mark.filterwarnings("ignore:torchfuse.runtime. running Triton kernels")
+@pytest.mark.parametrize("perm", [(1, 0), (0, 2, 3, 1)], ids=str)
+def test_symbolic_sizes_one_program_every_size(perm):
+    from torchfuse.graph import trace
+    from torchfuse.inductor import compiler
+
+    if len(perm) == 2:
+        fn = lambda x, y: x.t() + y * 2
+        make_inputs = lambda n: (make(n, 24), make(24, n))
+        dynamic = {0: [0], 1: [1]}
+    else:
+        fn = lambda x, y: x.permute(0, 2, 3, 1) * y
+        make_inputs = lambda n: (make(2, n, 4, 5), make(2, 4, 5, n))
+        dynamic = {0: [1], 1: [3]}
+    graph, _ = trace(fn, *make_inputs(16), dynamic=dynamic)
+    compiled = compiler(graph, make_inputs(16), options={"cache": False})
+    assert "s0" in tiles(compiled.program)[0]  # the tile's rows or columns are symbolic
+    for n in (3, 9, 33):
+        inputs = make_inputs(n)
+        assert_matches(compiled(*inputs), fn(*inputs), atol=1e-5, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------- reductions
 
 
@@ -136,6 +158,34 @@ def test_reduction_over_transposed_input(dtype):
     x, y = make(24, 40, dtype=dtype), make(40, 24, dtype=dtype)
     check(lambda x, y: (x.t() * y).sum(1), x, y, dtype=dtype)
     check(lambda x: x.t().amax(-1), x, dtype=dtype)
+
+
+def first_config(program) -> dict:
+    (kernel,) = program.kernels
+    return {**kernel.configs[0].meta, "num_warps": kernel.configs[0].num_warps}
+
+
+@pytest.mark.parametrize("fn", [lambda x, y: (x.t() * y).sum(1), lambda x, y: (x.t() + y).softmax(-1)],
+                         ids=["sum", "softmax"])
+def test_persistent_rows_read_across_take_more_rows(fn):
+    x, y = make(1024, 48), make(48, 1024)
+    program = check(fn, x, y)
+    # rows of 1024: 8 per program for a row walk; x.t() is contiguous across rows, so 16
+    assert program.kernels[0].name.startswith("triton_per")
+    assert first_config(program) == {"XBLOCK": 16, "num_warps": 8}
+    plain = compile_fn(lambda y: y.softmax(-1), y)
+    assert first_config(plain) == {"XBLOCK": 8, "num_warps": 4}
+
+
+def test_looped_rows_read_across_take_a_square_tile_first():
+    x, y = make(600, 40), make(40, 600)
+    fn = lambda x, y: (x.t() * y).sum(1)
+    program = compile_fn(fn, x, y, options={"persistent_rnumel_max": 256})
+    assert program.kernels[0].name.startswith("triton_red")
+    assert first_config(program) == {"XBLOCK": 64, "RBLOCK": 64, "num_warps": 8}
+    assert_matches(run_runtime(program, [x, y]), fn(x, y), atol=1e-4, rtol=1e-4)
+    plain = compile_fn(lambda y: y.sum(1), y, options={"persistent_rnumel_max": 256})
+    assert first_config(plain)["XBLOCK"] == 1
 
 
 def test_softmax_of_a_transposed_input():
@@ -179,3 +229,19 @@ def test_short_transposed_runs_keep_the_1d_form():
     x = make(2, 16, 16, 3)
     program = check(lambda x: x.permute(0, 3, 1, 2).contiguous(), x)
     assert tiles(program) == [""]
+
+
+def gpu_programs() -> list:
+    """Programs whose kernels `compile_for_gpu.py` compiles for sm_90: tiles of every dtype,
+    odd and symbolic-free sizes, channels-last conversions, the reductions' wider configs."""
+    out = []
+    for dtype in DTYPES:
+        out.append(compile_fn(lambda x, y: x.t() + y * 2, make(37, 53, dtype=dtype), make(53, 37, dtype=dtype)))
+    out.append(compile_fn(lambda x: x.permute(0, 2, 3, 1).contiguous(), make(4, 64, 28, 28)))
+    out.append(compile_fn(lambda x: x.permute(0, 2, 3, 1).contiguous(), make(2, 3, 32, 32, dtype=torch.bfloat16)))
+    out.append(compile_fn(lambda x: (x.permute(2, 0, 1) * 2).contiguous(), make(6, 20, 12)))
+    out.append(compile_fn(lambda x, y, b: x.t() + y * b[:, None], make(512, 256), make(256, 512), make(256)))
+    out.append(compile_fn(lambda x, y: (x.t() + y).softmax(-1), make(1024, 48), make(48, 1024)))
+    out.append(compile_fn(lambda x, y: (x.t() * y).sum(1), make(600, 40), make(40, 600),
+                          options={"persistent_rnumel_max": 256}))
+    return out

@@ -33,7 +33,7 @@ from torchfuse.inductor.kernel_writer import FULL, ROWS, SCALAR, KernelWriterBas
 from torchfuse.inductor.kernel_writer import Tmp as _Tmp
 from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
 from torchfuse.inductor.sizes import size_info
-from torchfuse.inductor.tiling import plan_tile
+from torchfuse.inductor.tiling import plan_tile, rows_transposed
 from torchfuse.inductor.triton_ops import TL_DTYPE, cast_text, const_text, helper_source, helpers_in, render
 
 _LOG2E = 1.4426950408889634
@@ -624,14 +624,17 @@ class KernelWriter(KernelWriterBase):
                 assert longest is not None, self.g.rnumel
                 rb = next_pow2(longest)
             warps = 16 if rb >= 8192 else 8 if rb >= 2048 else 4
-            first = min(max(1, 8192 // rb), xcap)
+            first, first_warps = min(max(1, 8192 // rb), xcap), warps if rb >= 1024 else 4
+            if rows_transposed(self.g, self.prog):
+                # an access contiguous across rows is coalesced over the rows a program holds:
+                # 16 rows (64 bytes of fp32), or as many as 16384 values allow, with a warp
+                # per 2048 values (64 per thread, as the default of 1024-long rows has)
+                first = min(max(first, min(16, 16384 // rb)), xcap)
+                first_warps = max(first_warps, min(16, first * rb // 2048))
             # (rows per program, warps): the default first, then one row per program. Two
             # candidates only: every candidate is a Triton compile on a cold start, and the
             # ones dropped (more warps, fewer rows) rarely won on memory-bound rows.
-            cands = [
-                (first, warps if rb >= 1024 else 4),
-                (1, warps),
-            ]
+            cands = [(first, first_warps), (1, warps)]
             out = [S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=w) for xb, w in dict.fromkeys(cands)]
             return {"RBLOCK": rb}, tuple(out)
         if self.g.outer:
@@ -658,6 +661,11 @@ class KernelWriter(KernelWriterBase):
             # and a per-chunk row reduction is amortized over more elements; two candidates
             # only (each is a compile on a cold start)
             cands = [(1, 4096, 8), (1, 8192, 16)]
+        if rows_transposed(self.g, self.prog):
+            # some access is contiguous across rows: the column reductions' square tile first
+            # (coalesced along the rows for it, along the chunk for the others), then the
+            # best row walk
+            cands = [(min(64, xcap), 64, 8), cands[0]]
         rh = self.sizes.hint(self.g.rnumel)
         if not self.g.rnumel.is_Integer and rh < rb:
             # a symbolic row, looped because it has no bound, but short for the example sizes:

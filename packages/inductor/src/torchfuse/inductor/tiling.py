@@ -137,3 +137,31 @@ def plan_tile(group: KernelGroup, prog: ir.LoopProgram, hint: Callable[[sympy.Ex
     varmap = tuple(zip([ir.loop_var("x", i) for i in range(len(ranges))], rows + cols, strict=True))
     placements = tuple((n.name, Placement(Role.FULL, varmap)) for n in group.nodes)
     return Tile(split, ynumel, xnumel, placements)
+
+
+def rows_transposed(group: KernelGroup, prog: ir.LoopProgram) -> bool:
+    """True when a reduction kernel that walks its rows (not a column reduction, whose tiles
+    are already wide) reads or writes an element-wise tensor contiguously *across* rows: a
+    ``sum`` or ``softmax`` of a transposed input, a layer_norm over the channels of NCHW data.
+    Such an access is coalesced only over the rows a program holds, so its configs take more
+    rows per program (`codegen.KernelWriter.configs`)."""
+    if group.kind not in (GroupKind.PERSISTENT, GroupKind.LOOPED) or group.outer:
+        return False
+    members = {n.name for n in group.nodes}
+    bounds = {XI: group.xnumel, RI: group.rnumel}
+    for node in group.nodes:
+        p = group.placement(node.name)
+        if p.role == Role.ROW or not isinstance(node, ir.Pointwise | ir.Reduction):
+            continue
+        indices = [ld.index for ld in ir.loads_of(node.body) if ld.buffer not in members and not ld.indirect]
+        if node.name in group.stores and p.role == Role.FULL:
+            indices.append(node.store_index)
+        for index in indices:
+            e = ir.simplify_index(index.xreplace(dict(p.varmap)), bounds)
+            at = {XI: sympy.Integer(0), RI: sympy.Integer(0)}
+            base = e.xreplace(at)
+            dx = sympy.expand(e.xreplace({**at, XI: sympy.Integer(1)}) - base)
+            dr = sympy.expand(e.xreplace({**at, RI: sympy.Integer(1)}) - base)
+            if dx == 1 and dr != 0:
+                return True
+    return False
