@@ -595,6 +595,8 @@ class KernelWriter(KernelWriterBase):
         return tuple(S.LaunchConfig(meta={"YBLOCK": yb, "XBLOCK": xb}, num_warps=w) for yb, xb, w in blocks)
 
     def configs(self) -> tuple[dict, tuple[S.LaunchConfig, ...]]:
+        if self.tile is not None:
+            return {}, self.tile_configs()
         x = self.g.xnumel
         xh = self.sizes.hint(x)  # block sizes are a performance choice: from hints
         # Blocks are capped by the largest x can be, so that a small x wastes no lanes; a
@@ -602,8 +604,6 @@ class KernelWriter(KernelWriterBase):
         most = self.sizes.upper(x)
         xcap = next_pow2(most) if most is not None else 1 << 30
         kind = self.g.kind
-        if self.tile is not None:
-            return {}, self.tile_configs()
         if kind == GroupKind.POINTWISE:
             # One config, no tuning: a pointwise kernel is memory- or launch-bound and the
             # choice follows from its size, while each extra candidate is a Triton compile on
@@ -681,7 +681,7 @@ class KernelWriter(KernelWriterBase):
 def tile_blocks(ycap: int, xcap: int, elements: int) -> tuple[int, int]:
     """(YBLOCK, XBLOCK) of a tile of about ``elements`` values, as square as the extents
     allow: a block dim is at most its extent's power of two, and the other one grows into
-    what is left (a channels-last store of 3 channels takes 4 x 256, not 4 x 32)."""
+    what is left (a channels-last store of 3 channels takes ``[256, 4]``, not ``[32, 4]``)."""
     side = 1 << (max(1, elements).bit_length() - 1) // 2
     xb = min(side, xcap)
     yb = min(max(side, elements // xb), ycap)
