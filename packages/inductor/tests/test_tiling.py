@@ -129,15 +129,19 @@ def test_two_inputs_transposed_differently():
 
 
 @pytest.mark.filterwarnings("ignore:torchfuse.runtime. running Triton kernels")
-@pytest.mark.parametrize("perm", [(1, 0), (0, 2, 3, 1)], ids=str)
-def test_symbolic_sizes_one_program_every_size(perm):
+@pytest.mark.parametrize("case", ["rows", "both", "channels_last"])
+def test_symbolic_sizes_one_program_every_size(case):
     from torchfuse.graph import trace
     from torchfuse.inductor import compiler
 
-    if len(perm) == 2:
+    if case == "rows":
         fn = lambda x, y: x.t() + y * 2
         make_inputs = lambda n: (make(n, 24), make(24, n))
         dynamic = {0: [0], 1: [1]}
+    elif case == "both":  # rows and columns symbolic, so is the 64-bit index switch
+        fn = lambda x, y: x.t() + y * 2
+        make_inputs = lambda n: (make(n, n + 3), make(n + 3, n))
+        dynamic = {0: [0, 1], 1: [0, 1]}
     else:
         fn = lambda x, y: x.permute(0, 2, 3, 1) * y
         make_inputs = lambda n: (make(2, n, 4, 5), make(2, 4, 5, n))

@@ -41,7 +41,9 @@ from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Placeme
 
 MIN_RUN = 8
 """A transposed access must be contiguous over at least this many elements along the tile's
-rows (8 fp32 values: one 32-byte sector) for a tile to pay off."""
+rows for a tile to pay off (8 fp32 values fill a 32-byte sector). A shorter run (NHWC to NCHW
+with 3 channels reads runs of 3) gives Triton no contiguity to lay the access out by, and
+the tile would only add the conversion between layouts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +111,10 @@ def plan_tile(group: KernelGroup, prog: ir.LoopProgram, hint: Callable[[sympy.Ex
     itself is exact for every size)."""
     if group.kind != GroupKind.POINTWISE or group.rnumel != 1:
         return None
-    shapes = {tuple(n.ranges) for n in group.nodes if isinstance(n, ir.Pointwise)}
-    if len(shapes) != 1 or len(group.nodes) != sum(isinstance(n, ir.Pointwise) for n in group.nodes):
+    if not all(isinstance(n, ir.Pointwise) for n in group.nodes):
+        return None
+    shapes = {tuple(n.ranges) for n in group.nodes}
+    if len(shapes) != 1:
         return None  # nodes over other shapes of the same size: their flat maps differ
     (ranges,) = shapes
     real = [d for d, n in enumerate(ranges) if n != 1]
