@@ -3,6 +3,8 @@ values against eager, and which kernels take the tiled form (and which keep the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,30 @@ def check(fn, *inputs, dtype=torch.float32):
     program = compile_fn(fn, *inputs)
     assert_matches(run_runtime(program, list(inputs)), fn(*inputs), **tol(dtype))
     return program
+
+
+# ----------------------------------------------------------------------------- snapshot
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+
+@pytest.mark.parametrize("name", ["transpose_add_tiled", "channels_last_tiled"])
+def test_tiled_kernel_source_snapshot(name):
+    """The tiled form pinned by golden files, like `test_codegen_snapshots` pins the others
+    (``TORCHFUSE_UPDATE_SNAPSHOTS=1`` rewrites them)."""
+    from torchfuse.inductor.config import from_env
+
+    if name == "transpose_add_tiled":
+        program = compile_fn(lambda x, y: x.t() + y * 2, make(64, 48), make(48, 64))
+    else:
+        program = compile_fn(lambda x: x.permute(0, 2, 3, 1).contiguous(), make(2, 16, 8, 8))
+    text = "\n# ----\n".join(k.source for k in program.kernels)
+    path = SNAPSHOTS / f"{name}.py.txt"
+    if from_env().update_snapshots or not path.exists():
+        path.write_text(text)
+        if not from_env().update_snapshots:
+            pytest.fail(f"snapshot {path.name} was missing and has been written; review and rerun")
+    assert text == path.read_text(), f"generated code changed; TORCHFUSE_UPDATE_SNAPSHOTS=1 to accept ({path})"
 
 
 # ----------------------------------------------------------------------------- values
