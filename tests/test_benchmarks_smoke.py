@@ -88,11 +88,12 @@ def test_workload_table_matches_benchmarks_md() -> None:
     finally:
         sys.path.remove(str(BENCH))
     names = [w.name for w in workloads.WORKLOADS]
-    assert len(names) == len(set(names)) == 20
+    assert len(names) == len(set(names)) == 21
     import torch
 
     for wl in workloads.WORKLOADS:
-        assert wl.reference is not None
+        # a row added since the published table was measured has no reference numbers yet
+        assert wl.reference is not None or wl.name in workloads.UNMEASURED
         if not wl.available():
             continue
         case = wl.make_case("cpu", None, "small")

@@ -168,6 +168,11 @@ def main() -> int:
         for cols in (1001, 20001):
             programs.append(compile_fn(fusion._dlogits, *fusion._dlogits_inputs(cols),
                                        options={"pointwise_rows": 1000}))
+        # 2-D tiles of pointwise kernels with a transposed access, and row reductions that
+        # read across rows
+        import test_tiling as tiling
+
+        programs += tiling.gpu_programs()
     try:
         toolchain_works()
     except Exception as e:  # no usable nvidia toolchain here

@@ -47,6 +47,30 @@ def test_simplify_keeps_values_with_bounds(xn, rn):
             assert _eval(s, {x: xv, r: rv}) == _eval(e, {x: xv, r: rv})
 
 
+def test_simplify_folds_nested_modulo_of_a_quotient():
+    """``c*(e % b) + c*b*((e // b) % m)`` is ``c*(e % (b*m))``: how a tile's rows over (h, w)
+    of NCHW data read it (``y % 56 + 56*((y // 56) % 56)`` is ``y % 3136``)."""
+    x, s0 = ir.loop_var("x", 0), ir.size_symbol("s0")
+    cases = [
+        (ir.ModIdx(x, 6) + 6 * ir.ModIdx(ir.FloorDiv(x, 6), 5), ir.ModIdx(x, 30), 100),
+        (3 * ir.ModIdx(x, 4) + 12 * ir.ModIdx(ir.FloorDiv(x, 4), 7) + 5, 3 * ir.ModIdx(x, 28) + 5, 100),
+        (ir.ModIdx(x, s0) + s0 * ir.ModIdx(ir.FloorDiv(x, s0), 5), ir.ModIdx(x, 5 * s0), 100),
+        # three levels fold into one, and the bound drops the last modulo
+        (ir.ModIdx(x, 2) + 2 * ir.ModIdx(ir.FloorDiv(x, 2), 3) + 6 * ir.ModIdx(ir.FloorDiv(x, 6), 4), x, 24),
+    ]
+    for e, want, bound in cases:
+        s = ir.simplify_index(sympy.expand(e), {x: bound})
+        assert s == want
+        for xv, sv in itertools.product(range(bound), range(1, 5)):
+            env = {x: xv, s0: sv}
+            assert _eval(s, env) == _eval(e, env)
+    # not the same quotient, or not the matching coefficient: left alone
+    for e in (ir.ModIdx(x, 6) + 6 * ir.ModIdx(ir.FloorDiv(x, 3), 5),
+              ir.ModIdx(x, 6) + 5 * ir.ModIdx(ir.FloorDiv(x, 6), 5)):
+        s = ir.simplify_index(sympy.expand(e))
+        assert s == sympy.expand(e)
+
+
 def test_floordiv_and_mod_constant_fold():
     x = ir.loop_var("x", 0)
     assert ir.FloorDiv(sympy.Integer(17), sympy.Integer(5)) == 3

@@ -3,7 +3,9 @@ one ``@triton.jit`` function in a self-contained module (a [`Kernel`][torchfuse.
 
 Three kernel shapes:
 
-* ``triton_poi_*`` -- 1-D tiles of ``XBLOCK`` elements;
+* ``triton_poi_*`` -- 1-D tiles of ``XBLOCK`` elements; or, when an input or output is
+  transposed against the loop order (`torchfuse.inductor.tiling`), 2-D tiles of
+  ``[YBLOCK, XBLOCK]`` over ``ynumel x xnumel``, so that both sides are coalesced;
 * ``triton_per_*`` -- persistent reductions: ``XBLOCK`` rows per program, the whole row
   (``RBLOCK >= rnumel``) in registers, every node computed once, one read of each input;
 * ``triton_red_*`` -- looped reductions: rows too long for registers are walked in chunks
@@ -21,14 +23,17 @@ persistent ``RBLOCK`` from their bounds ([`torchfuse.inductor.sizes`][torchfuse.
 
 from __future__ import annotations
 
+import dataclasses
+
 import sympy
 from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.kernel_writer import FULL, ROWS, SCALAR, KernelWriterBase
 from torchfuse.inductor.kernel_writer import Tmp as _Tmp
-from torchfuse.inductor.scheduler import GroupKind, KernelGroup, Role
+from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
 from torchfuse.inductor.sizes import size_info
+from torchfuse.inductor.tiling import plan_tile, rows_transposed
 from torchfuse.inductor.triton_ops import TL_DTYPE, cast_text, const_text, helper_source, helpers_in, render
 
 _LOG2E = 1.4426950408889634
@@ -54,7 +59,13 @@ class KernelWriter(KernelWriterBase):
         self.scopes: list[dict[str, _Tmp]] = [{}]
         self.full_values: list[dict[str, _Tmp]] = [{}]
         self.sizes = size_info(tuple(prog.symbols))
-        self.two_d = group.kind != GroupKind.POINTWISE
+        self.tile = plan_tile(group, prog, self.sizes.hint)
+        if self.tile is not None:
+            # the tile's coordinates: XI is the rows (``yindex``), RI the columns (``xindex``),
+            # so a value's shape (ROWS, FULL) and masks follow the reduction kernels' rules
+            self.g = dataclasses.replace(group, placements=self.tile.placements)
+            self.bounds = {XI: self.tile.ynumel, RI: self.tile.xnumel}
+        self.two_d = group.kind != GroupKind.POINTWISE or self.tile is not None
         self.accs: dict[str, tuple[str, str]] = {}
 
     # -- emission helpers
@@ -80,12 +91,19 @@ class KernelWriter(KernelWriterBase):
             return None
         if shape == FULL:
             return "mask"
-        return "xmask"
+        return "ymask" if self.tile is not None else "xmask"
 
     def shape_text(self, shape: int) -> str:
         if not self.two_d:
             return "[XBLOCK]"
+        if self.tile is not None:
+            return "[YBLOCK, XBLOCK]" if shape == FULL else "[YBLOCK, 1]"
         return "[XBLOCK, RBLOCK]" if shape == FULL else "[XBLOCK, 1]"
+
+    def index(self, e: sympy.Expr, placement, extra: dict | None = None) -> tuple[str, int]:
+        if self.tile is not None:  # a tile's rows and columns print as yindex and xindex
+            extra = {XI: "yindex", RI: "xindex", **(extra or {})}
+        return super().index(e, placement, extra)
 
     # -- values
     def emit(self, v: ir.Value, node: ir.Node) -> _Tmp:
@@ -435,6 +453,57 @@ class KernelWriter(KernelWriterBase):
         # compiles the variant asked for. 64-bit division by a runtime size is several times
         # the cost of 32-bit (rope with dynamic=True ran at 1.6x its static time).
         switch = wide and self.index32_expr() is not None
+        head = self.tile_head(wide, switch) if self.tile is not None else self.flat_head(wide, switch)
+        ptr_params = list(self.params.items())
+        # stable order: inputs first, then outputs
+        ptr_params.sort(key=lambda kv: (kv[1].startswith("out"), int(kv[1].split("ptr")[1])))
+        sym_params = sorted(self.size_syms, key=lambda s: s.name)
+        # a tile's launch passes the flat size, like every pointwise kernel's; its rows and
+        # columns are written in the kernel (constants, or products of size arguments)
+        scalar_names = ["numel" if self.tile is not None else "xnumel"]
+        scalar_names += ["rnumel"] if kind != GroupKind.POINTWISE else []
+        sig = [p for _, p in ptr_params] + scalar_names + [s.name for s in sym_params]
+        sig += ["INDEX32: tl.constexpr"] if switch else []
+        constexprs = ["XBLOCK: tl.constexpr"] + (
+            ["RBLOCK: tl.constexpr"] if kind != GroupKind.POINTWISE else []
+        )
+        if self.tile is not None:
+            constexprs = ["YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
+        src = ["import triton", "import triton.language as tl", *helper_source(self.helpers)]
+        src += ["", "", "@triton.jit", f"def {name}({', '.join(sig + constexprs)}):", *head, *body, ""]
+        idx_kind = "i64" if wide else "i32"
+        params = [S.KernelParam(name=p, kind="ptr", dtype=self.prog.buffers[b].dtype) for b, p in ptr_params]
+        params += [S.KernelParam(name=n, kind=idx_kind) for n in scalar_names]
+        params += [S.KernelParam(name=s.name, kind="i32" if self.sizes.fits_int32(s) else "i64")
+                   for s in sym_params]
+        params += [S.KernelParam(name="INDEX32", kind="i32")] if switch else []
+        constexprs_v, configs = self.configs()
+        grid = (f"({format_expr(self.g.xnumel)} + XBLOCK - 1) // XBLOCK", 1, 1)
+        if self.tile is not None:
+            ny, nx = format_expr(self.tile.ynumel), format_expr(self.tile.xnumel)
+            grid = (f"(({ny} + YBLOCK - 1) // YBLOCK) * (({nx} + XBLOCK - 1) // XBLOCK)", 1, 1)
+        meta = {
+            **({"index32": self.index32_expr()} if switch else {}),
+            **({"tile": f"{format_expr(self.tile.ynumel)} x {format_expr(self.tile.xnumel)}"}
+               if self.tile is not None else {}),
+            "buffers": ",".join(b for b, _ in ptr_params),
+            "kind": kind.value,
+            "nodes": ",".join(n.name for n in self.g.nodes),
+        }
+        return S.Kernel(
+            name=name,
+            source="\n".join(src),
+            entry=name,
+            signature=tuple(params),
+            constexprs=constexprs_v,
+            configs=configs,
+            grid=grid,
+            meta=meta,
+        )
+
+    def flat_head(self, wide: bool, switch: bool) -> list[str]:
+        """The first lines of a kernel over ``XBLOCK`` elements or rows per program."""
+        kind = self.g.kind
         if switch:
             head = ["    if INDEX32:",
                     "        xoffset = tl.program_id(0) * XBLOCK",
@@ -453,42 +522,31 @@ class KernelWriter(KernelWriterBase):
                 "    rmask = rindex < rnumel",
                 "    mask = xmask & rmask",
             ]
-        ptr_params = list(self.params.items())
-        # stable order: inputs first, then outputs
-        ptr_params.sort(key=lambda kv: (kv[1].startswith("out"), int(kv[1].split("ptr")[1])))
-        sym_params = sorted(self.size_syms, key=lambda s: s.name)
-        scalar_names = ["xnumel"] + (["rnumel"] if kind != GroupKind.POINTWISE else [])
-        sig = [p for _, p in ptr_params] + scalar_names + [s.name for s in sym_params]
-        sig += ["INDEX32: tl.constexpr"] if switch else []
-        constexprs = ["XBLOCK: tl.constexpr"] + (
-            ["RBLOCK: tl.constexpr"] if kind != GroupKind.POINTWISE else []
-        )
-        src = ["import triton", "import triton.language as tl", *helper_source(self.helpers)]
-        src += ["", "", "@triton.jit", f"def {name}({', '.join(sig + constexprs)}):", *head, *body, ""]
-        idx_kind = "i64" if wide else "i32"
-        params = [S.KernelParam(name=p, kind="ptr", dtype=self.prog.buffers[b].dtype) for b, p in ptr_params]
-        params += [S.KernelParam(name=n, kind=idx_kind) for n in scalar_names]
-        params += [S.KernelParam(name=s.name, kind="i32" if self.sizes.fits_int32(s) else "i64")
-                   for s in sym_params]
-        params += [S.KernelParam(name="INDEX32", kind="i32")] if switch else []
-        constexprs_v, configs = self.configs()
-        grid = (f"({format_expr(self.g.xnumel)} + XBLOCK - 1) // XBLOCK", 1, 1)
-        meta = {
-            **({"index32": self.index32_expr()} if switch else {}),
-            "buffers": ",".join(b for b, _ in ptr_params),
-            "kind": kind.value,
-            "nodes": ",".join(n.name for n in self.g.nodes),
-        }
-        return S.Kernel(
-            name=name,
-            source="\n".join(src),
-            entry=name,
-            signature=tuple(params),
-            constexprs=constexprs_v,
-            configs=configs,
-            grid=grid,
-            meta=meta,
-        )
+        return head
+
+    def tile_head(self, wide: bool, switch: bool) -> list[str]:
+        """The first lines of a tiled pointwise kernel: a 1-D grid of ``[YBLOCK, XBLOCK]``
+        tiles, row-major (a 2-D grid would cap the rows at 65535 tiles)."""
+        assert self.tile is not None
+        if switch:
+            head = ["    if INDEX32:", "        pid = tl.program_id(0)",
+                    "    else:", "        pid = tl.program_id(0).to(tl.int64)"]
+        else:
+            head = [f"    pid = {'tl.program_id(0).to(tl.int64)' if wide else 'tl.program_id(0)'}"]
+        ny, nx = self.tile.ynumel, self.tile.xnumel
+        for e in (ny, nx):
+            self.size_syms |= {s for s in sympy.sympify(e).free_symbols if isinstance(s, sympy.Symbol)}
+        return [
+            *head,
+            f"    ynumel = {self.print_index(ny)}",
+            f"    xnumel = {self.print_index(nx)}",
+            "    xtiles = (xnumel + XBLOCK - 1) // XBLOCK",
+            "    yindex = (pid // xtiles) * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
+            "    ymask = yindex < ynumel",
+            "    xindex = (pid % xtiles) * XBLOCK + tl.arange(0, XBLOCK)[None, :]",
+            "    xmask = xindex < xnumel",
+            "    mask = ymask & xmask",
+        ]
 
     def index_extents(self) -> list[sympy.Expr]:
         """What the kernel's indices range over: every tensor it indexes, and its domain."""
@@ -521,7 +579,24 @@ class KernelWriter(KernelWriterBase):
             return 1024, 4
         return 2048, 4
 
+    def tile_configs(self) -> tuple[S.LaunchConfig, ...]:
+        """Candidate blocks of a tiled pointwise kernel. 32 x 32 with 4 warps (8 values per
+        thread) is TorchInductor's choice for the same kernels; 64 x 64 with 8 warps has twice
+        the loads in flight per thread. Two candidates, tuned on the first call of a large
+        kernel (each is a Triton compile); a small kernel takes one."""
+        assert self.tile is not None
+        caps = []
+        for e in (self.tile.ynumel, self.tile.xnumel):
+            most = self.sizes.upper(e)  # a symbolic extent is capped by its bound only
+            caps.append(next_pow2(most) if most is not None else 1 << 30)
+        numel = self.sizes.hint(self.tile.ynumel * self.tile.xnumel)
+        cands = [(1024, 4)] if numel <= self.config.pointwise_small_numel else [(4096, 8), (1024, 4)]
+        blocks = dict.fromkeys((*tile_blocks(caps[0], caps[1], elements), warps) for elements, warps in cands)
+        return tuple(S.LaunchConfig(meta={"YBLOCK": yb, "XBLOCK": xb}, num_warps=w) for yb, xb, w in blocks)
+
     def configs(self) -> tuple[dict, tuple[S.LaunchConfig, ...]]:
+        if self.tile is not None:
+            return {}, self.tile_configs()
         x = self.g.xnumel
         xh = self.sizes.hint(x)  # block sizes are a performance choice: from hints
         # Blocks are capped by the largest x can be, so that a small x wastes no lanes; a
@@ -549,14 +624,17 @@ class KernelWriter(KernelWriterBase):
                 assert longest is not None, self.g.rnumel
                 rb = next_pow2(longest)
             warps = 16 if rb >= 8192 else 8 if rb >= 2048 else 4
-            first = min(max(1, 8192 // rb), xcap)
+            first, first_warps = min(max(1, 8192 // rb), xcap), warps if rb >= 1024 else 4
+            if rows_transposed(self.g, self.prog):
+                # an access contiguous across rows is coalesced over the rows a program holds:
+                # 16 rows (64 bytes of fp32), or as many as 16384 values allow, with a warp
+                # per 2048 values (64 per thread, as the default of 1024-long rows has)
+                first = min(max(first, min(16, 16384 // rb)), xcap)
+                first_warps = max(first_warps, min(16, first * rb // 2048))
             # (rows per program, warps): the default first, then one row per program. Two
             # candidates only: every candidate is a Triton compile on a cold start, and the
             # ones dropped (more warps, fewer rows) rarely won on memory-bound rows.
-            cands = [
-                (first, warps if rb >= 1024 else 4),
-                (1, warps),
-            ]
+            cands = [(first, first_warps), (1, warps)]
             out = [S.LaunchConfig(meta={"XBLOCK": xb}, num_warps=w) for xb, w in dict.fromkeys(cands)]
             return {"RBLOCK": rb}, tuple(out)
         if self.g.outer:
@@ -583,6 +661,11 @@ class KernelWriter(KernelWriterBase):
             # and a per-chunk row reduction is amortized over more elements; two candidates
             # only (each is a compile on a cold start)
             cands = [(1, 4096, 8), (1, 8192, 16)]
+        if rows_transposed(self.g, self.prog):
+            # some access is contiguous across rows: the column reductions' square tile first
+            # (coalesced along the rows for it, along the chunk for the others), then the
+            # best row walk
+            cands = [(min(64, xcap), 64, 8), cands[0]]
         rh = self.sizes.hint(self.g.rnumel)
         if not self.g.rnumel.is_Integer and rh < rb:
             # a symbolic row, looped because it has no bound, but short for the example sizes:
@@ -593,6 +676,17 @@ class KernelWriter(KernelWriterBase):
         return {}, tuple(
             S.LaunchConfig(meta={"XBLOCK": xb, "RBLOCK": r}, num_warps=w) for xb, r, w in dict.fromkeys(cands)
         )
+
+
+def tile_blocks(ycap: int, xcap: int, elements: int) -> tuple[int, int]:
+    """(YBLOCK, XBLOCK) of a tile of about ``elements`` values, as square as the extents
+    allow: a block dim is at most its extent's power of two, and the other one grows into
+    what is left (a channels-last store of 3 channels takes ``[256, 4]``, not ``[32, 4]``)."""
+    side = 1 << (max(1, elements).bit_length() - 1) // 2
+    xb = min(side, xcap)
+    yb = min(max(side, elements // xb), ycap)
+    xb = min(max(xb, elements // yb), xcap)
+    return yb, xb
 
 
 def generate_kernel(group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> S.Kernel:

@@ -258,8 +258,10 @@ def _simplify_cached(e: sympy.Expr, bounds_items: tuple) -> sympy.Expr:
 
 
 def _fold(e: sympy.Expr) -> sympy.Expr:
-    """Fold ``c*b*(e // b) + c*(e % b)`` into ``c*e`` in every sum of ``e`` (``c`` may hold
-    size symbols: ``s0*(x // s0) + x % s0`` is ``x``)."""
+    """Fold ``c*b*(e // b) + c*(e % b)`` into ``c*e`` and ``c*b*((e // b) % m) + c*(e % b)``
+    into ``c*(e % (b*m))`` in every sum of ``e`` (``c`` may hold size symbols:
+    ``s0*(x // s0) + x % s0`` is ``x``). The second is how the rows of a tile over (h, w) of
+    NCHW data read it: ``y % 56 + 56*((y // 56) % 56)`` is ``y % 3136``."""
     if not e.args:
         return e
     new = [_fold(a) for a in e.args]
@@ -285,7 +287,30 @@ def _fold(e: sympy.Expr) -> sympy.Expr:
                 terms.append(sympy.expand(coeff * inner))
                 changed = True
                 break
+            outer = _mod_partner(terms, t, sympy.expand(coeff * b), FloorDiv(inner, b))
+            if outer is not None:
+                u, m = outer
+                terms.remove(t)
+                terms.remove(u)
+                terms.append(sympy.expand(coeff * ModIdx(inner, b * m)))
+                changed = True
+                break
     return sympy.expand(sympy.Add(*terms))
+
+
+def _mod_partner(terms: list, t: sympy.Expr, coeff: sympy.Expr, quotient: sympy.Expr):
+    """A term of ``terms`` other than ``t`` that is ``coeff * (quotient % m)``, with ``m``;
+    or None."""
+    for u in terms:
+        if u is t:
+            continue
+        factors = sympy.Mul.make_args(u)
+        k = next((i for i, f in enumerate(factors) if isinstance(f, ModIdx) and f.args[0] == quotient), None)
+        if k is None:
+            continue
+        if sympy.expand(sympy.Mul(*factors[:k], *factors[k + 1:]) - coeff) == 0:
+            return u, factors[k].args[1]
+    return None
 
 
 def print_index(e: sympy.Expr, names: Mapping | None = None, fmt: bool = False) -> str:
