@@ -373,6 +373,14 @@ class Recorder(TorchDispatchMode):
     kind ``constant`` and remembers the tensor in `constants`.
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a dispatch mode's __torch_dispatch__ in a "disable dynamo" decorator
+        # that imports torch._dynamo at its first call: 1-4 s of every process's first
+        # capture, for a frame Dynamo never sees (no torch.compile runs our recorder). This
+        # is the hook torch documents for opting out of that wrapping.
+        return False
+
     def __init__(self, builder: GraphBuilder | None = None) -> None:
         super().__init__()
         self.builder = builder or GraphBuilder()

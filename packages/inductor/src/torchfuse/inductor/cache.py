@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import msgspec
+from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.archive import ArchiveError, load, save_bytes, to_json
 from torchfuse.inductor.config import InductorConfig
@@ -223,6 +224,7 @@ class PlanCache:
             stats.aot_misses += 1
         else:
             stats.aot_hits += 1
+        observe.record_count("aot.cache.hits" if data is not None else "aot.cache.misses")
         return data
 
     def put(self, material: bytes, data: bytes) -> None:

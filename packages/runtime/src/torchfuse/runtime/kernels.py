@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 import torchfuse.runtime.config as rconfig
+from torchfuse.graph import progress
 from torchfuse.graph import schema as S
 from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source
 from torchfuse.runtime.config import logger
@@ -315,12 +316,21 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             reload.append(group[1:])
         else:
             tasks.append((group, None))
+    done = [0]
+    done_lock = threading.Lock()
+
+    def run_task(task: tuple[Sequence[WarmupJob], Any]) -> None:
+        run(*task)
+        with done_lock:
+            done[0] += len(task[0])
+            progress.kernels(done[0], len(jobs))
+
     if threads == 1 or len(tasks) == 1:
-        for group, fn in tasks:
-            run(group, fn)
+        for task in tasks:
+            run_task(task)
     else:
         with ThreadPoolExecutor(max_workers=min(threads, len(tasks))) as pool:
-            list(pool.map(lambda task: run(*task), tasks))
+            list(pool.map(run_task, tasks))
     for group in reload:  # Triton disk-cache hits now, so that launches find them in memory
         run(group)
     stats.warmups += len(jobs)

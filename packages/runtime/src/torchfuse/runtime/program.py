@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 import torch
 import torchfuse.runtime.config as rconfig
+from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import to_dtype
@@ -134,6 +135,9 @@ class CompiledProgram:
         self.cache_dir = cache_dir or rconfig.config.cache_dir
         self.stats = CompileStats()
         self._lock = threading.RLock()
+        # the compiled entry this Program belongs to (its first call's phases are filed there)
+        self._observe_as = (observe.current_graph(), observe.current_role())
+        self._reported = False
         triton_kernels = [k for k in program.kernels if k.language == "triton"]
         cpp_kernels = [k for k in program.kernels if k.language == "cpp"]
         self._serial = device_type == "cpu" and bool(triton_kernels)
@@ -246,7 +250,14 @@ class CompiledProgram:
             if not self._gpu and self._serial:
                 _warn_interpreter_once()
             if not self._gpu and not self._tunable:
-                return self._install(self._default_configs(), tuned_key=None)(*args)
+                t0 = time.perf_counter()
+                fn = self._install(self._default_configs(), tuned_key=None)
+                t1 = time.perf_counter()
+                out = fn(*args)
+                _add(self.stats.first_call, "generate", t1 - t0)
+                _add(self.stats.first_call, "run", time.perf_counter() - t1)
+                self._report_first_call()
+                return out
             return self._dispatch(args, env)
 
     def _redispatch(self, args: tuple[Any, ...]) -> list[Any]:
@@ -256,7 +267,27 @@ class CompiledProgram:
     def _dispatch(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
         # Every Triton compilation during this call (warm-up, tuning, first launches) is counted.
         with count_compiles(self.stats):
-            return self._dispatch_counted(args, env)
+            out = self._dispatch_counted(args, env)
+        self._report_first_call()
+        return out
+
+    def _report_first_call(self) -> None:
+        """File the first call's phases and counts with the compiled entry this Program belongs
+        to (``timings.json``, the ``perf_hints`` channel; `torchfuse.graph.observe`), once."""
+        name, role = self._observe_as
+        if self._reported or name is None:
+            return
+        self._reported = True
+        st = self.stats
+        with observe.compiling(name, role):
+            for phase, seconds in st.first_call.items():
+                observe.record_time(f"runtime.{phase}", seconds)
+            for what, n in (("kernels", st.kernels_loaded), ("warmups", st.warmups),
+                            ("triton_compiles", st.triton_compiles), ("triton_cache_hits", st.triton_cache_hits),
+                            ("autotuned", st.autotuned), ("autotune_cache_hits", st.autotune_cache_hits),
+                            ("autotune_skipped", st.autotune_skipped)):
+                observe.record_count(f"runtime.{what}", n or 0)
+        observe.flush_timings(name)
 
     def _dispatch_counted(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
         """Choose configs for these symbol values (tuning if needed), then call their function.
