@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import threading
 import time
@@ -88,14 +89,40 @@ def check_source(kernel: S.Kernel) -> None:
             "trust_code=True to import it anyway (only for a Program from a source you trust)") from e
 
 
+def code_key(kernel: S.Kernel) -> str:
+    """What two kernels with equal code share: the hash of the source with the entry
+    function's name replaced by a placeholder. Programs number their kernels on their own
+    (``triton_poi_fused_add_0`` in one, ``..._3`` in the next), so equal code rarely has an
+    equal name."""
+    entry = entry_name(kernel)
+    body = re.sub(rf"\b{re.escape(entry)}\b", "\0ENTRY\0", kernel.source)
+    return hashlib.sha256(body.encode()).hexdigest()[:40]
+
+
+_shared: dict[tuple[str, str, bool], tuple[Any, str]] = {}
+"""(cache directory, `code_key`, interpreted) -> (the module, its entry name)."""
+share_stats = {"imported": 0, "shared": 0}
+"""Kernel modules imported, and kernels served by a module of equal code (this process)."""
+
+
 def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: bool = False) -> Any:
     """The Triton ``JITFunction`` (or interpreted function) a kernel's source defines. The
     source is checked (`check_source`) before it is written or imported, unless
-    ``trust_code``."""
+    ``trust_code``.
+
+    Kernels of equal code (`code_key`) share one function in a process, whatever their names
+    and Programs: its compiled binaries, in memory, then serve every Program that launches it
+    (no second Triton compile or disk-cache load)."""
     if not trust_code:
         check_source(kernel)
-    digest = kernel_hash(kernel)
     interp = triton_interpreting()
+    skey = (str(kernels_dir(cache_dir)), code_key(kernel), interp)
+    with _modules_lock:
+        found = _shared.get(skey)
+    if found is not None:
+        share_stats["shared"] += 1
+        return getattr(found[0], found[1])
+    digest = kernel_hash(kernel)
     path = kernels_dir(cache_dir) / f"k_{digest}.py"
     key = (str(path), interp)
     with _modules_lock:
@@ -121,11 +148,14 @@ def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: 
                     f"kernel {kernel.name!r}: its source ({path}) failed to import: {type(e).__name__}: {e}"
                 ) from e
             _modules[key] = module
+            share_stats["imported"] += 1
     fn = getattr(module, entry_name(kernel), None)
     if fn is None:
         raise KernelCompileError(
             f"kernel {kernel.name!r}: its source defines no function named {entry_name(kernel)!r}"
         )
+    with _modules_lock:
+        _shared.setdefault(skey, (module, entry_name(kernel)))
     return fn
 
 
@@ -295,8 +325,13 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     threads = threads or rconfig.config.compile_threads
     start = time.perf_counter()
     by_fn: dict[int, list[WarmupJob]] = {}
+    seen: set[tuple[Any, ...]] = set()
     for job in jobs:
-        by_fn.setdefault(id(job.fn), []).append(job)
+        # two kernels of equal code share a function (`load_kernel`): compile it once
+        same = (id(job.fn), tuple(map(repr, job.args)), job.kwargs)
+        if same not in seen:
+            seen.add(same)
+            by_fn.setdefault(id(job.fn), []).append(job)
 
     def run(group: Sequence[WarmupJob], fn: Any = None) -> None:
         for job in group:
@@ -318,12 +353,13 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             tasks.append((group, None))
     done = [0]
     done_lock = threading.Lock()
+    total = sum(len(group) for group in by_fn.values())
 
     def run_task(task: tuple[Sequence[WarmupJob], Any]) -> None:
         run(*task)
         with done_lock:
             done[0] += len(task[0])
-            progress.kernels(done[0], len(jobs))
+            progress.kernels(done[0], total)
 
     if threads == 1 or len(tasks) == 1:
         for task in tasks:
