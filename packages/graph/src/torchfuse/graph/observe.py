@@ -272,6 +272,12 @@ def _write_timings(name: str) -> None:
     write_artifact(name, "timings.txt", format_timings(table, counts))
 
 
+def timed_graphs() -> list[str]:
+    """The graphs (entry folders) that have stage timings or counts kept, in order."""
+    with _folders_lock:
+        return list(dict.fromkeys([*_timings, *_counts]))
+
+
 def timings_of(graph_name: str) -> tuple[dict[str, float], dict[str, int]]:
     """The stage durations and counts kept so far for one graph (entry folder)."""
     with _folders_lock:

@@ -286,7 +286,7 @@ def compile_graph(
     key = cache.program_key(graph, mode=mode, cfg=cfg)
     program = cache.lookup_program(key)
     observe.record_time("inductor.cache_lookup", time.perf_counter() - t0)
-    observe.record_count("inductor.cache.program_hits" if program is not None else "inductor.cache.program_misses")
+    observe.record_count(f"inductor.cache.program_{'hits' if program is not None else 'misses'}")
     if program is not None:
         _publish(program, graph.name, cfg)
         return program

@@ -283,7 +283,8 @@ class CompiledProgram:
             for phase, seconds in st.first_call.items():
                 observe.record_time(f"runtime.{phase}", seconds)
             for what, n in (("kernels", st.kernels_loaded), ("warmups", st.warmups),
-                            ("triton_compiles", st.triton_compiles), ("triton_cache_hits", st.triton_cache_hits),
+                            ("triton_compiles", st.triton_compiles),
+                            ("triton_cache_hits", st.triton_cache_hits),
                             ("autotuned", st.autotuned), ("autotune_cache_hits", st.autotune_cache_hits),
                             ("autotune_skipped", st.autotune_skipped)):
                 observe.record_count(f"runtime.{what}", n or 0)
