@@ -200,6 +200,9 @@ class CompileStats:
     """Binaries Triton loaded from its on-disk cache; ``None`` where Triton does not report it."""
     triton_compiles: int | None = None
     """Binaries Triton really compiled (cache misses); ``None`` where Triton does not report it."""
+    worker_compiles: int = 0
+    """Binaries compiled by the worker processes (`torchfuse.runtime.compile_workers`); this
+    process then loads each from Triton's disk cache (counted in ``triton_cache_hits``)."""
     compile_seconds: float = 0.0
     """Wall time of importing and precompiling kernels."""
     autotune_seconds: float = 0.0
@@ -351,9 +354,12 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             reload.append(group[1:])
         else:
             tasks.append((group, None))
+    total = sum(len(group) for group in by_fn.values())
+    workers = rconfig.config.compile_workers
+    if workers > 0 and total > 1 and not triton_interpreting():
+        _compile_in_workers([job for group in by_fn.values() for job in group], stats, workers)
     done = [0]
     done_lock = threading.Lock()
-    total = sum(len(group) for group in by_fn.values())
 
     def run_task(task: tuple[Sequence[WarmupJob], Any]) -> None:
         run(*task)
@@ -371,6 +377,36 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
         run(group)
     stats.warmups += len(jobs)
     stats.compile_seconds += time.perf_counter() - start
+
+
+def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int) -> None:
+    """Steps 1 and 2 of `torchfuse.runtime.compile_workers`: the compiles these jobs would run,
+    done by the worker processes into Triton's disk cache (the warm-ups after load them)."""
+    from torchfuse.runtime import compile_workers
+
+    pool = compile_workers.get_pool(workers)
+    planned = compile_workers.plan(jobs, _source_path)
+    if pool is None or not planned:
+        return
+    errors = pool.compile([request for _, request in planned])
+    stats.worker_compiles += sum(e is None for e in errors)
+    for (job, _), error in zip(planned, errors, strict=True):
+        if error is not None:  # compiled here instead, by the warm-up that follows
+            logger.debug("compile worker: %s failed (%s); compiling it in this process", job.name, error)
+
+
+def _source_path(fn: Any) -> Path | None:
+    """The cached source file a kernel function was imported from (None: not a plain
+    ``JITFunction`` of ours, which the workers could not rebuild)."""
+    try:
+        import triton.runtime.jit as tjit
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return None
+    code = getattr(getattr(fn, "fn", None), "__code__", None)
+    if type(fn) is not getattr(tjit, "JITFunction", None) or code is None:
+        return None
+    path = Path(code.co_filename)
+    return path if path.is_file() else None
 
 
 def timed(stats: CompileStats, fn: Callable[[], Any]) -> Any:

@@ -170,6 +170,10 @@ class CompiledProgram:
         self.stats.kernels_loaded = len(self.kernels)
         self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
         self._gpu = device_type == "cuda"
+        if self._gpu and triton_kernels and rconfig.config.compile_workers > 0:
+            from torchfuse.runtime.compile_workers import get_pool
+
+            get_pool(rconfig.config.compile_workers)  # started now, while the caller works on
         self._layout = launchers.triton_layout() if self._gpu and rconfig.config.direct_launch else "generic"
         self._variants: dict[tuple[Any, ...], codegen.Generated] = {}
         self._by_key: dict[tuple[int, ...], Any] = {}
@@ -283,7 +287,7 @@ class CompiledProgram:
             for phase, seconds in st.first_call.items():
                 observe.record_time(f"runtime.{phase}", seconds)
             for what, n in (("kernels", st.kernels_loaded), ("warmups", st.warmups),
-                            ("triton_compiles", st.triton_compiles),
+                            ("triton_compiles", st.triton_compiles), ("worker_compiles", st.worker_compiles),
                             ("triton_cache_hits", st.triton_cache_hits),
                             ("autotuned", st.autotuned), ("autotune_cache_hits", st.autotune_cache_hits),
                             ("autotune_skipped", st.autotune_skipped)):
