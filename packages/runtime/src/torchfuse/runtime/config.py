@@ -5,6 +5,7 @@
 | `TORCHFUSE_CACHE_DIR` | root of the caches; default `$XDG_CACHE_HOME/torchfuse` or `~/.cache/torchfuse` |
 | `TORCHFUSE_AUTOTUNE` | `0`: no first-call autotuning (each kernel's first config); default on |
 | `TORCHFUSE_AUTOTUNE_MIN_BYTES` | launches moving fewer bytes are not tuned; default 16 MiB |
+| `TORCHFUSE_AUTOTUNE_DEFAULT_MAX` | candidates a kernel tunes in `mode="default"`; default 2, `0`: all |
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
 | `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not the C launcher; default on |
 | `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs kept per program under reduce-overhead; default 8, `0`: unlimited |
@@ -40,6 +41,11 @@ class Config:
     kernel costs a few microseconds, while every extra candidate costs a Triton compile
     (0.1-2 s). They take the candidate cheapest to compile (the least work per thread), and
     nothing else is compiled."""
+    autotune_default_max: int = 2
+    """Candidates of one kernel benchmarked (and compiled) on a cold start in ``mode="default"``,
+    the first ones in the producer's order once equivalent ones are pruned
+    (`torchfuse.runtime.autotune.prune_candidates`); ``max-autotune`` Programs tune them all.
+    0: no limit."""
     fast_launch: bool = True
     """Launch through the compiled kernel's launcher once it is known (GPU only)."""
     direct_launch: bool = True
@@ -81,11 +87,13 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
     threads = env.get("TORCHFUSE_COMPILE_THREADS")
     workers = env.get("TORCHFUSE_COMPILE_WORKERS")
     min_bytes = env.get("TORCHFUSE_AUTOTUNE_MIN_BYTES")
+    default_max = env.get("TORCHFUSE_AUTOTUNE_DEFAULT_MAX")
     graphs = env.get("TORCHFUSE_CUDAGRAPH_MAX")
     return Config(
         cache_dir=Path(cache).expanduser() if cache else _default_cache_dir(env),
         autotune=_flag(env, "TORCHFUSE_AUTOTUNE", True),
         autotune_min_bytes=max(0, int(min_bytes)) if min_bytes else 1 << 24,
+        autotune_default_max=max(0, int(default_max)) if default_max else 2,
         fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, os.cpu_count() or 1)),

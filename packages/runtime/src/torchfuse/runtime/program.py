@@ -29,6 +29,7 @@ from torchfuse.runtime.autotune import (
     cheapest_to_compile,
     launch_bytes,
     launch_symbols,
+    prune_candidates,
     tuning_key,
 )
 from torchfuse.runtime.checks import buffer_table, diagnose_inputs, symbol_source, validate_program
@@ -193,6 +194,8 @@ class CompiledProgram:
     def _setup_tuning(self, tunable: list[S.Kernel]) -> None:
         """Which kernels are autotuned (GPU only, unless a test asks), and on which symbols."""
         self._tunable = tunable
+        self._candidates: dict[str, list[S.LaunchConfig]] = {}
+        """Per tunable kernel, the candidates `_choose` kept for the last sizes it saw."""
         self._tune_symbols = tuple(sorted({s for k in tunable for s in launch_symbols(self.program, k)}))
         self._autotune_cache: AutotuneCache | None = None  # made at the first call (needs the device)
 
@@ -318,7 +321,8 @@ class CompiledProgram:
         result = None
         if missing:
             assert self._autotune_cache is not None
-            tuner = Tuner(self.program, self.kernels, winners, self._autotune_cache, tkeys, self.stats)
+            tuner = Tuner(self.program, self.kernels, winners, self._autotune_cache, tkeys, self.stats,
+                          candidates=self._candidates)
             gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
                                    configs={**configs, **winners}, tune=frozenset(missing))
             result = self._exec(gen, {"_tune": tuner})(*args)
@@ -348,6 +352,7 @@ class CompiledProgram:
         missing = []
         tkeys = {}
         buffers = buffer_table(self.program)
+        limit = 0 if self.program.meta.get("mode") == "max-autotune" else rconfig.config.autotune_default_max
         for k in self._tunable:
             moved = launch_bytes(self.program, k, env, buffers)
             if moved is not None and moved < rconfig.config.autotune_min_bytes:
@@ -355,9 +360,14 @@ class CompiledProgram:
                 winners[k.name] = cheapest_to_compile(k.configs)
                 self.stats.autotune_skipped += count
                 continue
+            candidates = self._candidates[k.name] = prune_candidates(self.program, k, env, limit)
+            if len(candidates) == 1:  # the others launch the same programs, or were cut by limit
+                winners[k.name] = candidates[0]
+                self.stats.autotune_skipped += count
+                continue
             tkeys[k.name] = tuning_key(self._hashes[k.name], launch_symbols(self.program, k), env)
             assert self._autotune_cache is not None
-            hit = self._autotune_cache.get(tkeys[k.name], k.configs)
+            hit = self._autotune_cache.get(tkeys[k.name], candidates)
             if hit is None:
                 missing.append(k.name)
             else:
@@ -368,8 +378,8 @@ class CompiledProgram:
     def _to_warm(self, configs: dict[str, S.LaunchConfig | None], winners: dict[str, S.LaunchConfig],
                  missing: list[str]) -> dict[str, list[S.LaunchConfig | None]]:
         """Only what will run: every candidate of a kernel still to tune, else the chosen config."""
-        return {k.name: list(k.configs) if k.name in missing else [winners.get(k.name) or configs[k.name]]
-                for k in self.program.kernels}
+        return {k.name: list(self._candidates.get(k.name) or k.configs) if k.name in missing
+                else [winners.get(k.name) or configs[k.name]] for k in self.program.kernels}
 
     def precompile_async(self) -> Future[None] | None:
         """Start compiling, in the background, what the first call will launch (GPU only).
