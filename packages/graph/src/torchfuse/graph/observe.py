@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchfuse.graph import progress
+
 CHANNELS = ("graph", "guards", "recompiles", "breaks", "aot", "schedule", "output_code", "runtime",
             "perf_hints", "progress")
 DEFAULT_OFF = frozenset({"progress"})
@@ -71,6 +73,8 @@ class ObserveConfig:
 
 config = ObserveConfig.from_env()
 _handler: logging.Handler | None = None
+# the progress line asks these settings (read at each call: tests and reload_config swap them)
+progress.set_switch(lambda: "progress" not in config.off and not config.ci)
 
 
 def reload_config() -> None:
@@ -230,8 +234,6 @@ def record_time(stage: str, seconds: float) -> None:
     (debug/collect/``perf_hints`` only). Stage names are dotted by package (``capture``,
     ``aot.joint``, ``inductor.schedule``, ``runtime.load``); a backward half's get the prefix
     ``backward.``. Every call also moves the progress line on (`torchfuse.graph.progress`)."""
-    from torchfuse.graph import progress
-
     name = current_graph() or "graph"
     role = _role.get()
     key = f"{role}.{stage}" if role else stage
@@ -288,8 +290,6 @@ def flush_timings(graph_name: str | None) -> None:
     """An entry's first call is over: print its stages and counts recorded since the last
     flush on the ``perf_hints`` channel, and end the progress line. Capture calls it after an
     entry's first call, autograd after a backward's first call."""
-    from torchfuse.graph import progress
-
     if graph_name is None:
         return
     progress.finish(graph_name)

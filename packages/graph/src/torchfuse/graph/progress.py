@@ -18,6 +18,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DELAY_S = 2.0
@@ -39,12 +40,21 @@ _state = _State()
 _lock = threading.Lock()
 
 
+_switch: Callable[[], bool] = lambda: True
+"""Whether the settings allow the line; `torchfuse.graph.observe` installs its own (``CI``,
+``-progress``) through `set_switch`, so that this module imports nothing of the package."""
+
+
+def set_switch(switch: Callable[[], bool]) -> None:
+    """Install the function that says whether the settings allow a progress line."""
+    global _switch
+    _switch = switch
+
+
 def enabled() -> bool:
     """Whether a progress line may be drawn: stderr is a terminal, ``CI`` is not set and
     ``TORCHFUSE_LOGS`` does not say ``-progress``."""
-    from torchfuse.graph import observe
-
-    if "progress" in observe.config.off or observe.config.ci:
+    if not _switch():
         return False
     try:
         return bool(sys.stderr.isatty())
