@@ -20,6 +20,25 @@ lists the N slowest single Triton compiles.
 The numbers are one process's, in table order, after one warm-up compile (imports paid), like
 the "cold" column of ``benchmarks/run.py``. ``--cache`` runs each compile a second time
 through the program cache (``torchfuse.inductor.cache``) and reports the hit's time.
+
+``--models gpt2,llama`` (or ``all``) profiles the real ``transformers`` models of
+``benchmarks/models.py`` instead (``--model-modes inference,training``), as rows
+``gpt2/inference``, ``gpt2/training``.
+
+Two more modes run the real first call instead of the stages one by one, on any device:
+
+    python benchmarks/compile_profile.py --real --only softmax --device cuda
+    python benchmarks/compile_profile.py --warm --small --device cpu --only softmax,layer_norm_train
+    python benchmarks/compile_profile.py --warm --models gpt2 --model-modes training --device cuda
+
+``--real``: each row compiled by the ``inductor`` backend and called once, with what every
+compiled entry recorded (``torchfuse.graph.observe``: the stages of ``timings.json``, the
+runtime's first-call phases, Triton compiles and cache hits, the on-disk cache lookups) summed
+over the row's entries, forward and backward together. ``--warm``: the same in two fresh
+processes over one fresh cache directory (``TORCHFUSE_CACHE_DIR``, ``TRITON_CACHE_DIR``), a
+cold one and a warm one, printed side by side: where a warm start's time goes, and whether it
+missed a cache (the counts say). On the CPU the ``run`` phase is Triton's interpreter running
+the kernels (use ``--small``); on a GPU it is the first launches.
 """
 
 from __future__ import annotations
@@ -27,8 +46,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import os
 import pstats
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,19 +69,77 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", action="store_true", help="also time a program-cache hit per graph")
     p.add_argument("--slowest", type=int, default=0, metavar="N",
                    help="with --triton: list the N slowest Triton compiles (kernel, constexprs, warps)")
+    p.add_argument("--models", default="", help="comma-separated models of benchmarks/models.py, or 'all'")
+    p.add_argument("--model-modes", default="inference,training", help="with --models: inference, training")
+    p.add_argument("--real", action="store_true",
+                   help="the real first call, with every entry's recorded stages")
+    p.add_argument("--warm", action="store_true", help="--real in a cold and then a warm fresh process")
+    p.add_argument("--device", default="cpu", help="with --real/--warm: cpu or cuda")
+    p.add_argument("--timeout", type=float, default=540, help="with --warm: seconds per child process")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+Builder = Callable[[str, Any], tuple[Callable[..., Any], Callable[[Any], Any]]]
+
+
+class Row:
+    """One thing to compile: a workload of ``workloads.py`` or a model of ``models.py``."""
+
+    def __init__(self, name: str, build: Builder) -> None:
+        self.name = name
+        self.build = build
+        """``build(device, scale) -> (fn, step)``: ``step(compiled_fn)`` makes the first call."""
+
+
+def workload_rows(names: list[str]) -> list[Row]:
+    import workloads
+    from run import make_step
+
+    def build_for(wl: Any) -> Builder:
+        def build(device: str, scale: str) -> tuple[Callable[..., Any], Callable[[Any], Any]]:
+            case = wl.make_case(device, None, scale)
+            return case.fn, lambda compiled: make_step(wl, case, compiled)()
+        return build
+
+    return [Row(w.name, build_for(w)) for w in workloads.select(names) if w.available()]
+
+
+def model_rows(names: str, modes: str) -> list[Row]:
+    import models
+
+    specs = list(models.MODELS) if names == "all" else models.select(names, "")
+
+    def build_for(spec: Any, training: bool) -> Builder:
+        def build(device: str, scale: str) -> tuple[Callable[..., Any], Callable[[Any], Any]]:
+            import torch
+
+            model, _ = models.build_model(spec, scale, device)
+            model.train(training)
+            inputs = models.make_inputs(spec, model.config, scale, device, training)
+            params = tuple(p for p in model.parameters() if p.requires_grad)
+            kind = torch.device(device).type
+            return model, lambda compiled: models.make_step(compiled, inputs, training, params, kind)()
+        return build
+
+    return [Row(f"{spec.name}/{mode}", build_for(spec, mode == "training"))
+            for spec in specs for mode in modes.split(",") if mode]
 
 
 class Recorder:
     """A capture backend that keeps the graph and its example inputs and runs nothing compiled."""
 
     def __init__(self) -> None:
-        self.graphs: list[tuple[Any, list[Any], float]] = []
+        self.graphs: list[tuple[Any, list[Any], float, bool]] = []
 
     def __call__(self, graph: Any, example_inputs: Sequence[Any]) -> Callable[..., list[Any]]:
+        import torch
         from torchfuse.graph import run
 
-        self.graphs.append((graph, list(example_inputs), time.perf_counter()))
+        self.graphs.append((graph, list(example_inputs), time.perf_counter(), torch.is_grad_enabled()))
         return lambda *inputs: run(graph, *inputs)
 
 
@@ -96,22 +175,21 @@ def compile_stages(graph: Any, times: dict[str, float], triton: bool, cache: boo
     return program
 
 
-def profile_workload(wl: Any, scale: str, triton: bool, cache: bool) -> dict[str, float]:
+def profile_workload(row: Row, scale: str, triton: bool, cache: bool) -> dict[str, float]:
     import torch
     import torchfuse.capture as tf
 
-    case = wl.make_case("cpu", None, scale)
+    fn, step = row.build("cpu", scale)
     rec = Recorder()
     tf.reset()
-    compiled = tf.compile(case.fn, backend=rec)
+    compiled = tf.compile(fn, backend=rec)
     t0 = time.perf_counter()
-    compiled(*case.inputs)
+    step(compiled)
     if not rec.graphs:
-        raise RuntimeError(f"{wl.name}: nothing was captured")
+        raise RuntimeError(f"{row.name}: nothing was captured")
     times = {"capture": rec.graphs[0][2] - t0}
-    for graph, examples, _ in rec.graphs:
-        training = torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in examples)
+    for graph, examples, _, grad_mode in rec.graphs:
+        training = grad_mode and any(isinstance(t, torch.Tensor) and t.requires_grad for t in examples)
         if not training:
             compile_stages(graph, times, triton, cache)
             continue
@@ -196,6 +274,131 @@ def triton_compile(program: Any, times: dict[str, float]) -> None:
             times["compiles"] = times.get("compiles", 0) + 1
 
 
+# ----------------------------------------------------------------------------- --real / --warm
+
+REAL_MARK = "COMPILE_PROFILE_REAL "
+REAL_COLUMNS = ("capture", "aot", "inductor", "inductor.cache_lookup", "runtime.load", "runtime.choose",
+                "runtime.precompile", "runtime.tune", "runtime.generate", "runtime.run")
+"""Stage groups of a real first call (a recorded stage counts in the most specific one)."""
+REAL_COUNTS = ("runtime.triton_compiles", "runtime.triton_cache_hits", "inductor.cache.program_hits",
+               "inductor.cache.program_misses", "aot.cache.hits", "aot.cache.misses", "runtime.kernels")
+
+
+def real_first_call(row: Row, device: str, scale: str) -> dict[str, Any]:
+    """Compile ``row`` with the inductor backend and call it once; what its entries recorded."""
+    import torch
+    import torchfuse.capture as tf
+    from torchfuse.graph import observe
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    fn, step = row.build(device, scale)
+    sync()
+    with observe.collect():  # every entry keeps its stages and counts while this runs
+        t0 = time.perf_counter()
+        step(tf.compile(fn))
+        sync()
+        seconds = time.perf_counter() - t0
+        stages: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for graph in observe.timed_graphs():
+            st, ct = observe.timings_of(graph)
+            for k, v in st.items():
+                group = _real_group(k.removeprefix("backward."))
+                stages[group] = stages.get(group, 0.0) + v
+            for k, v in ct.items():
+                k = k.removeprefix("backward.")
+                counts[k] = counts.get(k, 0) + v
+    return {"first_call_s": seconds, "stages_s": stages, "counts": counts}
+
+
+def _real_group(stage: str) -> str:
+    for col in sorted(REAL_COLUMNS, key=len, reverse=True):
+        if stage == col or stage.startswith(col + "."):
+            return col
+    return stage.split(".")[0]
+
+
+def real_child(args: argparse.Namespace) -> int:
+    """One row's real first call in this (fresh) process, printed as one JSON line."""
+    import torch
+    import torchfuse.capture as tf
+
+    (row,) = select_rows(args)
+    x = torch.ones(8, device=args.device)
+    tf.compile(lambda t: t * 2 + 1)(x)  # imports and first-use costs paid, as in run.py
+    tf.reset()
+    result = real_first_call(row, args.device, "small" if args.small else "full")
+    print(REAL_MARK + json.dumps(result), flush=True)
+    return 0
+
+
+def warm_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """Each row cold, then warm, in fresh processes over one fresh cache directory."""
+    from run import _pin_ptxas
+
+    _pin_ptxas()  # one ptxas for both children (Triton keys its cache by its version)
+    out = []
+    for row in rows:
+        root = tempfile.mkdtemp(prefix="torchfuse_profile_warm_")
+        env = dict(os.environ, TORCHFUSE_CACHE_DIR=os.path.join(root, "torchfuse"),
+                   TRITON_CACHE_DIR=os.path.join(root, "triton"))
+        flag = ["--models", row.name.split("/")[0], "--model-modes", row.name.split("/")[1]] \
+            if "/" in row.name else ["--only", row.name]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--device", args.device, *flag]
+        cmd += ["--small"] if args.small else []
+        for phase in ("cold", "warm"):
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE,
+                                      timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"{row.name} {phase}: timed out after {args.timeout:.0f} s", file=sys.stderr)
+                break
+            found = [json.loads(line[len(REAL_MARK):]) for line in proc.stdout.splitlines()
+                     if line.startswith(REAL_MARK)]
+            if not found:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                print(f"{row.name} {phase}: failed: {' | '.join(tail)}", file=sys.stderr)
+                break
+            out.append((f"{row.name} {phase}", found[0]))
+            print(f"{row.name} {phase}: {found[0]['first_call_s']:.2f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
+    cols = [c for c in REAL_COLUMNS if any(c in r["stages_s"] for _, r in rows)]
+    extra = sorted({k for _, r in rows for k in r["stages_s"]} - set(cols))
+    counts = [c for c in REAL_COUNTS if any(c in r["counts"] for _, r in rows)]
+    short = {"runtime.triton_compiles": "tr.comp", "runtime.triton_cache_hits": "tr.hit",
+             "inductor.cache.program_hits": "prog hit", "inductor.cache.program_misses": "prog miss",
+             "aot.cache.hits": "aot hit", "aot.cache.misses": "aot miss", "runtime.kernels": "kernels"}
+    head = ["row", "first call", *cols, *extra, "stages", *(short[c] for c in counts)]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for name, r in rows:
+        st = r["stages_s"]
+        cells = [f"{st[c] * 1e3:.0f}" if c in st else "" for c in [*cols, *extra]]
+        cnt = [str(r["counts"].get(c, "")) for c in counts]
+        print(f"| {name} | {r['first_call_s'] * 1e3:.0f} | " + " | ".join(cells)
+              + f" | {sum(st.values()) * 1e3:.0f} | " + " | ".join(cnt) + " |")
+    print("(milliseconds, forward and backward entries summed; first call = wall time of the step; "
+          "runtime.run on the CPU is Triton's interpreter running the kernels)")
+    pairs: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, r in rows:
+        base, _, phase = name.rpartition(" ")
+        compile_side = sum(v for k, v in r["stages_s"].items() if k != "runtime.run")
+        pairs.setdefault(base, {})[phase] = (r["first_call_s"], compile_side)
+    for base, p in pairs.items():
+        if "cold" in p and "warm" in p and p["cold"][0] and p["cold"][1]:
+            print(f"{base}: warm / cold = {p['warm'][0] / p['cold'][0]:.1%} of the first call, "
+                  f"{p['warm'][1] / p['cold'][1]:.1%} of the stages before runtime.run")
+
+
+def select_rows(args: argparse.Namespace) -> list[Row]:
+    if args.models:
+        return model_rows(args.models, args.model_modes)
+    return workload_rows([n for n in args.only.split(",") if n])
+
+
 SLOWEST: list[tuple[float, str, dict[str, Any], int]] = []
 """Every Triton compile of the run: (seconds, kernel, constexprs, warps), for ``--slowest``."""
 
@@ -220,6 +423,21 @@ def print_table(rows: list[tuple[str, dict[str, float]]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.real or args.warm or args.child:
+        if not args.device.startswith("cuda"):
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        sys.path.insert(0, str(HERE))
+        if args.child:
+            return real_child(args)
+        rows = select_rows(args)
+        if args.warm:
+            results = warm_rows(rows, args)
+        else:
+            os.environ.setdefault("TORCHFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="torchfuse_profile_"))
+            results = [(row.name, real_first_call(row, args.device, "small" if args.small else "full"))
+                       for row in rows]
+        print_real_table(results)
+        return 0
     if args.triton:
         os.environ.pop("TRITON_INTERPRET", None)  # real JITFunctions for triton.compile
         # a fresh Triton cache: every compile is a cold one
@@ -229,19 +447,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCHFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="torchfuse_profile_"))
     sys.path.insert(0, str(HERE))
     import torch
-    import workloads
 
     if args.triton:
         # The runtime refuses CPU programs without the interpreter; load through a stub.
         import torchfuse.runtime.program as rp
 
         rp.triton_interpreting = lambda: True  # type: ignore[assignment]
-    names = [n for n in args.only.split(",") if n]
-    selected = [w for w in workloads.select(names) if w.available()]
+    selected = select_rows(args)
     scale = "small" if args.small else "full"
     torch.manual_seed(0)
     # Warm-up: imports and first-use costs (sympy caches, op schemas) paid before timing.
-    profile_workload(workloads.BY_NAME["seed_fn_1k"], "small", False, False)
+    profile_workload(workload_rows(["seed_fn_1k"])[0], "small", False, False)
     prof = cProfile.Profile() if args.cprofile else None
     rows = []
     for wl in selected:

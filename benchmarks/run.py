@@ -53,6 +53,29 @@ def _set_cache_dirs(root: str | None) -> str:
     return root
 
 
+def _pin_ptxas() -> str | None:
+    """Set ``TRITON_PTXAS_PATH`` to torch's bundled ``ptxas`` before anything compiles, as
+    torch.compile does at its first Triton compile (``_set_triton_ptxas_path``), when unset.
+
+    Triton hashes the ptxas version into every cache key, once per process (its backend hash
+    is cached at the first compile). Set by torch.compile *after* torchfuse's first compile,
+    the variable made the parent's entries keyed by Triton's own ptxas while the cache-hit
+    child, inheriting it from the start, looked them up under torch's: every Triton compile
+    of run ``gpu_20261202_0106``'s hit column missed (``triton_cache_hits`` 0 on all 19 rows).
+    Pinned here, every process of a run uses one ptxas from its first compile on."""
+    import importlib.util
+
+    if os.environ.get("TRITON_PTXAS_PATH"):
+        return os.environ["TRITON_PTXAS_PATH"]
+    spec = importlib.util.find_spec("torch")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        ptxas = Path(root) / "bin" / "ptxas"
+        if ptxas.is_file() and os.access(ptxas, os.X_OK):
+            os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
+            return str(ptxas)
+    return None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated workload names (default: all)")
@@ -651,6 +674,7 @@ def environment(dev: Device, copy_gbps: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cache_root = _set_cache_dirs(args.cache_dir)
+    _pin_ptxas()  # before the first compile of any process of the run (see its doc)
     env_at_start = _compile_env()
     args.cache_dir = cache_root  # the cache-hit child must reuse these caches, not make fresh ones
     sys.path.insert(0, str(HERE))

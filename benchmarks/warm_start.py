@@ -9,8 +9,9 @@ column of ``run.py``, where torch.compile's hit runs in the same process first):
 
 - ``cold``: empty caches; the first call (capture + compile + Triton + run) is timed;
 - ``warm``: the caches the cold process left; the first call is timed, then timed again under
-  cProfile with ``TORCHFUSE_LOGS=runtime`` so the runtime's per-phase first-call line is
-  printed, and the functions with the most cumulative time are listed.
+  cProfile with ``TORCHFUSE_LOGS=runtime,perf_hints`` so the runtime's per-phase first-call
+  line and every entry's stage table (with its cache hits and misses) are printed, and the
+  functions with the most cumulative time are listed.
 
 Each process first compiles a trivial function (imports and CUDA context paid, as in
 BENCHMARKS.md). The JSON written with ``--json`` has cold/warm seconds, the ratio, and each
@@ -75,7 +76,7 @@ def run_child(name: str, cache: str, args: argparse.Namespace, profile: bool) ->
     env["TORCHFUSE_CACHE_DIR"] = os.path.join(cache, "torchfuse")
     env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
     if profile:
-        env["TORCHFUSE_LOGS"] = "runtime"
+        env["TORCHFUSE_LOGS"] = "runtime,perf_hints"  # every entry's stages and cache counts
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--only", name, "--device", args.device,
            "--top", str(args.top)]
     cmd += ["--small"] if args.small else []
@@ -85,11 +86,26 @@ def run_child(name: str, cache: str, args: argparse.Namespace, profile: bool) ->
     for line in proc.stdout.splitlines():
         if line.startswith(MARK):
             result.update(json.loads(line[len(MARK):]))
-    result["log"] = "\n".join(line for line in (proc.stderr + proc.stdout).splitlines()
-                              if line.startswith("[torchfuse."))
+    result["log"] = "\n".join(_torchfuse_lines(proc.stderr + proc.stdout))
     if proc.returncode != 0:
         result["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     return result
+
+
+def _torchfuse_lines(text: str) -> list[str]:
+    """The log lines of torchfuse's channels, with the tables ``perf_hints`` prints under its
+    lines (up to the next line that is neither)."""
+    out: list[str] = []
+    table = False
+    for line in text.splitlines():
+        if line.startswith("[torchfuse."):
+            out.append(line)
+            table = line.startswith("[torchfuse.perf_hints]")
+        elif table and (not line or line[0].isalnum() or line.startswith(" ")) and "Warning" not in line:
+            out.append(line)
+        else:
+            table = False
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

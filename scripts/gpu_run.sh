@@ -4,6 +4,7 @@
 #   scripts/gpu_run.sh                  # default phases: setup tests capture bench overhead
 #   scripts/gpu_run.sh modes            # small_ops under reduce-overhead + the graph-break benchmark
 #   scripts/gpu_run.sh warm             # cold vs warm start, the warm first call profiled
+#   scripts/gpu_run.sh compileprof      # compile time by stage, cold vs warm (compile_profile --warm)
 #   scripts/gpu_run.sh dynamic          # forward workloads static vs dynamic=True
 #   scripts/gpu_run.sh gpt2prof         # GPT-2: GPU busy vs wall time, top kernels
 #   scripts/gpu_run.sh autotune         # matmul rows under mode="max-autotune", both compilers
@@ -282,6 +283,30 @@ phase_warm() {
     return "${PIPESTATUS[0]}"
 }
 
+# Where compile time goes, cold vs warm, each in fresh processes over one fresh cache
+# (benchmarks/compile_profile.py --warm): micro rows and GPT-2 training, then GPT-2 training
+# again with Triton compiles in worker processes (TORCHFUSE_COMPILE_WORKERS=8).
+phase_compileprof() {
+    local t end rc=0 r dev=cuda extra=()
+    have_cuda || { dev=cpu; extra=(--small); }
+    end=$((SECONDS + $(phase_timeout 330)))
+    local out="$DEST/compile_profile_$TAG.txt"
+    for run in "--only ${COMPILEPROF_ONLY:-softmax,cross_entropy,small_ops,layer_norm_train}" \
+               "--models gpt2 --model-modes training" "workers --models gpt2 --model-modes training"; do
+        t=$(phase_timeout 200 "$end")
+        ((t < 30)) && return 124
+        local env=() args=$run
+        if [[ $run == workers* ]]; then env=(TORCHFUSE_COMPILE_WORKERS=8); args=${run#workers }; fi
+        log "compile_profile.py --warm $args ${env[*]} (timeout ${t}s)"
+        # shellcheck disable=SC2086  # args is a list of words on purpose
+        env "${env[@]}" timeout "$t" "$PY" benchmarks/compile_profile.py --warm --device "$dev" \
+            --timeout $((t / 2)) "${extra[@]}" $args 2>&1 | tee -a "$out"
+        r=${PIPESTATUS[0]}
+        ((r != 0)) && rc=$r
+    done
+    return "$rc"
+}
+
 # Forward workloads static vs dynamic=True (the dynamic-shapes issue's table).
 phase_dynamic() {
     local t
@@ -357,8 +382,8 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead | modes | warm | dynamic | gpt2prof | autotune | models) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm dynamic gpt2prof autotune models)" >&2
+        case $p in setup | tests | capture | bench | overhead | modes | warm | compileprof | dynamic | gpt2prof | autotune | models) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm compileprof dynamic gpt2prof autotune models)" >&2
                exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"

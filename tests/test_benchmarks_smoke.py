@@ -136,6 +136,27 @@ def test_warm_start_benchmark_measures_cold_and_warm(tmp_path: Path) -> None:
     assert row["errors"] == {} and row["cold_s"] > 0 and row["warm_s"] > 0 and "cumulative" in row["profile"]
 
 
+def test_compile_profile_warm_shows_a_warm_process_hitting_every_cache(tmp_path: Path) -> None:
+    proc = _run(str(BENCH / "compile_profile.py"), "--warm", "--small", "--device", "cpu", "--only",
+                "layer_norm_train")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    head = next(line for line in lines if line.startswith("| row |")).strip("|").split("|")
+    cells = {line.split("|")[1].strip(): line.strip("|").split("|") for line in lines
+             if line.startswith("| layer_norm_train")}
+    col = {name.strip(): i for i, name in enumerate(head)}
+
+    def count(row: str, name: str) -> int:
+        text = cells[row][col[name]].strip()
+        return int(text) if text else 0
+
+    assert count("layer_norm_train cold", "prog miss") == 2 and count("layer_norm_train cold", "aot miss") == 1
+    assert count("layer_norm_train warm", "prog hit") == 2 and count("layer_norm_train warm", "aot hit") == 1
+    assert count("layer_norm_train warm", "prog miss") == 0 and count("layer_norm_train warm", "aot miss") == 0
+    assert cells["layer_norm_train warm"][col["inductor"]].strip() == "", "a warm process ran inductor passes"
+    assert "warm / cold" in proc.stdout
+
+
 def test_cache_hit_child_gets_the_compile_environment_of_the_cold_compile(monkeypatch) -> None:
     """run.py's torchfuse hit child sets each workload's compile-related variables to what its
     cold compile saw: a variable torch.compile set in the parent later is dropped, one it

@@ -22,7 +22,9 @@ def tune_small_launches(monkeypatch):
 
     import torchfuse.runtime.config as rconfig
 
-    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=0))
+    # and every candidate (mode="default" tunes the first two: test_default_mode_tunes_little)
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=0,
+                                                                autotune_default_max=0))
 
 
 @pytest.fixture
@@ -145,3 +147,52 @@ def test_tuning_keys_bucket_sizes_by_powers_of_two():
     assert [size_bucket(n) for n in (1, 2, 3, 500, 512, 513)] == [1, 2, 4, 512, 512, 1024]
     k = lambda n: tuning_key("h", ["s0"], {"s0": n})
     assert k(500) == k(512) != k(513)
+
+
+def _same_warps_xnumel_program():
+    """scale_program with its extent named as inductor names it and one warp count for all."""
+    import re
+
+    configs = tuple(S.LaunchConfig(meta={"XBLOCK": b}, num_warps=4) for b in (32, 128, 1024))
+    prog = P.scale_program("cpu", configs=configs)
+    (kernel,) = prog.kernels
+    kernel = msgspec.structs.replace(
+        kernel, source=re.sub(r"\bn\b", "xnumel", kernel.source),
+        signature=tuple(msgspec.structs.replace(p, name="xnumel") if p.name == "n" else p for p in kernel.signature))
+    return msgspec.structs.replace(prog, kernels=(kernel,))
+
+
+def test_candidates_equal_at_these_sizes_are_pruned_before_compiling(bench):
+    prog = _same_warps_xnumel_program()
+    (kernel,) = prog.kernels
+    blocks = lambda env, limit=0: [c.meta["XBLOCK"] for c in autotune.prune_candidates(prog, kernel, env, limit)]
+    assert blocks({"s0": 100}) == [32, 128]          # 1024 and 128 both cover 100 in one program
+    assert blocks({"s0": 20}) == [32]                # all three do: one candidate, nothing to tune
+    assert blocks({"s0": 5000}) == [32, 128, 1024]   # all differ
+    assert blocks({"s0": 5000}, limit=2) == [32, 128]
+    fn = tuned(prog)
+    x = torch.randn(100)
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert bench == [32, 128]  # 1024 was never compiled nor benchmarked
+    fn2 = tuned(prog)
+    x = torch.randn(20)
+    (out,) = fn2(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert bench == [32, 128] and fn2.stats.autotuned == 0  # one candidate left: no tuning
+
+
+@pytest.mark.parametrize("mode", ["default", "max-autotune"])
+def test_default_mode_tunes_little_max_autotune_everything(bench, monkeypatch, mode):
+    import dataclasses
+
+    import torchfuse.runtime.config as rconfig
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_default_max=2))
+    prog = P.scale_program("cpu")
+    prog = msgspec.structs.replace(prog, meta={**prog.meta, "mode": mode})
+    fn = tuned(prog)
+    x = torch.randn(5000)
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert bench == ([32, 128] if mode == "default" else [32, 128, 1024])

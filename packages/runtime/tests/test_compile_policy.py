@@ -33,7 +33,8 @@ def bench(monkeypatch):
 
 
 def _min_bytes(monkeypatch, n: int) -> None:
-    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=n))
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=n,
+                                                                autotune_default_max=0))
 
 
 def _tuned(prog):

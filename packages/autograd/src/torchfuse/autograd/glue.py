@@ -203,6 +203,7 @@ class AotFunction:
         t0 = time.perf_counter()
         self.functional = functionalize(flat)
         self.stages = [Stage("functionalize", self.functional, time.perf_counter() - t0)]
+        observe.record_time("aot.functionalize", self.stages[0].seconds)
         _verify("functionalize", self.functional)
         self.num_user_outputs = len(flat.outputs)
         position = {i.name: k for k, i in enumerate(self.functional.inputs)}
@@ -334,6 +335,7 @@ class AotFunction:
         part = Partition(forward=rec.forward, backward=rec.backward, saved=rec.saved,
                          recomputed=rec.recomputed, strategy=rec.strategy)
         seconds = time.perf_counter() - t0
+        observe.record_time("aot.cache_lookup", seconds)
         plan.stages += [Stage("cache.forward", part.forward, seconds),
                         Stage("cache.backward", part.backward, 0.0)]
         self.stages += plan.stages[-2:]
@@ -349,6 +351,7 @@ class AotFunction:
         t0 = time.perf_counter()
         part = partition(joint, strategy=self.strategy, memory_budget=self.memory_budget)
         seconds = time.perf_counter() - t0
+        observe.record_time("aot.partition", seconds)
         plan.stages += [Stage("partition.forward", part.forward, seconds),
                         Stage("partition.backward", part.backward, 0.0)]
         _verify("partition.forward", part.forward)

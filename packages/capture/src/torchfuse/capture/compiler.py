@@ -326,13 +326,19 @@ class CompiledFunction:
             entry = next((e for e in self.entries if e.fast(L, G, C_) and
                           (e.version == ver or e.revalidate(L, G, C_))), None)
             over = None
+            new = entry is None
             if entry is None:
                 entry, over = self._new_entry(L, C_)
         if entry is None:  # the entry runs outside the lock: it may call other compiled code
             return self._over_limit(C_, args, kwargs, over)
         if entry.eager:
             return self._eager(C_, args, kwargs, entry.routed)
-        return entry.run(L, G, C_)
+        if not new:
+            return entry.run(L, G, C_)
+        try:
+            return entry.run(L, G, C_)
+        finally:  # the entry's first call: its stage timings on perf_hints, the progress line ended
+            observe.flush_timings(_debug_name(entry.result))
 
     def _new_entry(self, L: tuple[Any, ...], C_: Any) -> tuple[Entry | None, str | None]:
         """Capture and compile an entry for this call (``None`` and the failing guard when
@@ -579,9 +585,11 @@ def _write_debug(result: CaptureResult) -> None:
     """The captured graph as Python (``graph.py``), its guards (``guards.txt``: the records,
     then the generated check function) and the break if any, for ``TORCHFUSE_DEBUG=1`` and
     artifact collectors ([`torchfuse.graph.observe`][torchfuse.graph.observe])."""
-    if not observe.wants_artifacts():
-        return
     name = _debug_name(result)
+    if not observe.wants_artifacts():
+        with observe.compiling(name):  # perf_hints and the progress line want it too
+            observe.record_time("capture", result.seconds)
+        return
     with observe.compiling(name):
         observe.record_time("capture", result.seconds)
         if result.graph is not None:

@@ -33,10 +33,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 from torchfuse.graph.interpreter import no_autocast
 from torchfuse.graph.ops import op_name
-from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder, is_symbolic
+from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder, flat_args, is_symbolic, map_args
 
 MAX_BYTES = 1 << 20
 """The largest fresh result (in bytes) computed beside the fakes."""
@@ -85,7 +84,7 @@ class KnownValues:
         return entry[1] if entry is not None and entry[0] is t else None
 
     def _real_args(self, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]] | None:
-        flat, _ = tree_flatten((args, kwargs))
+        flat = flat_args((args, kwargs))
         for a in flat:
             if isinstance(a, torch.SymInt | torch.SymFloat):
                 return None
@@ -99,7 +98,7 @@ class KnownValues:
                 return torch.device("cpu")
             return x
 
-        rargs, rkwargs = tree_map(real, args), tree_map(real, kwargs)
+        rargs, rkwargs = map_args(real, args), map_args(real, kwargs)
         if "device" in rkwargs:
             rkwargs["device"] = torch.device("cpu")
         rkwargs.pop("pin_memory", None)

@@ -59,6 +59,7 @@ kernels, through `mark_trusted`) are not checked: they are the user's code.
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import importlib
 import threading
@@ -171,8 +172,21 @@ def _import_allowed(name: str) -> types.ModuleType | None:
         return None
 
 
+_resolved: set[tuple[str, ...]] = set()
+"""Attribute chains `_resolve` accepted (the answer depends on the installed modules only):
+a kernel names ``tl.load`` dozens of times, and a Program has dozens of kernels."""
+
+
 def _resolve(node: ast.AST, module: str, attrs: list[str]) -> None:
     """Check an attribute chain rooted at ``module`` against the installed modules."""
+    key = (module, *attrs)
+    if key in _resolved:
+        return
+    _resolve_once(node, module, attrs)
+    _resolved.add(key)
+
+
+def _resolve_once(node: ast.AST, module: str, attrs: list[str]) -> None:
     for a in attrs:
         if a.startswith("_"):
             raise _fail(node, f"attribute {a!r} starts with an underscore")
@@ -342,7 +356,10 @@ class _Body:
     def __init__(self, module: _Module, fn: ast.FunctionDef, params: set[str]) -> None:
         self.m = module
         self.fn = fn
-        self.local = set(params) | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+        # one traversal gives every node with its parent and the names the body binds (a
+        # name may be read before the line that binds it: loops); the checks then run over it
+        self.nodes = list(self.walk())
+        self.local = set(params) | {n.id for n, _ in self.nodes if isinstance(n, ast.Name)
                                     and isinstance(n.ctx, ast.Store)}
 
     def check(self) -> None:
@@ -350,19 +367,21 @@ class _Body:
         if clash:
             raise _fail(self.fn, f"function {self.fn.name!r} rebinds the module-level or builtin "
                                  f"name(s) {sorted(clash)}")
-        parents: dict[int, ast.AST] = {}
-        for node in self.walk():
-            for child in ast.iter_child_nodes(node):
-                parents[id(child)] = node
-        for node in self.walk():
-            self.node(node, parents.get(id(node)))
+        for node, parent in self.nodes:
+            self.node(node, parent)
 
-    def walk(self) -> Iterator[ast.AST]:
-        for stmt in self.fn.body:
-            yield from ast.walk(stmt)
-        for p in [*self.fn.args.posonlyargs, *self.fn.args.args, *self.fn.args.kwonlyargs]:
-            if p.annotation is not None:
-                yield from ast.walk(p.annotation)
+    def walk(self) -> Iterator[tuple[ast.AST, ast.AST | None]]:
+        """``(node, parent)`` for every node of the body and of the parameters' annotations,
+        breadth first from each statement (the order of ``ast.walk``)."""
+        roots = list(self.fn.body)
+        roots += [p.annotation for p in [*self.fn.args.posonlyargs, *self.fn.args.args,
+                                         *self.fn.args.kwonlyargs] if p.annotation is not None]
+        for root in roots:
+            todo: collections.deque[tuple[ast.AST, ast.AST | None]] = collections.deque([(root, None)])
+            while todo:
+                node, parent = todo.popleft()
+                yield node, parent
+                todo.extend((child, node) for child in ast.iter_child_nodes(node))
 
     def node(self, node: ast.AST, parent: ast.AST | None) -> None:
         if isinstance(node, ast.stmt):

@@ -2,7 +2,10 @@
 
 ``TORCHFUSE_LOGS=graph,guards,recompiles,breaks,aot,schedule,output_code`` (or ``all``)
 turns on the named log channels. Each channel is a ``logging`` logger named
-``torchfuse.<channel>`` that prints to stderr when enabled. ``TORCHFUSE_DEBUG=1`` writes
+``torchfuse.<channel>`` that prints to stderr when enabled; ``-name`` turns a channel off
+(``-progress``: no progress line, see `torchfuse.graph.progress`). ``perf_hints`` prints
+every compiled entry's stage timings and counts after its first call (`flush_timings`).
+``TORCHFUSE_DEBUG=1`` writes
 every compiled entry's artifacts under ``torchfuse_debug/run_<time>_pid<pid>/<function>/entry_<n>/``
 (see [`entry_folder`][torchfuse.graph.observe.entry_folder]: no two entries share a folder),
 with every stage's duration in ``timings.json`` and ``timings.txt``.
@@ -26,7 +29,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CHANNELS = ("graph", "guards", "recompiles", "breaks", "aot", "schedule", "output_code", "runtime")
+from torchfuse.graph import progress
+
+CHANNELS = ("graph", "guards", "recompiles", "breaks", "aot", "schedule", "output_code", "runtime",
+            "perf_hints", "progress")
+DEFAULT_OFF = frozenset({"progress"})
+"""Channels that ``all`` leaves out: ``progress`` is on by default (on a terminal) and is not
+a log channel of records, so ``all`` does not change it; ``-progress`` turns it off."""
 
 
 @dataclass
@@ -36,26 +45,36 @@ class ObserveConfig:
     logs: frozenset[str] = frozenset()
     debug: bool = False
     debug_root: Path = Path("torchfuse_debug")
+    off: frozenset[str] = frozenset()
+    """Channels turned off with ``-name`` (``-progress``)."""
+    ci: bool = False
+    """The ``CI`` variable is set: no progress line."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ObserveConfig:
         env = dict(os.environ if env is None else env)
-        names = {n.strip().lstrip("+") for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()}
+        items = [n.strip() for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()]
+        off = {n[1:].strip() for n in items if n.startswith("-")}
+        names = {n.lstrip("+") for n in items if not n.startswith("-")}
         if "all" in names:
-            names = set(CHANNELS)
-        unknown = names - set(CHANNELS)
+            names = set(CHANNELS) - DEFAULT_OFF
+        unknown = (names | off) - set(CHANNELS)
         if unknown:
             print(f"torchfuse: unknown TORCHFUSE_LOGS channel(s) {sorted(unknown)}; "
                   f"known: {', '.join(CHANNELS)}", file=sys.stderr)
         return cls(
-            logs=frozenset(names & set(CHANNELS)),
+            logs=frozenset((names - off) & set(CHANNELS)),
             debug=env.get("TORCHFUSE_DEBUG", "0") not in ("", "0", "false", "False"),
             debug_root=Path(env.get("TORCHFUSE_DEBUG_DIR", "torchfuse_debug")),
+            off=frozenset(off & set(CHANNELS)),
+            ci=env.get("CI", "") not in ("", "0", "false", "False"),
         )
 
 
 config = ObserveConfig.from_env()
 _handler: logging.Handler | None = None
+# the progress line asks these settings (read at each call: tests and reload_config swap them)
+progress.set_switch(lambda: "progress" not in config.off and not config.ci)
 
 
 def reload_config() -> None:
@@ -67,6 +86,8 @@ def reload_config() -> None:
         _folder_of.clear()
         _entries_of.clear()
         _timings.clear()
+        _counts.clear()
+        _flushed.clear()
     for ch in CHANNELS:
         _configure(logging.getLogger(f"torchfuse.{ch}"), ch)
 
@@ -202,28 +223,94 @@ def emit(filename: str, text: str, *, fallback_name: str = "graph") -> Path | No
     return write_artifact(current_graph() or fallback_name, filename, text)
 
 
+def keeps_timings() -> bool:
+    """Whether stage durations and counts are kept: for the debug folder, a `collect` block or
+    the ``perf_hints`` channel (a stage asks before doing extra work to measure)."""
+    return wants_artifacts() or "perf_hints" in config.logs
+
+
 def record_time(stage: str, seconds: float) -> None:
     """Add a stage's duration to the current graph's ``timings.json`` and ``timings.txt``
-    (debug/collect only). Stage names are dotted by package (``capture``, ``aot.joint``,
-    ``inductor.schedule``, ``runtime.load``); a backward half's get the prefix ``backward.``."""
-    if not wants_artifacts():
-        return
+    (debug/collect/``perf_hints`` only). Stage names are dotted by package (``capture``,
+    ``aot.joint``, ``inductor.schedule``, ``runtime.load``); a backward half's get the prefix
+    ``backward.``. Every call also moves the progress line on (`torchfuse.graph.progress`)."""
     name = current_graph() or "graph"
     role = _role.get()
     key = f"{role}.{stage}" if role else stage
+    progress.stage(name, key, seconds)
+    if not keeps_timings():
+        return
     with _folders_lock:
         table = _timings.setdefault(name, {})
         table[key] = table.get(key, 0.0) + seconds
-        table = dict(table)
-    write_artifact(name, "timings.json", json.dumps(
-        {"stages_s": table, "total_s": sum(table.values())}, indent=2))
-    write_artifact(name, "timings.txt", format_timings(table))
+    _write_timings(name)
 
 
-def format_timings(stages: dict[str, float]) -> str:
+def record_count(what: str, n: int = 1) -> None:
+    """Add ``n`` to a counter of the current graph (``inductor.cache.program_hits``,
+    ``runtime.triton_compiles``, ...): kept beside the stage timings, in ``timings.json``
+    under ``counts`` (debug/collect/``perf_hints`` only)."""
+    if not n or not keeps_timings():
+        return
+    name = current_graph() or "graph"
+    role = _role.get()
+    key = f"{role}.{what}" if role else what
+    with _folders_lock:
+        table = _counts.setdefault(name, {})
+        table[key] = table.get(key, 0) + int(n)
+    _write_timings(name)
+
+
+def _write_timings(name: str) -> None:
+    if not wants_artifacts():
+        return
+    with _folders_lock:
+        table = dict(_timings.get(name, {}))
+        counts = dict(_counts.get(name, {}))
+    doc: dict[str, object] = {"stages_s": table, "total_s": sum(table.values())}
+    if counts:
+        doc["counts"] = counts
+    write_artifact(name, "timings.json", json.dumps(doc, indent=2))
+    write_artifact(name, "timings.txt", format_timings(table, counts))
+
+
+def timed_graphs() -> list[str]:
+    """The graphs (entry folders) that have stage timings or counts kept, in order."""
+    with _folders_lock:
+        return list(dict.fromkeys([*_timings, *_counts]))
+
+
+def timings_of(graph_name: str) -> tuple[dict[str, float], dict[str, int]]:
+    """The stage durations and counts kept so far for one graph (entry folder)."""
+    with _folders_lock:
+        return dict(_timings.get(graph_name, {})), dict(_counts.get(graph_name, {}))
+
+
+def flush_timings(graph_name: str | None) -> None:
+    """An entry's first call is over: print its stages and counts recorded since the last
+    flush on the ``perf_hints`` channel, and end the progress line. Capture calls it after an
+    entry's first call, autograd after a backward's first call."""
+    if graph_name is None:
+        return
+    progress.finish(graph_name)
+    if "perf_hints" not in config.logs:
+        return
+    stages, counts = timings_of(graph_name)
+    with _folders_lock:
+        seen = _flushed.setdefault(graph_name, set())
+        new = {k: v for k, v in stages.items() if k not in seen}
+        new_counts = {k: v for k, v in counts.items() if k not in seen}
+        seen.update(new, new_counts)
+    if new:
+        get_logger("perf_hints").info("%s: %.1f ms\n%s", graph_name, sum(new.values()) * 1e3,
+                                      format_timings(new, new_counts).rstrip())
+
+
+def format_timings(stages: dict[str, float], counts: dict[str, int] | None = None) -> str:
     """A stage table as aligned text: one line per stage in milliseconds, then each package's
-    subtotal (the part of a stage name before its first dot) and the total."""
-    width = max([len(k) for k in stages] + [len("total")])
+    subtotal (the part of a stage name before its first dot) and the total, then the counts."""
+    counts = counts or {}
+    width = max([len(k) for k in [*stages, *counts]] + [len("total")])
     lines = [f"{'stage':<{width}}  {'ms':>10}"]
     lines += [f"{k:<{width}}  {v * 1e3:10.2f}" for k, v in stages.items()]
     groups: dict[str, float] = {}
@@ -235,6 +322,9 @@ def format_timings(stages: dict[str, float]) -> str:
         lines.append("")
         lines += [f"{g:<{width}}  {v * 1e3:10.2f}" for g, v in groups.items()]
     lines.append(f"{'total':<{width}}  {sum(stages.values()) * 1e3:10.2f}")
+    if counts:
+        lines += ["", f"{'count':<{width}}  {'n':>10}"]
+        lines += [f"{k:<{width}}  {v:10d}" for k, v in counts.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -269,6 +359,9 @@ _collectors: list[Collector] = []
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("torchfuse_graph", default=None)
 _role: contextvars.ContextVar[str] = contextvars.ContextVar("torchfuse_role", default="")
 _timings: dict[str, dict[str, float]] = {}
+_counts: dict[str, dict[str, int]] = {}
+_flushed: dict[str, set[str]] = {}
+"""Per graph, the stages and counts `flush_timings` has printed already."""
 
 
 @contextlib.contextmanager
@@ -300,6 +393,11 @@ def compiling(graph_name: str, role: str = "") -> Iterator[None]:
 def current_graph() -> str | None:
     """The graph named by the innermost `compiling` block, if any."""
     return _current.get()
+
+
+def current_role() -> str:
+    """The role named by the innermost `compiling` block (``"backward"``), or ``""``."""
+    return _role.get()
 
 
 # ----------------------------------------------------------------------------- stage timings

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_map
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import device_name, encode_arg, meta_of, op_name
 
@@ -213,13 +212,40 @@ def _to_meta(x: Any) -> Any:
     return x
 
 
+def map_args(fn: Callable[[Any], Any], x: Any) -> Any:
+    """``fn`` over the leaves of an op's arguments: lists, tuples and dicts rebuilt, anything
+    else a leaf. ATen arguments hold no other container, and torch's general ``tree_map``
+    (a registry lookup and a spec per node) was a tenth of the capture of a transformer."""
+    kind = type(x)
+    if kind is list or kind is tuple:
+        return kind(map_args(fn, v) for v in x)
+    if kind is dict:
+        return {k: map_args(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def flat_args(x: Any, out: list[Any] | None = None) -> list[Any]:
+    """The leaves of an op's arguments, in order (what `map_args` maps)."""
+    out = [] if out is None else out
+    kind = type(x)
+    if kind is list or kind is tuple:
+        for v in x:
+            flat_args(v, out)
+    elif kind is dict:
+        for v in x.values():
+            flat_args(v, out)
+    else:
+        out.append(x)
+    return out
+
+
 def _run_on_meta(func, args, kwargs) -> tuple[Any, torch.device]:
     name = op_name(func)
     if name in _DATA_DEPENDENT_OPS:
         raise DataDependentError(f"{name} needs tensor values, which are unknown while tracing")
     device = _out_device(func, args, kwargs)
-    margs = tree_map(_to_meta, args)
-    mkwargs = tree_map(_to_meta, kwargs)
+    margs = map_args(_to_meta, args)
+    mkwargs = map_args(_to_meta, kwargs)
     if "device" in mkwargs:
         mkwargs["device"] = torch.device("meta")
     symbolic = any(is_symbolic(t) for t in _flat_tensors(margs, mkwargs)) or any(
@@ -372,6 +398,14 @@ class Recorder(TorchDispatchMode):
     turned into graph inputs through `on_constant`, which by default adds an input of
     kind ``constant`` and remembers the tensor in `constants`.
     """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a dispatch mode's __torch_dispatch__ in a "disable dynamo" decorator
+        # that imports torch._dynamo at its first call: 1-4 s of every process's first
+        # capture, for a frame Dynamo never sees (no torch.compile runs our recorder). This
+        # is the hook torch documents for opting out of that wrapping.
+        return False
 
     def __init__(self, builder: GraphBuilder | None = None) -> None:
         super().__init__()

@@ -25,11 +25,13 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import msgspec
+from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.archive import ArchiveError, load, save_bytes, to_json
 from torchfuse.inductor.config import InductorConfig
@@ -129,11 +131,30 @@ def _digest(*parts: bytes | str) -> str:
     return digest.hexdigest()
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_ADDRESS_BYTES = re.compile(rb" at 0x[0-9a-fA-F]+")
+"""An object's address as its default ``repr`` prints it: in an identity guard's description
+(``C[2].cell_contents is GPT2LMHeadModel at 0x7fe7ba7fa490``), it differs in every process."""
+
+
+def key_json(graph: S.Graph) -> bytes:
+    """The canonical JSON a cache key covers: the graph's, with the process-local addresses
+    left out of identity guards' descriptions. Guards never change what is compiled (they
+    are checked at call time, by capture); an address in the key made every second process
+    miss the cache for a graph that guards on a module object (GPT-2 training, run
+    ``gpu_20261202_0106``: one Program and one autograd plan recompiled)."""
+    guards = tuple(msgspec.structs.replace(g, description=_ADDRESS.sub("", g.description))
+                   if isinstance(g, S.IdentityGuard) else g for g in graph.guards)
+    if guards == graph.guards:
+        return to_json(graph)
+    return to_json(msgspec.structs.replace(graph, guards=guards))
+
+
 def program_key(graph: S.Graph, *, mode: str, cfg: InductorConfig) -> str:
     """The cache key of compiling ``graph`` with ``mode`` and ``cfg``."""
     options = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in _NOT_IN_KEY}
     return _digest("program", fingerprint(graph_device(graph)), mode,
-                   msgspec.json.encode(options, order="sorted"), to_json(graph))
+                   msgspec.json.encode(options, order="sorted"), key_json(graph))
 
 
 class Store:
@@ -215,7 +236,9 @@ class PlanCache:
         self.store = store or Store("aot", ".json")
 
     def key(self, material: bytes) -> str:
-        return _digest("aot", fingerprint(), material)
+        # the material is the canonical JSON of a graph (and settings): addresses out, as in
+        # `key_json`
+        return _digest("aot", fingerprint(), _ADDRESS_BYTES.sub(b"", material))
 
     def get(self, material: bytes) -> bytes | None:
         data = self.store.read(self.key(material))
@@ -223,6 +246,7 @@ class PlanCache:
             stats.aot_misses += 1
         else:
             stats.aot_hits += 1
+        observe.record_count("aot.cache.hits" if data is not None else "aot.cache.misses")
         return data
 
     def put(self, material: bytes, data: bytes) -> None:

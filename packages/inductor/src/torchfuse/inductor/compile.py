@@ -282,13 +282,18 @@ def compile_graph(
         return compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
     from torchfuse.inductor import cache
 
+    t0 = time.perf_counter()
     key = cache.program_key(graph, mode=mode, cfg=cfg)
     program = cache.lookup_program(key)
+    observe.record_time("inductor.cache_lookup", time.perf_counter() - t0)
+    observe.record_count(f"inductor.cache.program_{'hits' if program is not None else 'misses'}")
     if program is not None:
         _publish(program, graph.name, cfg)
         return program
     program = compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
+    t0 = time.perf_counter()
     cache.store_program(key, program)
+    observe.record_time("inductor.cache_store", time.perf_counter() - t0)
     return program
 
 

@@ -13,7 +13,10 @@ the winner's launch, because a kernel may write into a buffer it also reads.
 Kernels whose launches move little data (under ``autotune_min_bytes`` of the runtime config)
 are not tuned at all: their time is the launch latency whatever the config, while every
 candidate costs a Triton compile (0.1-2 s each, a first call's largest cost). They take the
-candidate cheapest to compile, `cheapest_to_compile`, and only that one is compiled.
+candidate cheapest to compile, `cheapest_to_compile`, and only that one is compiled. The
+others are pruned before anything compiles (`prune_candidates`): candidates that launch the
+same programs at these sizes are one, and ``mode="default"`` tunes only the first
+``autotune_default_max`` of a kernel's candidates (``max-autotune``: all).
 """
 
 from __future__ import annotations
@@ -89,6 +92,54 @@ def cheapest_to_compile(configs: Sequence[S.LaunchConfig]) -> S.LaunchConfig:
     return min(configs, key=work)
 
 
+BLOCK_EXTENTS = {"XBLOCK": "xnumel", "YBLOCK": "ynumel", "RBLOCK": "rnumel"}
+"""A block size of a launch config and the kernel parameter holding the extent it tiles."""
+
+
+def launch_extents(program: S.Program, kernel: S.Kernel, env: Mapping[str, int]) -> dict[str, int]:
+    """The largest value each extent parameter (``xnumel``, ``rnumel``, ...) takes over the
+    kernel's launches, for these symbol values (an extent that cannot be evaluated is left out)."""
+    wanted = set(BLOCK_EXTENTS.values())
+    out: dict[str, int] = {}
+    for step in program.steps:
+        if not (isinstance(step, S.LaunchStep) and step.kernel == kernel.name):
+            continue
+        for param, arg in zip(kernel.signature, step.args, strict=False):
+            if param.name not in wanted:
+                continue
+            try:
+                value = int(evaluate(arg.expr, env)) if isinstance(arg, S.SymRef) else int(arg.value)
+            except (AttributeError, KeyError, ValueError, TypeError):
+                continue
+            out[param.name] = max(out.get(param.name, 0), value)
+    return out
+
+
+def prune_candidates(program: S.Program, kernel: S.Kernel, env: Mapping[str, int],
+                     limit: int = 0) -> list[S.LaunchConfig]:
+    """The candidates worth compiling for these sizes: a cost model that needs no compile.
+
+    A block larger than the extent it tiles (rounded up to a power of two) adds only masked
+    lanes: two candidates that agree once their blocks are clamped to the extents launch the
+    same programs, so only the one with less work per thread (`cheapest_to_compile`) is kept.
+    ``limit`` (the first ``limit`` left, in the producer's order of preference; 0: all) is
+    how much a cold start tunes: little in ``mode="default"``, everything under
+    ``max-autotune`` (``Config.autotune_default_max``)."""
+    extents = launch_extents(program, kernel, env)
+    kept: dict[tuple[Any, ...], S.LaunchConfig] = {}
+    for cfg in kernel.configs:
+        clamped = tuple(sorted(
+            (name, min(value, size_bucket(extents[BLOCK_EXTENTS[name]]))
+             if isinstance(value, int) and BLOCK_EXTENTS.get(name) in extents else value)
+            for name, value in cfg.meta.items()))
+        same = (clamped, cfg.num_warps, cfg.num_stages)
+        other = kept.get(same)
+        kept[same] = cfg if other is None else cheapest_to_compile([other, cfg])
+    chosen = set(map(id, kept.values()))
+    out = [cfg for cfg in kernel.configs if id(cfg) in chosen]
+    return out[:limit] if limit > 0 else out
+
+
 def tuning_key(kernel_hash: str, symbols: Sequence[str], env: Mapping[str, int]) -> str:
     """The autotune-cache key of a kernel at these symbol values, each rounded up to a power of
     two: a dynamic Program called with sequence lengths 500, 501, 502, ... tunes once for the
@@ -158,8 +209,11 @@ class Tuner:
     """Called from a tuning run at each launch of an untuned kernel (``_tune`` in the source)."""
 
     def __init__(self, program: S.Program, kernels: Mapping[str, Any], winners: dict[str, S.LaunchConfig],
-                 cache: AutotuneCache, keys: Mapping[str, str], stats: CompileStats) -> None:
+                 cache: AutotuneCache, keys: Mapping[str, str], stats: CompileStats,
+                 candidates: Mapping[str, Sequence[S.LaunchConfig]] | None = None) -> None:
         self.program = program
+        self.candidates = dict(candidates or {})
+        """Per kernel, the configs to benchmark (`prune_candidates`); default: all of them."""
         self.kmap = {k.name: k for k in program.kernels}
         self.kernels = kernels
         self.winners = winners
@@ -191,7 +245,8 @@ class Tuner:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             saved = [t.clone() for t in tensors]
             timings: list[tuple[float, int]] = []
-            for i, cand in enumerate(kernel.configs):
+            candidates = list(self.candidates.get(kernel.name) or kernel.configs)
+            for i, cand in enumerate(candidates):
                 try:
                     ms = benchmark(kernel, cand, self._launcher(kernel, step, cand, args, env))
                 except Exception as e:  # e.g. out of shared memory: not a candidate here
@@ -202,9 +257,9 @@ class Tuner:
                 t.copy_(s)
             best = min(timings)
             if best[0] == float("inf"):
-                cfg = kernel.configs[0]
+                cfg = candidates[0]
             else:
-                cfg = kernel.configs[best[1]]
+                cfg = candidates[best[1]]
                 self.cache.put(self.keys[kernel.name], cfg)
             self.winners[kernel.name] = cfg
             self.stats.autotuned += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import torchfuse.runtime.config as rconfig
+from torchfuse.graph import progress
 from torchfuse.graph import schema as S
 from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source
 from torchfuse.runtime.config import logger
@@ -87,14 +89,40 @@ def check_source(kernel: S.Kernel) -> None:
             "trust_code=True to import it anyway (only for a Program from a source you trust)") from e
 
 
+def code_key(kernel: S.Kernel) -> str:
+    """What two kernels with equal code share: the hash of the source with the entry
+    function's name replaced by a placeholder. Programs number their kernels on their own
+    (``triton_poi_fused_add_0`` in one, ``..._3`` in the next), so equal code rarely has an
+    equal name."""
+    entry = entry_name(kernel)
+    body = re.sub(rf"\b{re.escape(entry)}\b", "\0ENTRY\0", kernel.source)
+    return hashlib.sha256(body.encode()).hexdigest()[:40]
+
+
+_shared: dict[tuple[str, str, bool], tuple[Any, str]] = {}
+"""(cache directory, `code_key`, interpreted) -> (the module, its entry name)."""
+share_stats = {"imported": 0, "shared": 0}
+"""Kernel modules imported, and kernels served by a module of equal code (this process)."""
+
+
 def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: bool = False) -> Any:
     """The Triton ``JITFunction`` (or interpreted function) a kernel's source defines. The
     source is checked (`check_source`) before it is written or imported, unless
-    ``trust_code``."""
+    ``trust_code``.
+
+    Kernels of equal code (`code_key`) share one function in a process, whatever their names
+    and Programs: its compiled binaries, in memory, then serve every Program that launches it
+    (no second Triton compile or disk-cache load)."""
     if not trust_code:
         check_source(kernel)
-    digest = kernel_hash(kernel)
     interp = triton_interpreting()
+    skey = (str(kernels_dir(cache_dir)), code_key(kernel), interp)
+    with _modules_lock:
+        found = _shared.get(skey)
+    if found is not None:
+        share_stats["shared"] += 1
+        return getattr(found[0], found[1])
+    digest = kernel_hash(kernel)
     path = kernels_dir(cache_dir) / f"k_{digest}.py"
     key = (str(path), interp)
     with _modules_lock:
@@ -120,11 +148,14 @@ def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: 
                     f"kernel {kernel.name!r}: its source ({path}) failed to import: {type(e).__name__}: {e}"
                 ) from e
             _modules[key] = module
+            share_stats["imported"] += 1
     fn = getattr(module, entry_name(kernel), None)
     if fn is None:
         raise KernelCompileError(
             f"kernel {kernel.name!r}: its source defines no function named {entry_name(kernel)!r}"
         )
+    with _modules_lock:
+        _shared.setdefault(skey, (module, entry_name(kernel)))
     return fn
 
 
@@ -169,6 +200,9 @@ class CompileStats:
     """Binaries Triton loaded from its on-disk cache; ``None`` where Triton does not report it."""
     triton_compiles: int | None = None
     """Binaries Triton really compiled (cache misses); ``None`` where Triton does not report it."""
+    worker_compiles: int = 0
+    """Binaries compiled by the worker processes (`torchfuse.runtime.compile_workers`); this
+    process then loads each from Triton's disk cache (counted in ``triton_cache_hits``)."""
     compile_seconds: float = 0.0
     """Wall time of importing and precompiling kernels."""
     autotune_seconds: float = 0.0
@@ -294,8 +328,13 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     threads = threads or rconfig.config.compile_threads
     start = time.perf_counter()
     by_fn: dict[int, list[WarmupJob]] = {}
+    seen: set[tuple[Any, ...]] = set()
     for job in jobs:
-        by_fn.setdefault(id(job.fn), []).append(job)
+        # two kernels of equal code share a function (`load_kernel`): compile it once
+        same = (id(job.fn), tuple(map(repr, job.args)), job.kwargs)
+        if same not in seen:
+            seen.add(same)
+            by_fn.setdefault(id(job.fn), []).append(job)
 
     def run(group: Sequence[WarmupJob], fn: Any = None) -> None:
         for job in group:
@@ -315,16 +354,59 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             reload.append(group[1:])
         else:
             tasks.append((group, None))
+    total = sum(len(group) for group in by_fn.values())
+    workers = rconfig.config.compile_workers
+    if workers > 0 and total > 1 and not triton_interpreting():
+        _compile_in_workers([job for group in by_fn.values() for job in group], stats, workers)
+    done = [0]
+    done_lock = threading.Lock()
+
+    def run_task(task: tuple[Sequence[WarmupJob], Any]) -> None:
+        run(*task)
+        with done_lock:
+            done[0] += len(task[0])
+            progress.kernels(done[0], total)
+
     if threads == 1 or len(tasks) == 1:
-        for group, fn in tasks:
-            run(group, fn)
+        for task in tasks:
+            run_task(task)
     else:
         with ThreadPoolExecutor(max_workers=min(threads, len(tasks))) as pool:
-            list(pool.map(lambda task: run(*task), tasks))
+            list(pool.map(run_task, tasks))
     for group in reload:  # Triton disk-cache hits now, so that launches find them in memory
         run(group)
     stats.warmups += len(jobs)
     stats.compile_seconds += time.perf_counter() - start
+
+
+def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int) -> None:
+    """Steps 1 and 2 of `torchfuse.runtime.compile_workers`: the compiles these jobs would run,
+    done by the worker processes into Triton's disk cache (the warm-ups after load them)."""
+    from torchfuse.runtime import compile_workers
+
+    pool = compile_workers.get_pool(workers)
+    planned = compile_workers.plan(jobs, _source_path)
+    if pool is None or not planned:
+        return
+    errors = pool.compile([request for _, request in planned])
+    stats.worker_compiles += sum(e is None for e in errors)
+    for (job, _), error in zip(planned, errors, strict=True):
+        if error is not None:  # compiled here instead, by the warm-up that follows
+            logger.debug("compile worker: %s failed (%s); compiling it in this process", job.name, error)
+
+
+def _source_path(fn: Any) -> Path | None:
+    """The cached source file a kernel function was imported from (None: not a plain
+    ``JITFunction`` of ours, which the workers could not rebuild)."""
+    try:
+        import triton.runtime.jit as tjit
+    except ImportError:  # pragma: no cover - triton is a dependency
+        return None
+    code = getattr(getattr(fn, "fn", None), "__code__", None)
+    if type(fn) is not getattr(tjit, "JITFunction", None) or code is None:
+        return None
+    path = Path(code.co_filename)
+    return path if path.is_file() else None
 
 
 def timed(stats: CompileStats, fn: Callable[[], Any]) -> Any:

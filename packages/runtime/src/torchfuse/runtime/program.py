@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 import torch
 import torchfuse.runtime.config as rconfig
+from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import to_dtype
@@ -28,6 +29,7 @@ from torchfuse.runtime.autotune import (
     cheapest_to_compile,
     launch_bytes,
     launch_symbols,
+    prune_candidates,
     tuning_key,
 )
 from torchfuse.runtime.checks import buffer_table, diagnose_inputs, symbol_source, validate_program
@@ -134,6 +136,9 @@ class CompiledProgram:
         self.cache_dir = cache_dir or rconfig.config.cache_dir
         self.stats = CompileStats()
         self._lock = threading.RLock()
+        # the compiled entry this Program belongs to (its first call's phases are filed there)
+        self._observe_as = (observe.current_graph(), observe.current_role())
+        self._reported = False
         triton_kernels = [k for k in program.kernels if k.language == "triton"]
         cpp_kernels = [k for k in program.kernels if k.language == "cpp"]
         self._serial = device_type == "cpu" and bool(triton_kernels)
@@ -166,6 +171,10 @@ class CompiledProgram:
         self.stats.kernels_loaded = len(self.kernels)
         self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
         self._gpu = device_type == "cuda"
+        if self._gpu and triton_kernels and rconfig.config.compile_workers > 0:
+            from torchfuse.runtime.compile_workers import get_pool
+
+            get_pool(rconfig.config.compile_workers)  # started now, while the caller works on
         self._layout = launchers.triton_layout() if self._gpu and rconfig.config.direct_launch else "generic"
         self._variants: dict[tuple[Any, ...], codegen.Generated] = {}
         self._by_key: dict[tuple[int, ...], Any] = {}
@@ -185,6 +194,8 @@ class CompiledProgram:
     def _setup_tuning(self, tunable: list[S.Kernel]) -> None:
         """Which kernels are autotuned (GPU only, unless a test asks), and on which symbols."""
         self._tunable = tunable
+        self._candidates: dict[str, list[S.LaunchConfig]] = {}
+        """Per tunable kernel, the candidates `_choose` kept for the last sizes it saw."""
         self._tune_symbols = tuple(sorted({s for k in tunable for s in launch_symbols(self.program, k)}))
         self._autotune_cache: AutotuneCache | None = None  # made at the first call (needs the device)
 
@@ -246,7 +257,14 @@ class CompiledProgram:
             if not self._gpu and self._serial:
                 _warn_interpreter_once()
             if not self._gpu and not self._tunable:
-                return self._install(self._default_configs(), tuned_key=None)(*args)
+                t0 = time.perf_counter()
+                fn = self._install(self._default_configs(), tuned_key=None)
+                t1 = time.perf_counter()
+                out = fn(*args)
+                _add(self.stats.first_call, "generate", t1 - t0)
+                _add(self.stats.first_call, "run", time.perf_counter() - t1)
+                self._report_first_call()
+                return out
             return self._dispatch(args, env)
 
     def _redispatch(self, args: tuple[Any, ...]) -> list[Any]:
@@ -256,7 +274,28 @@ class CompiledProgram:
     def _dispatch(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
         # Every Triton compilation during this call (warm-up, tuning, first launches) is counted.
         with count_compiles(self.stats):
-            return self._dispatch_counted(args, env)
+            out = self._dispatch_counted(args, env)
+        self._report_first_call()
+        return out
+
+    def _report_first_call(self) -> None:
+        """File the first call's phases and counts with the compiled entry this Program belongs
+        to (``timings.json``, the ``perf_hints`` channel; `torchfuse.graph.observe`), once."""
+        name, role = self._observe_as
+        if self._reported or name is None:
+            return
+        self._reported = True
+        st = self.stats
+        with observe.compiling(name, role):
+            for phase, seconds in st.first_call.items():
+                observe.record_time(f"runtime.{phase}", seconds)
+            for what, n in (("kernels", st.kernels_loaded), ("warmups", st.warmups),
+                            ("triton_compiles", st.triton_compiles), ("worker_compiles", st.worker_compiles),
+                            ("triton_cache_hits", st.triton_cache_hits),
+                            ("autotuned", st.autotuned), ("autotune_cache_hits", st.autotune_cache_hits),
+                            ("autotune_skipped", st.autotune_skipped)):
+                observe.record_count(f"runtime.{what}", n or 0)
+        observe.flush_timings(name)
 
     def _dispatch_counted(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
         """Choose configs for these symbol values (tuning if needed), then call their function.
@@ -282,7 +321,8 @@ class CompiledProgram:
         result = None
         if missing:
             assert self._autotune_cache is not None
-            tuner = Tuner(self.program, self.kernels, winners, self._autotune_cache, tkeys, self.stats)
+            tuner = Tuner(self.program, self.kernels, winners, self._autotune_cache, tkeys, self.stats,
+                          candidates=self._candidates)
             gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
                                    configs={**configs, **winners}, tune=frozenset(missing))
             result = self._exec(gen, {"_tune": tuner})(*args)
@@ -312,6 +352,7 @@ class CompiledProgram:
         missing = []
         tkeys = {}
         buffers = buffer_table(self.program)
+        limit = 0 if self.program.meta.get("mode") == "max-autotune" else rconfig.config.autotune_default_max
         for k in self._tunable:
             moved = launch_bytes(self.program, k, env, buffers)
             if moved is not None and moved < rconfig.config.autotune_min_bytes:
@@ -319,9 +360,14 @@ class CompiledProgram:
                 winners[k.name] = cheapest_to_compile(k.configs)
                 self.stats.autotune_skipped += count
                 continue
+            candidates = self._candidates[k.name] = prune_candidates(self.program, k, env, limit)
+            if len(candidates) == 1:  # the others launch the same programs, or were cut by limit
+                winners[k.name] = candidates[0]
+                self.stats.autotune_skipped += count
+                continue
             tkeys[k.name] = tuning_key(self._hashes[k.name], launch_symbols(self.program, k), env)
             assert self._autotune_cache is not None
-            hit = self._autotune_cache.get(tkeys[k.name], k.configs)
+            hit = self._autotune_cache.get(tkeys[k.name], candidates)
             if hit is None:
                 missing.append(k.name)
             else:
@@ -332,8 +378,8 @@ class CompiledProgram:
     def _to_warm(self, configs: dict[str, S.LaunchConfig | None], winners: dict[str, S.LaunchConfig],
                  missing: list[str]) -> dict[str, list[S.LaunchConfig | None]]:
         """Only what will run: every candidate of a kernel still to tune, else the chosen config."""
-        return {k.name: list(k.configs) if k.name in missing else [winners.get(k.name) or configs[k.name]]
-                for k in self.program.kernels}
+        return {k.name: list(self._candidates.get(k.name) or k.configs) if k.name in missing
+                else [winners.get(k.name) or configs[k.name]] for k in self.program.kernels}
 
     def precompile_async(self) -> Future[None] | None:
         """Start compiling, in the background, what the first call will launch (GPU only).

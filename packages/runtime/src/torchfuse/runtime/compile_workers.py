@@ -1,0 +1,247 @@
+"""Triton compiles in worker processes: a Program's kernels and autotune candidates at once.
+
+Threads (`torchfuse.runtime.kernels.precompile`) overlap Triton's LLVM and ``ptxas`` work, but
+its front end (Python AST to TTIR) holds the GIL. With ``TORCHFUSE_COMPILE_WORKERS=N`` the
+runtime starts N worker processes once per process, when it loads its first GPU Program, and
+reuses them for every Program after. A first call then compiles in three steps:
+
+1. **plan** (here, in this process): each warm-up runs with Triton's ``jit_cache_hook`` set
+   to a recorder, which keeps the specialization Triton would compile (its own JSON, as
+   ``JITFunction.preload`` reads it) and tells Triton to skip the compile;
+2. **compile** (in the workers): each worker imports the kernel's cached source file,
+   rebuilds the specialization and compiles it with Triton for this device's target, which
+   writes the binary into Triton's on-disk cache (``TRITON_CACHE_DIR``, shared);
+3. **load** (here): the ordinary warm-up, now a disk-cache hit for each kernel.
+
+Workers are plain subprocesses (``python -m torchfuse.runtime.compile_workers``) speaking
+one JSON line per request on their pipes, not ``multiprocessing``: a forked child of a
+process with CUDA initialised is unsafe, and ``spawn`` re-imports the user's ``__main__``.
+They never touch the GPU (a stub driver names the target), start with this process's
+environment (the same ``ptxas``, so the same cache keys), and exit when this process does.
+Anything a worker cannot do (an unknown Triton, a failed compile) is left to step 3, which
+compiles it here as before: the pool can cost time, never a result.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from torchfuse.runtime.config import logger
+
+
+@dataclass(frozen=True, slots=True)
+class CompileRequest:
+    """One specialization of one kernel, as a worker compiles it."""
+
+    path: str
+    """The kernel's source file (the runtime's content-addressed ``kernels/k_<hash>.py``)."""
+    module: str
+    """The module name it was imported under here: Triton checks the function's full name."""
+    entry: str
+    specialization: str
+    """Triton's JSON of the specialization (``serialize_specialization_data``)."""
+    target: dict[str, Any]
+    """The GPU target (``backend``, ``arch``, ``warp_size``)."""
+
+
+# ----------------------------------------------------------------------------- step 1: plan
+
+_plan_lock = threading.Lock()
+_planning = threading.local()
+
+
+def plan(jobs: Sequence[Any], source_path: Any) -> list[tuple[Any, CompileRequest]]:
+    """The compile each warm-up job would run, without running it: ``(job, request)`` pairs.
+
+    ``source_path(fn)`` gives the source file of a kernel function (None: not poolable).
+    Jobs whose kernel is compiled already, in memory, record nothing (Triton asks no hook).
+    """
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None or not hasattr(knobs.runtime, "jit_cache_hook"):
+        return []
+    target = _target()
+    out: list[tuple[Any, CompileRequest]] = []
+    with _plan_lock:  # one planner at a time: the hook is one global of Triton's
+        previous = knobs.runtime.jit_cache_hook
+
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            found = getattr(_planning, "found", None)
+            data = (kwargs.get("compile") or {}).get("specialization_data")
+            if found is None or data is None or not kwargs.get("is_manual_warmup", True):
+                return previous(*args, **kwargs) if previous is not None else None
+            found.append(data)
+            return True  # Triton: skip this compile (the worker does it)
+
+        knobs.runtime.jit_cache_hook = hook
+        try:
+            for job in jobs:
+                path = source_path(job.fn)
+                if path is None:
+                    continue
+                _planning.found = []
+                try:
+                    job.fn.warmup(*job.args, grid=(1,), **dict(job.kwargs))
+                except Exception as e:  # step 3 meets it again and reports it
+                    logger.debug("compile plan of %s failed: %s", job.name, e)
+                found, _planning.found = _planning.found, None
+                fn = job.fn.fn
+                out += [(job, CompileRequest(str(path), fn.__module__, fn.__name__, data, target))
+                        for data in found]
+        finally:
+            _planning.found = None
+            knobs.runtime.jit_cache_hook = previous
+    return out
+
+
+def _target() -> dict[str, Any]:
+    from triton.runtime.driver import driver
+
+    t = driver.active.get_current_target()
+    return {"backend": t.backend, "arch": t.arch, "warp_size": t.warp_size}
+
+
+# ----------------------------------------------------------------------------- step 2: the pool
+
+
+class WorkerPool:
+    """``size`` worker processes, each driven by one thread of this process."""
+
+    def __init__(self, size: int, env: dict[str, str] | None = None) -> None:
+        self.size = size
+        self.env = dict(os.environ if env is None else env)
+        self._local = threading.local()
+        self._procs: list[subprocess.Popen[str]] = []
+        self._idle: list[subprocess.Popen[str]] = []
+        self._lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="torchfuse-compile")
+        for _ in range(size):  # started now: their imports overlap this process's compile work
+            self._idle.append(self._start())
+
+    def _start(self) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-m", "torchfuse.runtime.compile_workers"], env=self.env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                text=True, bufsize=1)
+        self._procs.append(proc)
+        return proc
+
+    def compile(self, requests: Sequence[CompileRequest]) -> list[str | None]:
+        """Compile every request; for each, None when done, else the worker's error."""
+        return list(self._threads.map(self._one, requests))
+
+    def _one(self, request: CompileRequest) -> str | None:
+        with self._lock:
+            proc = self._idle.pop() if self._idle else None
+        if proc is None or proc.poll() is not None:
+            proc = self._start()
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            message = {"path": request.path, "module": request.module, "entry": request.entry,
+                       "specialization": request.specialization, "target": request.target}
+            proc.stdin.write(json.dumps(message) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except (OSError, ValueError) as e:
+            return f"worker lost: {e}"
+        with self._lock:
+            self._idle.append(proc)
+        if not line:
+            return "worker exited"
+        reply = json.loads(line)
+        return reply.get("error")
+
+    def close(self) -> None:
+        for proc in self._procs:
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()  # a worker exits at the end of its input
+                proc.wait(timeout=5)
+            except Exception:
+                proc.kill()
+        self._threads.shutdown(wait=False)
+
+
+_pool: WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def get_pool(size: int) -> WorkerPool | None:
+    """The process's pool (started at the first call, reused after); None when ``size`` < 1."""
+    global _pool
+    if size < 1:
+        return None
+    with _pool_lock:
+        if _pool is None:
+            _pool = WorkerPool(size)
+            atexit.register(_pool.close)
+        return _pool
+
+
+# ----------------------------------------------------------------------------- the worker
+
+
+class _StubDriver:
+    """What Triton asks of a driver to compile (not launch): the device and its target."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+
+def compile_request(request: dict[str, Any]) -> None:
+    """Compile one request in this process (the worker's job; tests call it directly)."""
+    import importlib.util
+
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    t = request["target"]
+    driver.set_active(_StubDriver(GPUTarget(t["backend"], t["arch"], t["warp_size"])))
+    name = request["module"]
+    module = sys.modules.get(name)
+    if module is None or getattr(module, "__file__", None) != request["path"]:
+        spec = importlib.util.spec_from_file_location(name, request["path"])
+        if spec is None or spec.loader is None:
+            raise RuntimeError(f"cannot import {request['path']}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    fn = getattr(module, request["entry"])
+    fn.preload(request["specialization"])  # Triton's own reading of its JSON: the same key
+
+
+def main() -> int:
+    os.environ.pop("TRITON_INTERPRET", None)  # real compiles, whatever the parent runs
+    import triton  # noqa: F401  -- imported before the first request, while the parent works
+
+    for line in sys.stdin:
+        try:
+            compile_request(json.loads(line))
+            reply: dict[str, Any] = {}
+        except Exception as e:  # reported to the parent, which compiles this one itself
+            reply = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

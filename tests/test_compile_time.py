@@ -1,0 +1,237 @@
+"""Compile time, observed: every entry's stages and counts, cache reuse proven by counting,
+kernels of equal code shared, the progress line and its switches.
+
+No test here times anything: they check that timings are recorded and consistent, that a
+warm path runs no compiler pass, and that results equal eager.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import json
+
+import msgspec
+import pytest
+import torch
+import torchfuse.capture as tf
+import torchfuse.runtime.config as rconfig
+from torchfuse.graph import observe, progress
+from torchfuse.inductor import cache
+from torchfuse.inductor import compile as compile_module
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, cache_dir=tmp_path / "cache"))
+    tf.reset()
+    yield
+    tf.reset()
+
+
+@pytest.fixture
+def lowered(monkeypatch):
+    """Counts runs of inductor's lowering pass (what a cache hit must skip)."""
+    calls = []
+    real = compile_module.lower
+
+    def lower(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_module, "lower", lower)
+    cache.stats.reset()
+    return calls
+
+
+def _loss(x, w):
+    return (torch.tanh(x @ w) * 2.0).sum(dim=1).mean()
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return torch.randn(4, 8), torch.randn(8, 6, requires_grad=True)
+
+
+def _entry_names() -> list[str]:
+    return [g for g in observe.timed_graphs() if "_loss" in g]
+
+
+def test_every_stage_of_an_entry_is_timed_and_counted():
+    x, w = _inputs()
+    with observe.collect() as sink:
+        out = tf.compile(_loss)(x, w)
+        (gw,) = torch.autograd.grad(out, (w,))
+        name = _entry_names()[-1]
+        stages, counts = observe.timings_of(name)
+    w2 = w.detach().clone().requires_grad_(True)
+    expected = _loss(x, w2)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(gw, torch.autograd.grad(expected, (w2,))[0])
+    for stage in ("capture", "aot.joint_graph", "aot.partition", "inductor.cache_lookup", "inductor.lower",
+                  "inductor.schedule", "inductor.codegen", "runtime.load", "runtime.run",
+                  "backward.inductor.lower", "backward.runtime.load", "backward.runtime.run"):
+        assert stage in stages, f"{stage} missing from {sorted(stages)}"
+    assert all(v >= 0 for v in stages.values())
+    assert counts["inductor.cache.program_misses"] == 1
+    assert counts["backward.inductor.cache.program_misses"] == 1
+    assert counts["aot.cache.misses"] == 1
+    assert counts["runtime.kernels"] >= 1 and counts["backward.runtime.kernels"] >= 1
+    # timings.json holds the same table, its total the sum of the stages
+    doc = json.loads(sink.get("timings.json", name))
+    assert doc["stages_s"] == pytest.approx(stages)
+    assert doc["total_s"] == pytest.approx(sum(stages.values()))
+    assert doc["counts"] == counts
+    assert "count" in sink.get("timings.txt", name)
+
+
+def test_perf_hints_prints_each_entry_once_after_its_first_call(monkeypatch, capsys):
+    monkeypatch.setattr(observe, "config", dataclasses.replace(observe.config, logs=frozenset({"perf_hints"})))
+    x, w = _inputs()
+    fn = tf.compile(_loss)
+    out = fn(x, w)
+    err = capsys.readouterr().err
+    assert "[torchfuse.perf_hints]" in err and "inductor.lower" in err and "runtime.run" in err
+    assert "inductor.cache.program_misses" in err
+    torch.testing.assert_close(fn(x, w), out)
+    assert "[torchfuse.perf_hints]" not in capsys.readouterr().err  # a cached call prints nothing
+    torch.testing.assert_close(out, _loss(x, w))
+
+
+def test_second_compile_of_the_same_graph_runs_no_compiler_pass(lowered):
+    x, w = _inputs()
+    cold = tf.compile(_loss)(x, w)
+    assert len(lowered) == 2  # forward and backward
+    tf.reset()  # what a fresh process has: nothing in memory, everything on disk
+    with observe.collect():
+        warm = tf.compile(_loss)(x, w)
+        name = _entry_names()[-1]
+        _, counts = observe.timings_of(name)
+    assert len(lowered) == 2, "a warm compile lowered again"
+    assert counts["inductor.cache.program_hits"] == 1 and counts["aot.cache.hits"] == 1
+    assert "inductor.cache.program_misses" not in counts
+    torch.testing.assert_close(warm, cold)
+    torch.testing.assert_close(warm, _loss(x, w))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2.0
+
+
+def _calling(net):
+    def call_net(x):  # the module is a closure cell: capture guards on its identity
+        return net(x).sum(dim=1)
+    return call_net
+
+
+def test_an_object_address_in_a_guard_does_not_change_the_cache_key(lowered):
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(3, 8)
+    with torch.no_grad():
+        first = tf.compile(_calling(net))(x)
+    assert len(lowered) == 1
+    other = copy.deepcopy(net)  # another object (another address), the same graph
+    with torch.no_grad():
+        second = tf.compile(_calling(other))(x)
+    assert len(lowered) == 1, "the graph of a second module object compiled again"
+    assert cache.stats.program_hits == 1
+    with torch.no_grad():
+        torch.testing.assert_close(first, net(x).sum(dim=1))
+        torch.testing.assert_close(second, other(x).sum(dim=1))
+
+
+def test_identity_guard_addresses_are_left_out_of_keys_and_nothing_else():
+    from torchfuse.graph import schema as S
+    from torchfuse.graph import trace
+    from torchfuse.inductor.config import config
+
+    graph, _ = trace(lambda a: a * 2 + 1, torch.randn(4))
+
+    def with_guard(text: str) -> S.Graph:
+        return msgspec.structs.replace(graph, guards=(*graph.guards, S.IdentityGuard(source="C[0]", description=text)))
+
+    key = lambda g: cache.program_key(g, mode="default", cfg=config)
+    assert key(with_guard("C[0] is Net at 0x7f01")) == key(with_guard("C[0] is Net at 0x7f99"))
+    assert key(with_guard("C[0] is Net at 0x7f01")) != key(with_guard("C[0] is Other at 0x7f01"))
+    plans = cache.PlanCache()
+    assert plans.key(b'{"d":"C[0] is Net at 0x7f01"}') == plans.key(b'{"d":"C[0] is Net at 0x7f99"}')
+    assert plans.key(b'{"d":"C[0] is Net"}') != plans.key(b'{"d":"C[0] is Other"}')
+
+
+def test_kernels_of_equal_code_share_one_function_whatever_their_names():
+    from torchfuse.graph import trace
+    from torchfuse.inductor import compile_graph
+    from torchfuse.runtime import kernels as rk
+    from torchfuse.runtime import load
+
+    x = torch.randn(4, 8)
+    graph, _ = trace(lambda a: (a * 2 + 1).relu(), x)
+    program = compile_graph(graph, options={"cache": False})
+    (kernel,) = program.kernels
+    renamed_name = kernel.name + "_other"
+    renamed = msgspec.structs.replace(kernel, name=renamed_name, entry=renamed_name,
+                                      source=kernel.source.replace(kernel.name, renamed_name))
+    steps = tuple(msgspec.structs.replace(s, kernel=renamed_name) if getattr(s, "kernel", None) == kernel.name
+                  else s for s in program.steps)
+    other = msgspec.structs.replace(program, kernels=(renamed,), steps=steps)
+    assert rk.code_key(renamed) == rk.code_key(kernel)
+    assert rk.kernel_hash(renamed) != rk.kernel_hash(kernel)
+    before = rk.share_stats["shared"]
+    a, b = load(program, device="cpu"), load(other, device="cpu")
+    assert a.kernels[kernel.name] is b.kernels[renamed_name]
+    assert rk.share_stats["shared"] == before + 1
+    expected = (x * 2 + 1).relu()
+    torch.testing.assert_close(a(x)[0], expected)
+    torch.testing.assert_close(b(x)[0], expected)
+    # a kernel whose code differs is not shared
+    changed = msgspec.structs.replace(renamed, source=renamed.source.replace("0.0", "0.5", 1))
+    if changed.source != renamed.source:
+        assert rk.code_key(changed) != rk.code_key(kernel)
+
+
+def test_logs_switches_for_progress_and_perf_hints():
+    cfg = observe.ObserveConfig.from_env({"TORCHFUSE_LOGS": "-progress,perf_hints"})
+    assert cfg.off == frozenset({"progress"}) and cfg.logs == frozenset({"perf_hints"})
+    assert "progress" not in observe.ObserveConfig.from_env({"TORCHFUSE_LOGS": "all"}).logs
+    assert observe.ObserveConfig.from_env({"CI": "true"}).ci
+    assert not observe.ObserveConfig.from_env({"CI": ""}).ci
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("case", ["terminal", "not_a_terminal", "ci", "minus_progress"])
+def test_progress_line_only_on_a_terminal_outside_ci(case, monkeypatch):
+    stream = io.StringIO() if case == "not_a_terminal" else _Terminal()
+    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)  # every compile counts as long
+    monkeypatch.setattr(observe, "config", dataclasses.replace(
+        observe.config, ci=case == "ci", off=frozenset({"progress"}) if case == "minus_progress" else frozenset()))
+    x, w = _inputs()
+    out = tf.compile(_loss)(x, w)
+    torch.testing.assert_close(out, _loss(x, w))
+    text = stream.getvalue()
+    if case == "terminal":
+        assert "torchfuse: compiling" in text and "stages" in text
+        assert text.endswith("\r\x1b[K")  # cleared when the first call ended
+    else:
+        assert "torchfuse: compiling" not in text
+
+
+def test_progress_counts_kernels(monkeypatch):
+    monkeypatch.setattr("sys.stderr", _Terminal())
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(observe, "config", dataclasses.replace(observe.config, ci=False, off=frozenset()))
+    progress.stage("f/entry_0", "inductor.lower", 0.5)
+    progress.kernels(3, 7)
+    assert "kernels 3/7" in progress.line_text() and "(inductor.lower)" in progress.line_text()
+    progress.finish("f/entry_0")
+    assert "kernels" not in progress.line_text()
