@@ -126,6 +126,24 @@ def is_torch_callable(value: Any) -> bool:
     return isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch")
 
 
+_DISTRIBUTED_QUERIES = frozenset({"get_rank", "get_world_size", "is_initialized", "is_available",
+                                  "get_backend", "is_torchelastic_launched"})
+"""torch.distributed functions that only read this process's fixed state: folded to constants."""
+
+
+def is_distributed_runtime(value: Any) -> bool:
+    """A torch.distributed callable that talks to other ranks or to DDP's C++ reducer
+    (collectives, ``Reducer`` and ``ProcessGroup`` methods, FSDP internals): never called on
+    fakes at capture time (it would run once, then never again), always a graph break. The
+    functional collectives are ordinary operators and stay capturable."""
+    mod = getattr(value, "__module__", None) or ""
+    if not mod.startswith(("torch.distributed", "torch._C._distributed")):
+        return False
+    if mod.startswith("torch.distributed._functional_collectives"):
+        return False
+    return getattr(value, "__name__", None) not in _DISTRIBUTED_QUERIES
+
+
 _UNSUPPORTED_TORCH = {"manual_seed", "set_grad_enabled", "save", "load", "compile"}
 
 
@@ -140,6 +158,10 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
         return arrays.to_tensor(value, args, kwargs, lambda t, kw: call_method(t, "to", [], kw))
     if name in _UNSUPPORTED_TORCH:
         raise Unsupported(f"torch.{name} inside a compiled function", ctx.loc)
+    if is_distributed_runtime(value):
+        raise Unsupported(f"{_qualname(value)} is a torch.distributed runtime call", ctx.loc,
+                          "it runs in Python, between graphs: collectives, DDP's reducer and "
+                          "FSDP's hooks talk to the other ranks (docs/distributed.md)")
     if name == "is_grad_enabled":
         state = torch.is_grad_enabled()
         ctx.guards.grad_mode(state)
@@ -186,6 +208,14 @@ def call_module(fn: V.ModuleVar, args: list[V.Var], kwargs: dict[str, V.Var]) ->
             glob._global_forward_hooks or glob._global_forward_pre_hooks or \
             glob._global_backward_hooks or glob._global_backward_pre_hooks:
         raise Unsupported(f"module {type(mod).__name__} has backward or global hooks", ctx.loc)
+    from torchfuse.capture.hooks import distributed_hooks
+
+    if distributed_hooks(mod):
+        err = Unsupported(f"module {type(mod).__name__} has torch.distributed forward hooks (FSDP)",
+                          ctx.loc, "its call runs the hooks in Python and its forward is compiled "
+                          "as a graph of its own (docs/distributed.md)")
+        err.compile_callee = True
+        raise err
     pre_hooks = _module_hooks(fn, "_forward_pre_hooks")
     post_hooks = _module_hooks(fn, "_forward_hooks")
     if not pre_hooks and not post_hooks:

@@ -1,0 +1,278 @@
+"""The ranks' side of the distributed tests: ``python workers.py CASE RANK WORLD PORT OUT``.
+
+Each case trains a tiny model for a few steps twice on the same process group, once eagerly
+(the reference) and once compiled, with the same seed and the same per-rank data, and checks
+at every step that the losses and all parameters match. It writes what the test asserts on
+(graph and piece counts, warnings) to ``OUT/result<RANK>.json``; a mismatch raises, and the
+process exits non-zero with the traceback in its log.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+STEPS = 3
+BACKEND = "aot_eager"
+
+
+class MLP(nn.Module):
+    def __init__(self, unused: bool = False) -> None:
+        super().__init__()
+        self.l0 = nn.Linear(8, 32)
+        self.l1 = nn.Linear(32, 32)
+        self.l2 = nn.Linear(32, 4)
+        self.spare = nn.Linear(32, 4) if unused else None
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(torch.relu(self.l0(x)))))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.proj(torch.nn.functional.gelu(self.fc(self.norm(x))))
+
+
+class Stack(nn.Module):
+    def __init__(self, n: int = 2, d: int = 16) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def data(rank: int, step: int, micro: int = 0, features: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * rank + 10 * step + micro)
+    return torch.randn(4, features, generator=g), torch.randn(4, 4, generator=g)
+
+
+def fresh(make, seed: int = 0):
+    torch.manual_seed(seed)
+    return make()
+
+
+def train(model, params, steps: int = STEPS, accumulate: int = 1, features: int = 8,
+          no_sync=None) -> list[tuple[float, list[torch.Tensor]]]:
+    """Losses and parameters after each step (``accumulate`` micro-batches per step, all but
+    the last under ``no_sync`` when given)."""
+    opt = torch.optim.SGD(params, lr=0.1)
+    rank = dist.get_rank()
+    history = []
+    for step in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for micro in range(accumulate):
+            x, y = data(rank, step, micro, features)
+            ctx = no_sync() if no_sync is not None and micro < accumulate - 1 else _null()
+            with ctx:
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+            total += loss.item()
+        opt.step()
+        history.append((total, [p.detach().clone() for p in params]))
+    return history
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def same(compiled, eager, what: str) -> None:
+    assert len(compiled) == len(eager)
+    for step, ((lc, pc), (le, pe)) in enumerate(zip(compiled, eager, strict=True)):
+        torch.testing.assert_close(lc, le, rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, step=step: f"{what} step {step} loss: {m}")
+        for i, (a, b) in enumerate(zip(pc, pe, strict=True)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, i=i, step=step: f"{what} step {step} param {i}: {m}")
+
+
+def pieces(compiled_fn) -> list[int]:
+    """Pieces per compiled graph that carries a DDP bucket plan."""
+    return [len(r.ddp_plan.cuts) + 1 for r in compiled_fn.results if r.ddp_plan is not None]
+
+
+def graph_count(compiled_fn) -> int:
+    from torchfuse.capture.compiler import counts_as_graph
+
+    return sum(1 for r in compiled_fn.results if counts_as_graph(r))
+
+
+# ----------------------------------------------------------------------------- cases
+# bucket_cap_mb=0.001 (1048 bytes) puts each of MLP's layers in a bucket of its own
+
+
+def ddp_both_ways(rank: int, world: int) -> dict:
+    from torchfuse.capture import compile
+
+    out = {}
+    eager = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+    ref = train(eager, list(eager.parameters()))
+    outer = compile(fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
+    same(train(outer, list(outer.parameters())), ref, "compile(DDP(m))")
+    out["outer_pieces"] = pieces(outer._compiled)
+    out["outer_graphs"] = graph_count(outer._compiled)
+    inner_model = compile(fresh(MLP), backend=BACKEND)
+    inner = DDP(inner_model, bucket_cap_mb=0.001)
+    same(train(inner, list(inner.parameters())), ref, "DDP(compile(m))")
+    out["inner_pieces"] = pieces(inner_model._compiled)
+    return out
+
+
+def ddp_no_split(rank: int, world: int) -> dict:
+    from torchfuse.capture import compile, config
+
+    eager = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+    ref = train(eager, list(eager.parameters()))
+    with config.patch(ddp_split=False):
+        outer = compile(fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
+        same(train(outer, list(outer.parameters())), ref, "compile(DDP(m)), no split")
+    return {"pieces": pieces(outer._compiled)}
+
+
+def ddp_no_sync(rank: int, world: int) -> dict:
+    from torchfuse.capture import compile
+
+    eager = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+    ref = train(eager, list(eager.parameters()), accumulate=3, no_sync=eager.no_sync)
+    outer = compile(fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
+    same(train(outer, list(outer.parameters()), accumulate=3, no_sync=outer.no_sync), ref,
+         "compile(DDP(m)) under no_sync")
+    inner = DDP(compile(fresh(MLP), backend=BACKEND), bucket_cap_mb=0.001)
+    same(train(inner, list(inner.parameters()), accumulate=3, no_sync=inner.no_sync), ref,
+         "DDP(compile(m)) under no_sync")
+    return {}
+
+
+def ddp_unused(rank: int, world: int) -> dict:
+    from torchfuse.capture import compile
+
+    make = lambda: DDP(MLP(unused=True), bucket_cap_mb=0.001, find_unused_parameters=True)
+    eager = fresh(make)
+    ref = train(eager, list(eager.parameters()))
+    outer = compile(fresh(make), backend=BACKEND)
+    same(train(outer, list(outer.parameters())), ref, "compile(DDP(m, find_unused_parameters))")
+    inner = DDP(compile(fresh(lambda: MLP(unused=True)), backend=BACKEND), bucket_cap_mb=0.001,
+                find_unused_parameters=True)
+    same(train(inner, list(inner.parameters())), ref, "DDP(compile(m), find_unused_parameters)")
+    return {}
+
+
+def ddp_inductor(rank: int, world: int) -> dict:
+    from torchfuse.capture import compile
+
+    eager = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+    ref = train(eager, list(eager.parameters()), steps=2)
+    outer = compile(fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001)), backend="inductor")
+    same(train(outer, list(outer.parameters()), steps=2), ref, "compile(DDP(m)), inductor")
+    return {"pieces": pieces(outer._compiled)}
+
+
+class RankBranch(MLP):
+    def forward(self, x):
+        if dist.get_rank() == 0:  # a rank-dependent branch: the ranks' graphs differ
+            x = x * 2
+        return super().forward(x)
+
+
+def ranks_differ(rank: int, world: int) -> dict:
+    from torchfuse.capture import compile, config
+
+    with config.patch(rank_check_timeout=30.0), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        m = compile(fresh(lambda: DDP(RankBranch())), backend=BACKEND)
+        x, y = data(rank, 0)
+        nn.functional.mse_loss(m(x), y).backward()
+    return {"warnings": [str(w.message) for w in seen if "RankDivergence" in type(w.message).__name__]}
+
+
+def rank_missing(rank: int, world: int) -> dict:
+    """Only rank 0 runs the compiled DDP forward: it reports rank 1 after the timeout."""
+    from torchfuse.capture import compile, config
+
+    model = fresh(lambda: DDP(MLP()))
+    seen = []
+    if rank == 0:
+        with config.patch(rank_check_timeout=2.0), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with model.no_sync():
+                compile(model, backend=BACKEND)(data(rank, 0)[0])
+    dist.barrier()
+    return {"warnings": [str(w.message) for w in seen if "RankDivergence" in type(w.message).__name__]}
+
+
+def _fsdp(make, shard_blocks: bool, compile_what: str):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torchfuse.capture import compile
+
+    model = fresh(make)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if compile_what == "blocks":
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = compile(block, backend=BACKEND)
+    if shard_blocks:
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if compile_what == "model":
+        return compile(model, backend=BACKEND), model
+    return model, model
+
+
+def _full(params) -> list[torch.Tensor]:
+    return [p.full_tensor() if hasattr(p, "full_tensor") else p for p in params]
+
+
+def fsdp(rank: int, world: int) -> dict:
+    out = {}
+    eager, _ = _fsdp(Stack, True, "none")
+    ref = [(loss, _full(ps)) for loss, ps in train(eager, list(eager.parameters()), features=16)]
+    for what in ("blocks", "model"):
+        runner, model = _fsdp(Stack, True, what)
+        got = [(loss, _full(ps)) for loss, ps in train(runner, list(model.parameters()), features=16)]
+        same(got, ref, f"fully_shard per block, {what} compiled")
+        compiled = runner if what == "model" else model.blocks[0]
+        out[what] = graph_count(compiled._compiled)
+    return out
+
+
+CASES = {f.__name__: f for f in (ddp_both_ways, ddp_no_split, ddp_no_sync, ddp_unused, ddp_inductor,
+                                 ranks_differ, rank_missing, fsdp)}
+
+
+def main() -> None:
+    case, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    try:
+        result = CASES[case](rank, world)
+        Path(out, f"result{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
