@@ -141,6 +141,46 @@ def ddp_both_ways(rank: int, world: int) -> dict:
     return out
 
 
+def overlap_order(ddp_call, ddp) -> list[str]:
+    """One backward of ``ddp_call``: the order in which DDP all-reduced its buckets and the
+    first piece of the compiled graph (the one nearest the input) began its backward, in the
+    second step (DDP puts every parameter in one bucket until its first backward is over)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    events: list[str] = []
+
+    def hook(state, bucket):
+        events.append(f"bucket {bucket.index()}")
+        return allreduce_hook(state, bucket)
+    x, y = data(dist.get_rank(), 0)
+    nn.functional.mse_loss(ddp_call(x), y).backward()  # DDP rebuilds its buckets after step 1
+    ddp.register_comm_hook(None, hook)
+    loss = nn.functional.mse_loss(ddp_call(x), y)
+    compiled, todo, seen = [], [loss.grad_fn], set()
+    while todo:  # the compiled pieces' backward nodes, nearest the loss first
+        node = todo.pop(0)
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "Compiled" in node.name():
+            compiled.append(node)
+        todo += [n for n, _ in node.next_functions]
+    compiled[-1].register_prehook(lambda grads: events.append("first piece backward"))
+    loss.backward()
+    return events
+
+
+def ddp_overlap(rank: int, world: int) -> dict:
+    from torchfuse.capture import compile, config
+
+    out = {}
+    for split in (True, False):
+        with config.patch(ddp_split=split):
+            ddp = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+            out[f"split={split}"] = overlap_order(compile(ddp, backend=BACKEND), ddp)
+    return out
+
+
 def ddp_no_split(rank: int, world: int) -> dict:
     from torchfuse.capture import compile, config
 
@@ -259,7 +299,7 @@ def fsdp(rank: int, world: int) -> dict:
     return out
 
 
-CASES = {f.__name__: f for f in (ddp_both_ways, ddp_no_split, ddp_no_sync, ddp_unused, ddp_inductor,
+CASES = {f.__name__: f for f in (ddp_both_ways, ddp_overlap, ddp_no_split, ddp_no_sync, ddp_unused, ddp_inductor,
                                  ranks_differ, rank_missing, fsdp)}
 
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -87,12 +88,22 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
                     args, kwargs)
     if is_torch_callable(value):
         return call_torch_function(value, args, kwargs)
+    if getattr(value, "__code__", None) in _CONTEXTMANAGER_CODES:
+        # a @contextmanager generator: capture collects generators whole, which would run the
+        # code after its yield now; it is made in Python, and ``with`` on it resumes
+        raise Unsupported(f"calling @contextmanager {_qualname(value)} (its __enter__ and "
+                          f"__exit__ run in Python)", ctx.loc)
     if isinstance(value, types.FunctionType):
         return inline(fn, args, kwargs)
     if isinstance(value, type):
         return construct(value, args, kwargs)
     raise Unsupported(f"call to {_qualname(value)} is not supported", ctx.loc,
                       "move it out of the compiled function")
+
+
+_CONTEXTMANAGER_CODES = frozenset(
+    getattr(deco(lambda: None), "__code__", None) for deco in
+    (contextlib.contextmanager, getattr(contextlib, "asynccontextmanager", contextlib.contextmanager)))
 
 
 def _attr(obj: V.Var, name: str) -> V.Var:

@@ -90,8 +90,11 @@ def bucket_caps(ddp: Any) -> tuple[int, int]:
     """(first bucket cap, bucket cap) in bytes: ``config.ddp_bucket_bytes`` when set, else
     DDP's ``bucket_bytes_cap`` and torch's first-bucket size."""
     cap = C.config.ddp_bucket_bytes or int(getattr(ddp, "bucket_bytes_cap", 25 * 1024 * 1024))
-    first = int(getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", cap))
-    return min(first, cap), cap
+    # torch 2.13 keeps DDP's first-bucket size in its bucket config; older ones use torch's
+    first = getattr(getattr(ddp, "_bucket_config", None), "first_bucket_bytes_cap", None)
+    if first is None or C.config.ddp_bucket_bytes:
+        first = int(getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", cap))
+    return min(int(first), cap), cap
 
 
 def plan_buckets(graph: S.Graph, params: dict[str, int], first_cap: int, cap: int) -> BucketPlan:
