@@ -15,7 +15,10 @@ import pytest
 
 WORKER = Path(__file__).with_name("workers.py")
 TIMEOUT_S = 240
-"""Per launch: two fresh interpreters import torch and torchfuse, then run a few tiny steps."""
+"""Per launch of one case: two fresh interpreters import torch and torchfuse, then run a few
+tiny steps."""
+LAUNCH_TIMEOUT_S = 600
+"""The launch of every CPU case at once (about a minute on an idle 2-core machine)."""
 
 
 def free_port() -> int:
@@ -67,8 +70,34 @@ def _tails(logs: list) -> str:
     return "\n".join(out)
 
 
+CPU_CASES = ("ddp_both_ways", "ddp_overlap", "ddp_no_split", "ddp_no_sync", "ddp_unused",
+             "ddp_inductor", "ranks_differ", "fsdp", "rank_missing")
+"""Run in one launch per test session (per xdist worker): two interpreters start once.
+``rank_missing`` comes last: only rank 0 compiles there, and the ranks count their DDP graphs
+(`torchfuse.capture.distributed.check_ranks`) out of step from then on."""
+
+
+@pytest.fixture(scope="session")
+def _cpu_results(tmp_path_factory) -> list[dict]:
+    return launch(",".join(CPU_CASES), tmp_path_factory.mktemp("ranks"), timeout=LAUNCH_TIMEOUT_S)
+
+
+@pytest.fixture
+def case_results(_cpu_results):
+    """``case_results(name)``: each rank's result of one case of `CPU_CASES`; the test fails
+    with the ranks' tracebacks when the case raised."""
+    def get(case: str) -> list[dict]:
+        results = [r[case] for r in _cpu_results]
+        errors = [f"--- rank {rank} ---\n{r['error']}" for rank, r in enumerate(results) if "error" in r]
+        if errors:
+            pytest.fail(f"case {case!r} failed\n" + "\n".join(errors))
+        return results
+    return get
+
+
 @pytest.fixture
 def run_ranks(tmp_path):
+    """``run_ranks(case, env=...)``: one case in a launch of its own; each rank's result."""
     def run(case: str, **kw) -> list[dict]:
-        return launch(case, tmp_path, **kw)
+        return [r[case] for r in launch(case, tmp_path, **kw)]
     return run

@@ -5,15 +5,15 @@ bucket boundaries so that all-reduces start before it ends."""
 from __future__ import annotations
 
 
-def test_compiled_ddp_both_ways(run_ranks):
-    for r in run_ranks("ddp_both_ways"):
+def test_compiled_ddp_both_ways(case_results):
+    for r in case_results("ddp_both_ways"):
         # MLP's three layers in buckets of about one layer: the graph is cut into pieces
         assert r["outer_graphs"] == 1
         assert r["outer_pieces"] == [2] and r["inner_pieces"] == [2]
 
 
-def test_bucket_split_overlaps_the_backward(run_ranks):
-    for r in run_ranks("ddp_overlap"):
+def test_bucket_split_overlaps_the_backward(case_results):
+    for r in case_results("ddp_overlap"):
         split, whole = r["split=True"], r["split=False"]
         # cut: a bucket is all-reduced before the first piece's backward has begun
         assert split.index("bucket 0") < split.index("first piece backward")
@@ -21,30 +21,30 @@ def test_bucket_split_overlaps_the_backward(run_ranks):
         assert whole[0] == "first piece backward" and len(whole) > 1
 
 
-def test_split_can_be_turned_off(run_ranks):
-    for r in run_ranks("ddp_no_split"):
+def test_split_can_be_turned_off(case_results):
+    for r in case_results("ddp_no_split"):
         assert r["pieces"] == [1]
 
 
-def test_no_sync_and_gradient_accumulation(run_ranks):
-    run_ranks("ddp_no_sync")
+def test_no_sync_and_gradient_accumulation(case_results):
+    case_results("ddp_no_sync")
 
 
-def test_find_unused_parameters(run_ranks):
-    run_ranks("ddp_unused")
+def test_find_unused_parameters(case_results):
+    case_results("ddp_unused")
 
 
-def test_compiled_ddp_inductor(run_ranks):
-    for r in run_ranks("ddp_inductor"):
+def test_compiled_ddp_inductor(case_results):
+    for r in case_results("ddp_inductor"):
         assert r["pieces"] == [2]
 
 
-def test_ranks_that_compile_differently_are_reported(run_ranks):
-    results = run_ranks("ranks_differ")
+def test_ranks_that_compile_differently_are_reported(case_results):
+    results = case_results("ranks_differ")
     assert all(any("differs between rank" in w for w in r["warnings"]) for r in results), results
 
 
-def test_a_rank_that_never_compiles_is_reported_not_waited_for(run_ranks):
-    rank0, rank1 = run_ranks("rank_missing")
+def test_a_rank_that_never_compiles_is_reported_not_waited_for(case_results):
+    rank0, rank1 = case_results("rank_missing")
     assert any("rank(s) [1] did not" in w for w in rank0["warnings"]), rank0
     assert rank1["warnings"] == []

@@ -6,7 +6,7 @@ backward) run in Python; each block's forward is a graph of its own."""
 from __future__ import annotations
 
 
-def test_fully_shard_with_compiled_blocks_and_model(run_ranks):
-    for r in run_ranks("fsdp"):
+def test_fully_shard_with_compiled_blocks_and_model(case_results):
+    for r in case_results("fsdp"):
         assert r["blocks"] == 1  # the first block's forward: one graph
         assert r["model"] == 3  # each block's forward, and the head after the last block

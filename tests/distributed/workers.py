@@ -1,17 +1,19 @@
-"""The ranks' side of the distributed tests: ``python workers.py CASE RANK WORLD PORT OUT``.
+"""The ranks' side of the distributed tests: ``python workers.py CASES RANK WORLD PORT OUT``.
 
 Each case trains a tiny model for a few steps twice on the same process group, once eagerly
 (the reference) and once compiled, with the same seed and the same per-rank data, and checks
 at every step that the losses and all parameters match. It writes what the test asserts on
-(graph and piece counts, warnings) to ``OUT/result<RANK>.json``; a mismatch raises, and the
-process exits non-zero with the traceback in its log.
+(graph and piece counts, warnings) to ``OUT/result<RANK>.json``, one entry per case of the
+comma-separated ``CASES``; a case that raises (a mismatch) has its traceback there instead.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -22,6 +24,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 STEPS = 3
 BACKEND = "aot_eager"
+DIST_BACKEND = os.environ.get("TORCHFUSE_TEST_DIST_BACKEND", "gloo")
+"""``nccl`` on the GPU machine (`test_gpu.py`): then every rank uses GPU ``rank``."""
+DEVICE = "cuda" if DIST_BACKEND == "nccl" else "cpu"
+
+
+def ddp(module: nn.Module, **kwargs) -> DDP:
+    """``DDP(module)`` on this rank's device."""
+    if DEVICE == "cuda":
+        return DDP(module.to(f"cuda:{dist.get_rank()}"), device_ids=[dist.get_rank()], **kwargs)
+    return DDP(module, **kwargs)
 
 
 class MLP(nn.Module):
@@ -61,7 +73,12 @@ class Stack(nn.Module):
 
 def data(rank: int, step: int, micro: int = 0, features: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * rank + 10 * step + micro)
-    return torch.randn(4, features, generator=g), torch.randn(4, 4, generator=g)
+    return (torch.randn(4, features, generator=g).to(_device()),
+            torch.randn(4, 4, generator=g).to(_device()))
+
+
+def _device() -> str:
+    return f"cuda:{dist.get_rank()}" if DEVICE == "cuda" else "cpu"
 
 
 def fresh(make, seed: int = 0):
@@ -128,20 +145,20 @@ def ddp_both_ways(rank: int, world: int) -> dict:
     from torchfuse.capture import compile
 
     out = {}
-    eager = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+    eager = fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001))
     ref = train(eager, list(eager.parameters()))
-    outer = compile(fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
+    outer = compile(fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
     same(train(outer, list(outer.parameters())), ref, "compile(DDP(m))")
     out["outer_pieces"] = pieces(outer._compiled)
     out["outer_graphs"] = graph_count(outer._compiled)
     inner_model = compile(fresh(MLP), backend=BACKEND)
-    inner = DDP(inner_model, bucket_cap_mb=0.001)
+    inner = ddp(inner_model, bucket_cap_mb=0.001)
     same(train(inner, list(inner.parameters())), ref, "DDP(compile(m))")
     out["inner_pieces"] = pieces(inner_model._compiled)
     return out
 
 
-def overlap_order(ddp_call, ddp) -> list[str]:
+def overlap_order(ddp_call, wrapped) -> list[str]:
     """One backward of ``ddp_call``: the order in which DDP all-reduced its buckets and the
     first piece of the compiled graph (the one nearest the input) began its backward, in the
     second step (DDP puts every parameter in one bucket until its first backward is over)."""
@@ -154,7 +171,7 @@ def overlap_order(ddp_call, ddp) -> list[str]:
         return allreduce_hook(state, bucket)
     x, y = data(dist.get_rank(), 0)
     nn.functional.mse_loss(ddp_call(x), y).backward()  # DDP rebuilds its buckets after step 1
-    ddp.register_comm_hook(None, hook)
+    wrapped.register_comm_hook(None, hook)
     loss = nn.functional.mse_loss(ddp_call(x), y)
     compiled, todo, seen = [], [loss.grad_fn], set()
     while todo:  # the compiled pieces' backward nodes, nearest the loss first
@@ -176,18 +193,18 @@ def ddp_overlap(rank: int, world: int) -> dict:
     out = {}
     for split in (True, False):
         with config.patch(ddp_split=split):
-            ddp = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
-            out[f"split={split}"] = overlap_order(compile(ddp, backend=BACKEND), ddp)
+            wrapped = fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001))
+            out[f"split={split}"] = overlap_order(compile(wrapped, backend=BACKEND), wrapped)
     return out
 
 
 def ddp_no_split(rank: int, world: int) -> dict:
     from torchfuse.capture import compile, config
 
-    eager = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+    eager = fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001))
     ref = train(eager, list(eager.parameters()))
     with config.patch(ddp_split=False):
-        outer = compile(fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
+        outer = compile(fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
         same(train(outer, list(outer.parameters())), ref, "compile(DDP(m)), no split")
     return {"pieces": pieces(outer._compiled)}
 
@@ -195,12 +212,12 @@ def ddp_no_split(rank: int, world: int) -> dict:
 def ddp_no_sync(rank: int, world: int) -> dict:
     from torchfuse.capture import compile
 
-    eager = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+    eager = fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001))
     ref = train(eager, list(eager.parameters()), accumulate=3, no_sync=eager.no_sync)
-    outer = compile(fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
+    outer = compile(fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001)), backend=BACKEND)
     same(train(outer, list(outer.parameters()), accumulate=3, no_sync=outer.no_sync), ref,
          "compile(DDP(m)) under no_sync")
-    inner = DDP(compile(fresh(MLP), backend=BACKEND), bucket_cap_mb=0.001)
+    inner = ddp(compile(fresh(MLP), backend=BACKEND), bucket_cap_mb=0.001)
     same(train(inner, list(inner.parameters()), accumulate=3, no_sync=inner.no_sync), ref,
          "DDP(compile(m)) under no_sync")
     return {}
@@ -209,12 +226,12 @@ def ddp_no_sync(rank: int, world: int) -> dict:
 def ddp_unused(rank: int, world: int) -> dict:
     from torchfuse.capture import compile
 
-    make = lambda: DDP(MLP(unused=True), bucket_cap_mb=0.001, find_unused_parameters=True)
+    make = lambda: ddp(MLP(unused=True), bucket_cap_mb=0.001, find_unused_parameters=True)
     eager = fresh(make)
     ref = train(eager, list(eager.parameters()))
     outer = compile(fresh(make), backend=BACKEND)
     same(train(outer, list(outer.parameters())), ref, "compile(DDP(m, find_unused_parameters))")
-    inner = DDP(compile(fresh(lambda: MLP(unused=True)), backend=BACKEND), bucket_cap_mb=0.001,
+    inner = ddp(compile(fresh(lambda: MLP(unused=True)), backend=BACKEND), bucket_cap_mb=0.001,
                 find_unused_parameters=True)
     same(train(inner, list(inner.parameters())), ref, "DDP(compile(m), find_unused_parameters)")
     return {}
@@ -223,9 +240,9 @@ def ddp_unused(rank: int, world: int) -> dict:
 def ddp_inductor(rank: int, world: int) -> dict:
     from torchfuse.capture import compile
 
-    eager = fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001))
+    eager = fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001))
     ref = train(eager, list(eager.parameters()), steps=2)
-    outer = compile(fresh(lambda: DDP(MLP(), bucket_cap_mb=0.001)), backend="inductor")
+    outer = compile(fresh(lambda: ddp(MLP(), bucket_cap_mb=0.001)), backend="inductor")
     same(train(outer, list(outer.parameters()), steps=2), ref, "compile(DDP(m)), inductor")
     return {"pieces": pieces(outer._compiled)}
 
@@ -242,7 +259,7 @@ def ranks_differ(rank: int, world: int) -> dict:
 
     with config.patch(rank_check_timeout=30.0), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        m = compile(fresh(lambda: DDP(RankBranch())), backend=BACKEND)
+        m = compile(fresh(lambda: ddp(RankBranch())), backend=BACKEND)
         x, y = data(rank, 0)
         nn.functional.mse_loss(m(x), y).backward()
     return {"warnings": [str(w.message) for w in seen if "RankDivergence" in type(w.message).__name__]}
@@ -252,7 +269,7 @@ def rank_missing(rank: int, world: int) -> dict:
     """Only rank 0 runs the compiled DDP forward: it reports rank 1 after the timeout."""
     from torchfuse.capture import compile, config
 
-    model = fresh(lambda: DDP(MLP()))
+    model = fresh(lambda: ddp(MLP()))
     seen = []
     if rank == 0:
         with config.patch(rank_check_timeout=2.0), warnings.catch_warnings(record=True) as seen:
@@ -269,7 +286,8 @@ def _fsdp(make, shard_blocks: bool, compile_what: str):
     from torchfuse.capture import compile
 
     model = fresh(make)
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = model.to(_device())
+    mesh = init_device_mesh(DEVICE, (dist.get_world_size(),))
     if compile_what == "blocks":
         for i, block in enumerate(model.blocks):
             model.blocks[i] = compile(block, backend=BACKEND)
@@ -304,12 +322,21 @@ CASES = {f.__name__: f for f in (ddp_both_ways, ddp_overlap, ddp_no_split, ddp_n
 
 
 def main() -> None:
-    case, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    cases, rank, world, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    if DEVICE == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(DIST_BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=120))
+    results = {}
     try:
-        result = CASES[case](rank, world)
-        Path(out, f"result{rank}.json").write_text(json.dumps(result))
+        for case in cases.split(","):  # one launch, several cases: the start-up is paid once
+            try:
+                results[case] = CASES[case](rank, world)
+            except Exception:
+                results[case] = {"error": traceback.format_exc()}
+                print(results[case]["error"], file=sys.stderr, flush=True)
+            dist.barrier()
+        Path(out, f"result{rank}.json").write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()
 

@@ -394,11 +394,7 @@ def _context(kind: str) -> Handler:
     return h
 
 
-TRACE_RANGE = "trace_range"
-"""The context kind of profiler and tracing ranges (``torch.profiler.record_function``,
-``torch.cuda.nvtx.range``): transparent to capture, as they are to ``torch.compile``. They
-mark time in a profile and change no value, so a compiled graph drops them (the profile then
-shows the graph's kernels, not the range); entering and leaving one records nothing."""
+TRACE_RANGE = V.TRACE_RANGE
 
 
 def trace_range_makers() -> tuple[Any, ...]:

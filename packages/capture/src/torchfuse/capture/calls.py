@@ -28,6 +28,7 @@ import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
+from torchfuse.capture.distributed import is_distributed_runtime
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, ItemSource, Source
 from torchfuse.capture.values import from_py, to_py
@@ -135,24 +136,6 @@ def is_torch_callable(value: Any) -> bool:
         return True
     self_ = getattr(value, "__self__", None)
     return isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch")
-
-
-_DISTRIBUTED_QUERIES = frozenset({"get_rank", "get_world_size", "is_initialized", "is_available",
-                                  "get_backend", "is_torchelastic_launched"})
-"""torch.distributed functions that only read this process's fixed state: folded to constants."""
-
-
-def is_distributed_runtime(value: Any) -> bool:
-    """A torch.distributed callable that talks to other ranks or to DDP's C++ reducer
-    (collectives, ``Reducer`` and ``ProcessGroup`` methods, FSDP internals): never called on
-    fakes at capture time (it would run once, then never again), always a graph break. The
-    functional collectives are ordinary operators and stay capturable."""
-    mod = getattr(value, "__module__", None) or ""
-    if not mod.startswith(("torch.distributed", "torch._C._distributed")):
-        return False
-    if mod.startswith("torch.distributed._functional_collectives"):
-        return False
-    return getattr(value, "__name__", None) not in _DISTRIBUTED_QUERIES
 
 
 _UNSUPPORTED_TORCH = {"manual_seed", "set_grad_enabled", "save", "load", "compile"}

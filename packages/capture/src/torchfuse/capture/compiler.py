@@ -410,10 +410,9 @@ class CompiledFunction:
             if ddp is None:
                 compiled = self._backend_fn(result.graph, examples, **kwargs)
             else:  # pieces per DDP bucket, so that all-reduces overlap the backward
-                compiled, plan = D.split_for_ddp(result.graph, examples, ddp,
-                                                 lambda g, ex: self._backend_fn(g, ex, **kwargs))
-                result.ddp_plan = plan
-                D.check_ranks(self.root.name, result.graph, plan)
+                compiled, result.ddp_plan = D.split_for_ddp(
+                    result.graph, examples, ddp, lambda g, ex: self._backend_fn(g, ex, **kwargs),
+                    self.root.name)
         if not result.grad_entry:
             return compiled
         # the mode the code leaves on (it left the region, or not), as eager leaves it

@@ -63,8 +63,9 @@ class CaptureConfig:
     rank_check: str = "warn"
     """``"warn"``, ``"error"`` or ``"off"``: a graph compiled inside a DDP forward is compared
     across ranks (`torchfuse.capture.distributed.check_ranks`)."""
-    rank_check_timeout: float = 300.0
-    """Seconds a rank waits for the others to compile the same graph before it reports them."""
+    rank_check_timeout: float = 120.0
+    """Seconds a rank waits for the others to capture the same graph before it reports them
+    (the ranks compare before the backend compiles: the wait covers capture, not compile)."""
 
     def patch(self, **changes: object) -> contextlib.AbstractContextManager[CaptureConfig]:
         """Temporarily change settings: ``with config.patch(recompile_limit=2): ...``."""

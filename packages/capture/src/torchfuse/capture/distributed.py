@@ -2,7 +2,7 @@
 
 torch.distributed is the engine: DDP's reducer all-reduces, FSDP2's hooks all-gather and
 reduce-scatter, and all of that runs in Python between our graphs (capture breaks at every
-torch.distributed runtime call, `calls.is_distributed_runtime`). This module only shapes the
+torch.distributed runtime call, `is_distributed_runtime`). This module only shapes the
 graphs so that the engine can overlap.
 
 **The bucket split.** DDP all-reduces a bucket of gradients as soon as every gradient in it
@@ -59,6 +59,26 @@ class RankDivergenceWarning(RuntimeWarning):
 
 class RankDivergence(RuntimeError):
     """`RankDivergenceWarning` raised as an error (``config.rank_check = "error"``)."""
+
+
+# ----------------------------------------------------------------------------- capture
+
+_DISTRIBUTED_QUERIES = frozenset({"get_rank", "get_world_size", "is_initialized", "is_available",
+                                  "get_backend", "is_torchelastic_launched"})
+"""torch.distributed functions that only read this process's fixed state: folded to constants."""
+
+
+def is_distributed_runtime(value: Any) -> bool:
+    """A torch.distributed callable that talks to other ranks or to DDP's C++ reducer
+    (collectives, ``Reducer`` and ``ProcessGroup`` methods, FSDP internals): never called on
+    fakes at capture time (it would run once, then never again), always a graph break. The
+    functional collectives are ordinary operators and stay capturable."""
+    mod = getattr(value, "__module__", None) or ""
+    if not mod.startswith(("torch.distributed", "torch._C._distributed")):
+        return False
+    if mod.startswith("torch.distributed._functional_collectives"):
+        return False
+    return getattr(value, "__name__", None) not in _DISTRIBUTED_QUERIES
 
 
 # ----------------------------------------------------------------------------- DDP
@@ -266,9 +286,12 @@ def compile_pieces(graph: S.Graph, examples: Sequence[Any], cuts: Sequence[int],
 
 
 def split_for_ddp(graph: S.Graph, examples: Sequence[Any], ddp: Any,
-                  compile_one: Callable[[S.Graph, list[Any]], Callable[..., list[Any]]]
-                  ) -> tuple[Callable[..., list[Any]], BucketPlan]:
-    """The compiled graph, cut at DDP's bucket boundaries when ``config.ddp_split`` is on."""
+                  compile_one: Callable[[S.Graph, list[Any]], Callable[..., list[Any]]],
+                  name: str | None = None) -> tuple[Callable[..., list[Any]], BucketPlan]:
+    """The compiled graph, cut at DDP's bucket boundaries when ``config.ddp_split`` is on.
+    With ``name`` (the compiled function's), the ranks compare the graph and its cuts
+    (`check_ranks`) before the backend compiles it: ranks compile at their own pace, so what
+    they wait for each other is the capture alone."""
     first, cap = bucket_caps(ddp)
     plan = plan_buckets(graph, ddp_parameters(graph, ddp), first, cap) if C.config.ddp_split else \
         BucketPlan((), (), "config.ddp_split is off")
@@ -277,6 +300,8 @@ def split_for_ddp(graph: S.Graph, examples: Sequence[Any], ddp: Any,
               f"{list(plan.bucket_bytes)}" if plan.cuts else f"not split: {plan.reason}"
         C.logger("graph").info("DDP bucket split of %s (caps %d/%d bytes): %s", graph.name,
                                first, cap, how)
+    if name is not None:
+        check_ranks(name, graph, plan)
     if not plan.cuts:
         return compile_one(graph, list(examples)), plan
     return compile_pieces(graph, examples, plan.cuts, compile_one), plan
@@ -291,8 +316,8 @@ def fingerprint(graph: S.Graph, plan: BucketPlan | None) -> str:
     for inp in graph.inputs:
         m = graph.values.get(inp.name)
         h.update(f"{inp.kind}:{inp.target}:{m.dtype if m else ''}:{m.sizes if m else ''};".encode())
-    for node in graph.nodes:
-        h.update(node.op.encode() + b";")
+    for node in graph.nodes:  # ops with their arguments: a constant that differs counts too
+        h.update(repr((node.op, node.args, node.kwargs)).encode())
     h.update(repr(plan.cuts if plan else ()).encode())
     return h.hexdigest()[:16]
 
@@ -301,12 +326,13 @@ _COUNTS: dict[str, int] = {}
 
 
 def check_ranks(name: str, graph: S.Graph, plan: BucketPlan | None) -> None:
-    """Compare this graph with the graph every other rank compiled at the same point (the
-    n-th compile of ``name``). Ranks publish a fingerprint in the default process group's
-    store and wait for the others' for ``config.rank_check_timeout`` seconds; a difference or
-    a rank that never arrives is reported as `RankDivergenceWarning` (``config.rank_check =
-    "warn"``, the default) or `RankDivergence` (``"error"``). Off without a process group of
-    two or more ranks, or with ``config.rank_check = "off"``."""
+    """Compare this graph with the graph every other rank captured at the same point (the
+    n-th graph of ``name`` captured inside a DDP forward). Ranks publish a fingerprint in the
+    default process group's store and wait for the others' for
+    ``config.rank_check_timeout`` seconds; a difference or a rank that never arrives is
+    reported as `RankDivergenceWarning` (``config.rank_check = "warn"``, the default) or
+    `RankDivergence` (``"error"``). Off without a process group of two or more ranks, or
+    with ``config.rank_check = "off"``."""
     mode = C.config.rank_check
     if mode == "off" or not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return
@@ -325,7 +351,7 @@ def check_ranks(name: str, graph: S.Graph, plan: BucketPlan | None) -> None:
         store.wait(others, datetime.timedelta(seconds=C.config.rank_check_timeout))
     except Exception:  # the store raises its own timeout error type per backend
         missing = [r for r in range(world) if r != rank and not store.check([f"{key}/{r}"])]
-        _report(f"rank {rank} compiled graph {n} of {name} ({len(graph.nodes)} nodes), but "
+        _report(f"rank {rank} captured graph {n} of {name} ({len(graph.nodes)} nodes), but "
                 f"rank(s) {missing} did not within {C.config.rank_check_timeout:g} s: the ranks "
                 f"capture differently (a guard or a graph break that depends on the rank or "
                 f"on its data); run explain() on each rank to compare")
@@ -350,4 +376,4 @@ def reset_rank_checks() -> None:
 
 
 __all__ = ["BucketPlan", "RankDivergence", "RankDivergenceWarning", "active_ddp", "check_ranks",
-           "compile_pieces", "plan_buckets", "split_for_ddp", "split_graph"]
+           "compile_pieces", "is_distributed_runtime", "plan_buckets", "split_for_ddp", "split_graph"]

@@ -16,13 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torchfuse.capture.distributed import is_distributed_runtime
 
 
 def distributed_hooks(mod: torch.nn.Module) -> bool:
     """Whether the module's forward hooks include torch.distributed's own (FSDP2's): its call
     then runs its hooks in Python, around a forward compiled on its own."""
-    from torchfuse.capture.calls import is_distributed_runtime
-
     hooks = [*mod._forward_pre_hooks.values(), *mod._forward_hooks.values()]
     return any(is_distributed_runtime(h) for h in hooks)
 

@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from torchfuse.capture import codegen
 from torchfuse.capture import variables as V
-from torchfuse.capture.builtins import TRACE_RANGE
 from torchfuse.capture.context import Capture
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.output import OutputBuilder, Spec
 from torchfuse.capture.source import AttrSource, ClosureSource, ItemSource, Source
+from torchfuse.capture.variables import TRACE_RANGE
 from torchfuse.capture.versions import (
     BREAK_PROLOGUE,
     exception_table,
