@@ -131,12 +131,13 @@ def plan_buckets(graph: S.Graph, params: dict[str, int], first_cap: int, cap: in
     by_node: dict[int, int] = {}
     for name, i in first_use.items():
         by_node[i] = by_node.get(i, 0) + params[name]
+    forbidden = _uncuttable(graph)
     cuts: list[int] = []
     sizes: list[int] = []
     filled, limit = 0, first_cap
     for i in range(len(graph.nodes) - 1, 0, -1):
         filled += by_node.get(i, 0)
-        if filled >= limit:
+        if filled >= limit and i not in forbidden:  # else the cut moves up to the next place
             cuts.append(i)
             sizes.append(filled)
             filled, limit = 0, cap
@@ -144,6 +145,38 @@ def plan_buckets(graph: S.Graph, params: dict[str, int], first_cap: int, cap: in
     if not cuts:
         return BucketPlan((), (sizes[0],), "its parameters fit in one bucket")
     return BucketPlan(tuple(reversed(cuts)), tuple(reversed(sizes)))
+
+
+def _uncuttable(graph: S.Graph) -> set[int]:
+    """Node indices no cut may go before: a tensor written in place (or through a view of it)
+    must be made in the piece that writes it, since a piece's outputs are another piece's
+    autograd results. Graph inputs written in place are fine (each piece gets the caller's
+    tensor, and the backend copies a new value back into it, as for a whole graph)."""
+    from torchfuse.graph.ops import resolve_op
+    from torchfuse.graph.tracing import is_view_op, mutated_arguments
+
+    made_at: dict[str, int] = {}
+    root: dict[str, str] = {}
+    out: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        try:
+            op = resolve_op(node.op)
+        except Exception:  # not an ATen op (a user kernel): its writes are not declared
+            op = None
+        if op is not None:
+            for k in mutated_arguments(op):
+                arg = node.args[k] if k < len(node.args) else None
+                if isinstance(arg, S.TensorRef):
+                    base = root.get(arg.name, arg.name)
+                    if base in made_at:
+                        out.update(range(made_at[base] + 1, i + 1))
+        names = _tensor_names(node)
+        for o in node.outputs:
+            if o:
+                made_at[o] = i
+                if op is not None and names and is_view_op(op):
+                    root[o] = root.get(names[0], names[0])
+    return out
 
 
 def splittable(graph: S.Graph) -> str:
