@@ -10,6 +10,14 @@ def test_compiled_ddp_both_ways(case_results):
         # MLP's three layers in buckets of about one layer: the graph is cut into pieces
         assert r["outer_graphs"] == 1
         assert r["outer_pieces"] == [2] and r["inner_pieces"] == [2]
+        assert r["explain_pieces"] == [2]
+        assert "Pieces per graph (DDP buckets): [2]" in r["explain_text"]
+
+
+def test_gpt2_under_compiled_ddp(case_results):
+    for r in case_results("ddp_gpt2"):
+        # transformers' GPT-2 (2 layers): one graph, cut into one piece per ~10 kB bucket
+        assert r["graphs"] == 1 and r["pieces"][0] > 2, r
 
 
 def test_bucket_split_overlaps_the_backward(case_results):

@@ -155,7 +155,43 @@ def ddp_both_ways(rank: int, world: int) -> dict:
     inner = ddp(inner_model, bucket_cap_mb=0.001)
     same(train(inner, list(inner.parameters())), ref, "DDP(compile(m))")
     out["inner_pieces"] = pieces(inner_model._compiled)
+    from torchfuse.capture import explain
+
+    with outer.no_sync():  # explain runs one forward; a synced one would expect a backward
+        report = explain(outer)(data(rank, 0)[0])
+    out["explain_pieces"], out["explain_text"] = report.pieces, str(report)
     return out
+
+
+def ddp_gpt2(rank: int, world: int) -> dict:
+    """A real model: transformers' GPT-2 with a tiny config, compiled around DDP."""
+    from torchfuse.capture import compile
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=64,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                     bos_token_id=0, eos_token_id=0)
+
+    def make():
+        torch.manual_seed(0)
+        return ddp(GPT2LMHeadModel(cfg), bucket_cap_mb=0.01)
+
+    def steps(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        history = []
+        for _ in range(2):
+            ids = torch.randint(0, 64, (2, 8), generator=g).to(_device())
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            history.append((loss.item(), [p.detach().clone() for p in model.parameters()]))
+        return history
+    ref = steps(make())
+    compiled = compile(make(), backend=BACKEND)
+    same(steps(compiled), ref, "compile(DDP(GPT-2))")
+    return {"pieces": pieces(compiled._compiled), "graphs": graph_count(compiled._compiled)}
 
 
 def overlap_order(ddp_call, wrapped) -> list[str]:
@@ -317,7 +353,7 @@ def fsdp(rank: int, world: int) -> dict:
     return out
 
 
-CASES = {f.__name__: f for f in (ddp_both_ways, ddp_overlap, ddp_no_split, ddp_no_sync, ddp_unused, ddp_inductor,
+CASES = {f.__name__: f for f in (ddp_both_ways, ddp_gpt2, ddp_overlap, ddp_no_split, ddp_no_sync, ddp_unused, ddp_inductor,
                                  ranks_differ, rank_missing, fsdp)}
 
 
