@@ -70,8 +70,9 @@ def _tails(logs: list) -> str:
     return "\n".join(out)
 
 
-CPU_CASES = ("ddp_both_ways", "ddp_gpt2", "ddp_overlap", "ddp_no_split", "ddp_no_sync", "ddp_unused",
-             "ddp_inductor", "ranks_differ", "fsdp", "rank_missing")
+CPU_CASES = ("ddp_both_ways", "ddp_gpt2", "ddp_overlap", "ddp_no_split", "ddp_no_sync",
+             "ddp_unused", "ddp_static_graph", "ddp_inductor", "ranks_differ", "fsdp",
+             "rank_missing")
 """Run in one launch per test session (per xdist worker): two interpreters start once.
 ``rank_missing`` comes last: only rank 0 compiles there, and the ranks count their DDP graphs
 (`torchfuse.capture.distributed.check_ranks`) out of step from then on."""

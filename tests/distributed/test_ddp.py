@@ -42,6 +42,12 @@ def test_find_unused_parameters(case_results):
     case_results("ddp_unused")
 
 
+def test_static_graph(case_results):
+    # DDP queues step 1's delayed all-reduce in the backward of its _DDPSink Function
+    for r in case_results("ddp_static_graph"):
+        assert r["pieces"] == [2]
+
+
 def test_compiled_ddp_inductor(case_results):
     for r in case_results("ddp_inductor"):
         assert r["pieces"] == [2]

@@ -61,8 +61,8 @@ def test_ddp_world_size_one_nccl():
 
 
 @two_gpus
-@pytest.mark.parametrize("case", ["ddp_both_ways", "ddp_gpt2", "ddp_overlap", "ddp_no_sync", "ddp_unused",
-                                  "ddp_inductor", "fsdp"])
+@pytest.mark.parametrize("case", ["ddp_both_ways", "ddp_gpt2", "ddp_overlap", "ddp_no_sync",
+                                  "ddp_unused", "ddp_static_graph", "ddp_inductor", "fsdp"])
 def test_two_ranks_nccl(run_ranks, case):
     results = run_ranks(case, env=NCCL)
     errors = [r["error"] for r in results if "error" in r]

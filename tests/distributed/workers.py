@@ -273,6 +273,20 @@ def ddp_unused(rank: int, world: int) -> dict:
     return {}
 
 
+def ddp_static_graph(rank: int, world: int) -> dict:
+    """``static_graph=True``: DDP delays the first step's all-reduce to the end of backward."""
+    from torchfuse.capture import compile
+
+    make = lambda: ddp(MLP(), bucket_cap_mb=0.001, static_graph=True)
+    eager = fresh(make)
+    ref = train(eager, list(eager.parameters()))
+    outer = compile(fresh(make), backend=BACKEND)
+    same(train(outer, list(outer.parameters())), ref, "compile(DDP(m, static_graph=True))")
+    inner = ddp(compile(fresh(MLP), backend=BACKEND), bucket_cap_mb=0.001, static_graph=True)
+    same(train(inner, list(inner.parameters())), ref, "DDP(compile(m), static_graph=True)")
+    return {"pieces": pieces(outer._compiled)}
+
+
 def ddp_inductor(rank: int, world: int) -> dict:
     from torchfuse.capture import compile
 
@@ -353,8 +367,9 @@ def fsdp(rank: int, world: int) -> dict:
     return out
 
 
-CASES = {f.__name__: f for f in (ddp_both_ways, ddp_gpt2, ddp_overlap, ddp_no_split, ddp_no_sync, ddp_unused, ddp_inductor,
-                                 ranks_differ, rank_missing, fsdp)}
+CASES = {f.__name__: f for f in (ddp_both_ways, ddp_gpt2, ddp_overlap, ddp_no_split, ddp_no_sync,
+                                 ddp_unused, ddp_static_graph, ddp_inductor, ranks_differ,
+                                 rank_missing, fsdp)}
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ the ranks and the graph: never a silent hang.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -46,6 +47,7 @@ from typing import Any
 
 import torch
 from torchfuse.capture import config as C
+from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.torchfuse_ops import SET_GRAD_ENABLED
 
@@ -298,9 +300,12 @@ def compile_pieces(graph: S.Graph, examples: Sequence[Any], cuts: Sequence[int],
     given = {inp.name: ex for inp, ex in zip(graph.inputs, examples, strict=True)}
     steps: list[tuple[Callable[..., list[Any]], tuple[int, ...], tuple[int, ...]]] = []
     slot: dict[str, int] = {inp.name: i for i, inp in enumerate(graph.inputs)}
-    for piece in pieces:
+    folder = observe.current_graph()
+    for k, piece in enumerate(pieces):
         piece_examples = [given[n] if n in given else _example(graph.values[n]) for n in piece.inputs]
-        fn = compile_one(piece.graph, piece_examples)
+        # each piece's artifacts (TORCHFUSE_DEBUG) in a folder of its own under the graph's
+        with observe.compiling(f"{folder}/piece_{k}") if folder else contextlib.nullcontext():
+            fn = compile_one(piece.graph, piece_examples)
         for n in piece.outputs:
             slot.setdefault(n, len(slot))
         steps.append((fn, tuple(slot[n] for n in piece.inputs), tuple(slot[n] for n in piece.outputs)))
