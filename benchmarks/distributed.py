@@ -5,14 +5,15 @@ Run with torchrun, one process per GPU (NCCL)::
     torchrun --standalone --nproc-per-node 2 benchmarks/distributed.py --model gpt2 --steps 20
     torchrun --standalone --nproc-per-node 2 benchmarks/distributed.py --model llama --steps 20
 
-For each mode (``eager``, ``torch.compile``, ``torchfuse``, and ``torchfuse, no split`` with
+For each mode (``eager``, ``torch.compile``, ``torchfuse``, and ``torchfuse-nosplit`` with
 the DDP bucket split turned off) it trains the model of ``benchmarks/models.py`` at its full
 size (GPT-2: 6 layers, 768 wide; Llama: 6 layers, 1024 wide, GQA) with SGD, checks the first
 step's loss against eager's, times ``--steps`` steps after ``--warmup`` (compile included in
-the warm-up), and profiles three steps with ``torch.profiler``: a Chrome trace per mode
-(rank 0) and the *overlap*, the share of NCCL kernel time during which a compute kernel
-ran on the GPU too. Rank 0 writes ``distributed_<tag>.json`` and ``.md`` (a table: median
-step ms, ratio to eager, overlap %, pieces per graph) into ``--out``.
+the warm-up), and profiles three steps with ``torch.profiler``: a Chrome trace (rank 0, for
+the modes in ``--traces``, torchfuse's by default) and the *overlap*, the share of NCCL kernel
+time during which a compute kernel ran on the GPU too. Rank 0 writes
+``distributed_<tag>_<model>.json`` and ``.md`` (a table: median step ms, ratio to eager,
+overlap %, pieces per graph) into ``--out``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).parent))
 from models import MODELS, build_model, make_inputs
 
-MODES = ("eager", "torch.compile", "torchfuse", "torchfuse, no split")
+MODES = ("eager", "torch.compile", "torchfuse", "torchfuse-nosplit")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,6 +44,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
+    p.add_argument("--traces", default="torchfuse",
+                   help="comma-separated modes whose profile rank 0 writes as a Chrome trace")
+    p.add_argument("--small", action="store_true",
+                   help="tiny configs on the CPU under gloo (a check of the script, not a measurement)")
+    p.add_argument("--backend", default="inductor", help="torchfuse backend")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--tag", default=time.strftime("gpu_%Y%m%d_%H%M"))
     return p.parse_args(argv)
@@ -68,8 +74,9 @@ def overlap(prof: Any) -> tuple[float, float]:
     return total / 1000, (shared / total if total else 0.0)
 
 
-def make_runner(mode: str, model: torch.nn.Module, rank: int, cap: float) -> tuple[Any, Any]:
-    ddp = DDP(model, device_ids=[rank], bucket_cap_mb=cap)
+def make_runner(mode: str, model: torch.nn.Module, rank: int, args: argparse.Namespace) -> tuple[Any, Any]:
+    ids = None if args.small else [rank]
+    ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_cap_mb)
     if mode == "eager":
         return ddp, ddp
     if mode == "torch.compile":
@@ -77,7 +84,7 @@ def make_runner(mode: str, model: torch.nn.Module, rank: int, cap: float) -> tup
     from torchfuse.capture import compile, config
 
     config.ddp_split = mode == "torchfuse"
-    return compile(ddp), ddp
+    return compile(ddp, backend=args.backend), ddp
 
 
 def pieces(runner: Any) -> list[int]:
@@ -89,11 +96,16 @@ def pieces(runner: Any) -> list[int]:
 
 def run_mode(mode: str, args: argparse.Namespace, rank: int, out: Path) -> dict[str, Any]:
     spec = next(m for m in MODELS if m.name == args.model)
-    device = torch.device("cuda", rank)
-    model, info = build_model(spec, "full", device)
-    inputs = make_inputs(spec, model.config, "full", device, training=True)
-    runner, ddp = make_runner(mode, model, rank, args.bucket_cap_mb)
+    device = torch.device("cpu") if args.small else torch.device("cuda", rank)
+    scale = "small" if args.small else "full"
+    model, info = build_model(spec, scale, device)
+    inputs = make_inputs(spec, model.config, scale, device, training=True)
+    runner, ddp = make_runner(mode, model, rank, args)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+
+    def sync() -> None:
+        if not args.small:
+            torch.cuda.synchronize()
 
     def step() -> float:
         loss = runner(**inputs).loss
@@ -104,35 +116,36 @@ def run_mode(mode: str, args: argparse.Namespace, rank: int, out: Path) -> dict[
 
     t0 = time.perf_counter()
     first = float(step())
-    torch.cuda.synchronize()
+    sync()
     compile_s = time.perf_counter() - t0
     for _ in range(args.warmup - 1):
         step()
     times = []
     for _ in range(args.steps):
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         step()
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - t) * 1000)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             step()
-        torch.cuda.synchronize()
+        sync()
     comm_ms, share = overlap(prof)
-    trace = out / f"distributed_{args.tag}_{args.model}_{mode.replace(' ', '').replace(',', '_')}.trace.json"
-    if rank == 0:
+    trace = out / f"distributed_{args.tag}_{args.model}_{mode}.trace.json"
+    traced = rank == 0 and mode in [m.strip() for m in args.traces.split(",")]
+    if traced:
         prof.export_chrome_trace(str(trace))
     return {"mode": mode, "first_loss": first, "compile_s": compile_s, "step_ms": statistics.median(times),
             "nccl_ms_per_3_steps": comm_ms, "overlap": share, "pieces": pieces(runner),
-            "trace": trace.name if rank == 0 else None, "params_m": info["params_m"]}
+            "trace": trace.name if traced else None, "params_m": info["params_m"]}
 
 
 def markdown(doc: dict[str, Any]) -> str:
     rows = doc["rows"]
     eager = next((r for r in rows if r["mode"] == "eager"), None)
-    lines = [f"# DDP training step, {doc['model']}, {doc['world']} GPUs ({doc['tag']})", "",
+    lines = [f"# DDP training step, {doc['model']}, {doc['world']} ranks, {doc['device']} ({doc['tag']})", "",
              "| mode | step ms | vs eager | overlap | NCCL ms / 3 steps | pieces | first loss | compile s |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -145,9 +158,10 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    dist.init_process_group("nccl")
+    dist.init_process_group("gloo" if args.small else "nccl")
     rank = dist.get_rank()
-    torch.cuda.set_device(rank)
+    if not args.small:
+        torch.cuda.set_device(rank)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -159,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
     if rank == 0:
         doc = {"model": args.model, "world": dist.get_world_size(), "tag": args.tag, "rows": rows,
-               "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
+               "torch": torch.__version__,
+               "device": "cpu (--small)" if args.small else torch.cuda.get_device_name(0),
                "env": {k: v for k, v in os.environ.items() if k.startswith("TORCHFUSE_")}}
         stem = out / f"distributed_{args.tag}_{args.model}"
         stem.with_suffix(".json").write_text(json.dumps(doc, indent=2))
