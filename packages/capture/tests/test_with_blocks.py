@@ -133,3 +133,58 @@ def test_exception_in_a_resumed_block_reaches_its_exit():
     with pytest.raises(ValueError, match="boom"):
         compile(f, backend="eager")(torch.randn(2), Opaque())
     assert seen == [ValueError]
+
+
+class _Tracked:
+    """A user context manager capture interprets (its methods are Python)."""
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def __enter__(self):
+        self.seen.append("enter")
+        return self
+
+    def __exit__(self, typ, value, tb):
+        self.seen.append(typ)
+
+
+class _Slotted:
+    __slots__ = ("log",)
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, typ, value, tb):
+        return None
+
+
+def test_exception_at_a_break_reaches_an_interpreted_exit():
+    seen = []
+
+    def raise_inside(y):
+        print("break")
+        raise ValueError("boom")
+
+    def f(x):
+        with _Tracked(seen):
+            y = x.sin()
+            raise_inside(y)
+            return y
+
+    with pytest.raises(ValueError, match="boom"):
+        compile(f, backend="eager")(torch.randn(2))
+    assert seen == ["enter", ValueError]
+
+
+def test_object_with_slots_made_in_the_frame_survives_a_break():
+    def f(x):
+        box = _Slotted()
+        box.log = 3
+        with box:
+            y = x.sin()
+            print("break")
+        return y * box.log
+
+    x = torch.randn(3)
+    torch.testing.assert_close(compile(f, backend="eager")(x), f(x))

@@ -59,6 +59,8 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         return inline(fn, args, kwargs)
     if isinstance(fn, V.ExitVar):
         return B.exit_context(fn.ctx)
+    if isinstance(fn, V.UserExitVar):
+        return call(fn.exit, args, kwargs)
     if isinstance(fn, V.ModuleVar):
         return call_module(fn, args, kwargs)
     if isinstance(fn, V.UserObjVar):

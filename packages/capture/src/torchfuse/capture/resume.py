@@ -36,7 +36,7 @@ from torchfuse.capture import codegen
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import Capture
 from torchfuse.capture.errors import Unsupported
-from torchfuse.capture.output import OutputBuilder, Spec
+from torchfuse.capture.output import OutputBuilder, Spec, new_object
 from torchfuse.capture.source import AttrSource, ClosureSource, ItemSource, Source
 from torchfuse.capture.variables import TRACE_RANGE
 from torchfuse.capture.versions import (
@@ -184,6 +184,8 @@ class LiveBuilder(OutputBuilder):
                     [self.cell(c) for c in var.closure])
         if isinstance(var, ForeignExitVar):
             return ("exit_fn", ("s", var.source.expr()))
+        if isinstance(var, V.UserExitVar):  # so that an exception the break raises reaches it
+            return ("exit_fn", self.spec(var.exit))
         if isinstance(var, V.ExitVar):
             if var.ctx.kind not in _CONTEXTS:
                 raise Fallback(f"a `with {var.ctx.kind}` block is active at the break", self.ctx.loc)
@@ -454,9 +456,7 @@ def build_fn(spec: Spec, ns: dict[str, Any]) -> Builder:
         cls, attrs = spec[1], {k: build_fn(s, ns) for k, s in spec[2].items()}
 
         def obj(o: Any, L: Any, G: Any, C: Any, m: dict) -> Any:
-            new = object.__new__(cls)
-            new.__dict__.update({k: p(o, L, G, C, m) for k, p in attrs.items()})
-            return new
+            return new_object(cls, {k: p(o, L, G, C, m) for k, p in attrs.items()})
         return obj
     if tag == "iter":
         parts = [build_fn(s, ns) for s in spec[1]]

@@ -414,6 +414,18 @@ class ContextVar(Var):
         return f"context {self.kind}{self.args}"
 
 
+class UserExitVar(Var):
+    """The ``__exit__`` that ``BEFORE_WITH`` pushes for a context manager whose methods are
+    interpreted (a user class): called like the bound method it wraps; at a graph break it is
+    rebuilt as a ``with`` exit, which an exception raised by the break reaches."""
+
+    def __init__(self, exit: Var) -> None:
+        self.exit = exit
+
+    def describe(self) -> str:
+        return f"__exit__ {self.exit.describe()}"
+
+
 class ExitVar(Var):
     """The ``__exit__`` that ``BEFORE_WITH`` pushes."""
 

@@ -128,7 +128,7 @@ def before_with(frame, inst) -> None:
         from torchfuse.capture.calls import call
 
         exit_fn = getattr_var(mgr, "__exit__")
-        frame.push(exit_fn)
+        frame.push(V.UserExitVar(exit_fn))
         frame.push(call(getattr_var(mgr, "__enter__"), [], {}))
         return
     raise Unsupported(f"`with` on {mgr.describe()}")
