@@ -9,6 +9,7 @@
 #   scripts/gpu_run.sh gpt2prof         # GPT-2: GPU busy vs wall time, top kernels
 #   scripts/gpu_run.sh autotune         # matmul rows under mode="max-autotune", both compilers
 #   scripts/gpu_run.sh models           # real transformers models (benchmarks/models.py), all three
+#   scripts/gpu_run.sh dist             # DDP on every GPU (torchrun, NCCL): step time and overlap
 #   scripts/gpu_run.sh tests bench      # some phases (setup always runs first)
 #
 # The machine has torch, triton, pytest and friends but no internet and no msgspec, bytecode or
@@ -19,7 +20,9 @@
 # produced, so a run cut short still leaves its logs; at most 8 files),
 # PYTHON, TORCHFUSE_SITE, WHEEL_DIR, FORCE_WHEELS=1 (install the wheels even when the module
 # imports), GPU_RUN_BUDGET_S (whole run, default 540), BENCH_ARGS (extra run.py arguments),
-# MODELS_ARGS (extra benchmarks/models.py arguments), MODELS_TIMEOUT_S (the models phase's cap, 420).
+# MODELS_ARGS (extra benchmarks/models.py arguments), MODELS_TIMEOUT_S (the models phase's cap, 420),
+# DIST_MODELS (default gpt2; or llama, or "gpt2 llama"), DIST_ARGS (extra benchmarks/distributed.py
+# arguments).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -368,6 +371,32 @@ phase_models() {
     return "$rc"
 }
 
+# DDP on every GPU of the machine (torchrun, NCCL): the two-rank tests under NCCL, then eager /
+# torch.compile / torchfuse DDP training steps with their NCCL overlap (benchmarks/distributed.py;
+# the torchfuse profile as a Chrome trace), one model after the other (DIST_MODELS).
+phase_dist() {
+    local t n end model rc=0
+    end=$((SECONDS + $(phase_timeout 540)))
+    have_cuda || { log "dist needs CUDA"; return 0; }
+    n=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+    t=$(phase_timeout 150 "$end")
+    log "pytest -m gpu tests/distributed ($n GPUs, timeout ${t}s)"
+    timeout "$t" "$PY" -m pytest -q -m gpu tests/distributed -p no:cacheprovider 2>&1 | tee -a "$TESTS_LOG"
+    rc=${PIPESTATUS[0]}
+    ((n < 2)) && { log "dist: one GPU, no benchmark (it needs two)"; return "$rc"; }
+    for model in ${DIST_MODELS:-gpt2}; do
+        t=$(phase_timeout 400 "$end")
+        ((t < 60)) && return 124
+        log "torchrun --nproc-per-node $n benchmarks/distributed.py --model $model (timeout ${t}s)"
+        # shellcheck disable=SC2086  # DIST_ARGS is a list of words on purpose
+        timeout "$t" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" \
+            benchmarks/distributed.py --model "$model" --tag "$TAG" --out "$DEST" ${DIST_ARGS:-} \
+            2>&1 | tee -a "$BENCH_LOG"
+        ((PIPESTATUS[0] != 0)) && rc=${PIPESTATUS[0]}
+    done
+    return "$rc"
+}
+
 # With $OUT set, everything was written there; keep a copy in benchmarks/results as well.
 collect() {
     [[ -z "$OUT_DIR" ]] && return 0
@@ -382,8 +411,8 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead | modes | warm | compileprof | dynamic | gpt2prof | autotune | models) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm compileprof dynamic gpt2prof autotune models)" >&2
+        case $p in setup | tests | capture | bench | overhead | modes | warm | compileprof | dynamic | gpt2prof | autotune | models | dist) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm compileprof dynamic gpt2prof autotune models dist)" >&2
                exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"

@@ -10,6 +10,7 @@ from torchfuse.capture import grad_op as _grad_op  # noqa: F401  (registers torc
 from torchfuse.capture.__about__ import __version__
 from torchfuse.capture.backends import eager, list_backends, lookup_backend
 from torchfuse.capture.compiler import CompiledFunction, CompiledModule, compile, mark_dynamic, reset
+from torchfuse.capture.distributed import RankDivergence, RankDivergenceWarning
 from torchfuse.capture.errors import (
     AmbiguousBackend,
     BackendNotFound,
@@ -37,6 +38,8 @@ __all__ = [
     "ExportError",
     "Exported",
     "GraphBreakInFullgraph",
+    "RankDivergence",
+    "RankDivergenceWarning",
     "RecompileLimitExceeded",
     "Unsupported",
     "__version__",

@@ -394,9 +394,23 @@ def _context(kind: str) -> Handler:
     return h
 
 
+TRACE_RANGE = V.TRACE_RANGE
+
+
+def trace_range_makers() -> tuple[Any, ...]:
+    """The callables that open a profiler or tracing range."""
+    makers: list[Any] = [torch.autograd.profiler.record_function]
+    nvtx = getattr(getattr(torch, "cuda", None), "nvtx", None)
+    if nvtx is not None and hasattr(nvtx, "range"):
+        makers.append(nvtx.range)
+    return tuple(makers)
+
+
 def context_of_object(obj: Any) -> V.ContextVar | None:
     """A grad-mode/autocast context manager object made outside capture (e.g. by the
-    ``@torch.no_grad()`` decorator) as a context variable."""
+    ``@torch.no_grad()`` decorator), or a profiler range, as a context variable."""
+    if isinstance(obj, torch.autograd.profiler.record_function):
+        return V.ContextVar(TRACE_RANGE, (obj.name,))
     if isinstance(obj, torch.no_grad):
         return V.ContextVar("no_grad")
     if isinstance(obj, torch.enable_grad):
@@ -426,7 +440,7 @@ def enter_context(ctxvar: V.ContextVar) -> None:
         cm.__enter__()
         ctxvar.saved = cm
         ctx.open_autocasts.append(cm)
-    else:
+    elif ctxvar.kind != TRACE_RANGE:
         raise Unsupported(f"context manager {ctxvar.kind}", ctx.loc)
 
 
@@ -436,7 +450,7 @@ def exit_context(ctxvar: V.ContextVar) -> V.Var:
         open_cms = current().open_autocasts
         if ctxvar.saved in open_cms:
             open_cms.remove(ctxvar.saved)
-    else:
+    elif ctxvar.kind != TRACE_RANGE:
         set_grad(ctxvar.saved)
     return V.ConstVar(None)
 
@@ -567,6 +581,7 @@ def _table() -> dict[Any, Handler]:
         torch.set_grad_enabled: _context("set_grad_enabled"),
         torch.inference_mode: _context("inference_mode"),
         torch.autocast: _context("autocast"),
+        **{maker: _context(TRACE_RANGE) for maker in trace_range_makers()},
     }
     # Truthful answers to "what is running me?": capture is compiling (libraries then take
     # their compile-friendly paths, as under torch.compile); it is neither TorchScript nor a

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -27,6 +28,7 @@ import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
+from torchfuse.capture.distributed import is_distributed_runtime
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, ItemSource, Source
 from torchfuse.capture.values import from_py, to_py
@@ -57,6 +59,8 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         return inline(fn, args, kwargs)
     if isinstance(fn, V.ExitVar):
         return B.exit_context(fn.ctx)
+    if isinstance(fn, V.UserExitVar):
+        return call(fn.exit, args, kwargs)
     if isinstance(fn, V.ModuleVar):
         return call_module(fn, args, kwargs)
     if isinstance(fn, V.UserObjVar):
@@ -66,6 +70,7 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(fn, V.ConstVar | V.TensorVar | V.ListVar | V.DictVar | V.SetVar):
         raise Unsupported(f"{fn.describe()} is not callable", ctx.loc)
     value = fn.python()
+    _check_function_apply(value, args)
     from torchfuse.capture.compiler import CompiledFunction
 
     if isinstance(value, CompiledFunction):  # compiled inside compiled: capture it inline
@@ -87,12 +92,39 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
                     args, kwargs)
     if is_torch_callable(value):
         return call_torch_function(value, args, kwargs)
+    if getattr(value, "__code__", None) in _CONTEXTMANAGER_CODES:
+        # a @contextmanager generator: capture collects generators whole, which would run the
+        # code after its yield now; it is made in Python, and ``with`` on it resumes
+        raise Unsupported(f"calling @contextmanager {_qualname(value)} (its __enter__ and "
+                          f"__exit__ run in Python)", ctx.loc)
     if isinstance(value, types.FunctionType):
         return inline(fn, args, kwargs)
     if isinstance(value, type):
         return construct(value, args, kwargs)
     raise Unsupported(f"call to {_qualname(value)} is not supported", ctx.loc,
                       "move it out of the compiled function")
+
+
+_CONTEXTMANAGER_CODES = frozenset(
+    getattr(deco(lambda: None), "__code__", None) for deco in
+    (contextlib.contextmanager, getattr(contextlib, "asynccontextmanager", contextlib.contextmanager)))
+
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+
+
+def _check_function_apply(value: Any, args: list[V.Var]) -> None:
+    """``MyFunction.apply(...)`` of a custom ``torch.autograd.Function`` is a graph break: called
+    on fakes, its forward would be recorded and its backward lost (DDP's ``_DDPSink`` queues
+    the delayed all-reduce there). It runs in Python, backward included."""
+    owner = getattr(value, "__self__", None) if isinstance(value, types.MethodType) else None
+    if getattr(value, "__func__", value) is not _FUNCTION_APPLY:
+        return
+    if owner is None and args and isinstance(args[0], V.ObjVar):
+        owner = args[0].value
+    name = owner.__qualname__ if isinstance(owner, type) else "Function"
+    raise Unsupported(f"{name}.apply: a custom torch.autograd.Function runs in Python (capture "
+                      f"does not trace its backward)", current().loc)
 
 
 def _attr(obj: V.Var, name: str) -> V.Var:
@@ -140,6 +172,10 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
         return arrays.to_tensor(value, args, kwargs, lambda t, kw: call_method(t, "to", [], kw))
     if name in _UNSUPPORTED_TORCH:
         raise Unsupported(f"torch.{name} inside a compiled function", ctx.loc)
+    if is_distributed_runtime(value):
+        raise Unsupported(f"{_qualname(value)} is a torch.distributed runtime call", ctx.loc,
+                          "it runs in Python, between graphs: collectives, DDP's reducer and "
+                          "FSDP's hooks talk to the other ranks (docs/distributed.md)")
     if name == "is_grad_enabled":
         state = torch.is_grad_enabled()
         ctx.guards.grad_mode(state)
@@ -186,6 +222,14 @@ def call_module(fn: V.ModuleVar, args: list[V.Var], kwargs: dict[str, V.Var]) ->
             glob._global_forward_hooks or glob._global_forward_pre_hooks or \
             glob._global_backward_hooks or glob._global_backward_pre_hooks:
         raise Unsupported(f"module {type(mod).__name__} has backward or global hooks", ctx.loc)
+    from torchfuse.capture.hooks import distributed_hooks
+
+    if distributed_hooks(mod):
+        err = Unsupported(f"module {type(mod).__name__} has torch.distributed forward hooks (FSDP)",
+                          ctx.loc, "its call runs the hooks in Python and its forward is compiled "
+                          "as a graph of its own (docs/distributed.md)")
+        err.compile_callee = True
+        raise err
     pre_hooks = _module_hooks(fn, "_forward_pre_hooks")
     post_hooks = _module_hooks(fn, "_forward_hooks")
     if not pre_hooks and not post_hooks:

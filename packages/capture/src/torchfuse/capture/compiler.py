@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torchfuse.capture import codegen
 from torchfuse.capture import config as C
+from torchfuse.capture import distributed as D
 from torchfuse.capture.backends import Backend, backend_parameters, lookup_backend
 from torchfuse.capture.context import InputSlot
 from torchfuse.capture.convert import CaptureResult, capture, make_binder
@@ -50,6 +51,7 @@ from torchfuse.capture.errors import (
     where,
 )
 from torchfuse.capture.guards import module_version, watch_module_attributes
+from torchfuse.capture.hooks import call_with_hooks, python_hooks
 from torchfuse.capture.output import compile_side_effects, compile_spec
 from torchfuse.capture.resume import (
     BreakRunner,
@@ -263,9 +265,14 @@ class CompiledFunction:
             inner = self.callee(fn.__func__)
             return None if inner is None else functools.partial(inner, fn.__self__)
         if isinstance(fn, torch.nn.Module) and not isinstance(fn, CompiledModule) and \
-                isinstance(type(fn).forward, types.FunctionType) and not _has_hooks(fn):
+                isinstance(type(fn).forward, types.FunctionType) and \
+                (not _has_hooks(fn) or python_hooks(fn)):
             inner = self.callee(type(fn).forward)
-            return None if inner is None else functools.partial(inner, fn)
+            if inner is None:
+                return None
+            if _has_hooks(fn):  # hooks in Python around the compiled forward (FSDP2's)
+                return functools.partial(call_with_hooks, fn, functools.partial(inner, fn))
+            return functools.partial(inner, fn)
         if not isinstance(fn, types.FunctionType) or fn.__code__.co_flags & 0x3A0 or \
                 not all(n.isidentifier() for n in fn.__code__.co_varnames):  # comprehensions (3.11)
             return None
@@ -402,9 +409,16 @@ class CompiledFunction:
         gather, fetch = _gather_functions(result.inputs, ns)
         examples = list(gather(L, self.globals, C_, fetch(L, self.globals, C_)))
         # Every stage the backend runs (aot, inductor, ...) files its artifacts under this graph.
+        kwargs = self._backend_kwargs()
         with observe.compiling(_debug_name(result)), \
                 torch.enable_grad() if result.grad_entry else contextlib.nullcontext():
-            compiled = self._backend_fn(result.graph, examples, **self._backend_kwargs())
+            ddp = D.active_ddp()
+            if ddp is None:
+                compiled = self._backend_fn(result.graph, examples, **kwargs)
+            else:  # pieces per DDP bucket, so that all-reduces overlap the backward
+                compiled, result.ddp_plan = D.split_for_ddp(
+                    result.graph, examples, ddp, lambda g, ex: self._backend_fn(g, ex, **kwargs),
+                    self.root.name)
         if not result.grad_entry:
             return compiled
         # the mode the code leaves on (it left the region, or not), as eager leaves it
@@ -625,6 +639,8 @@ class CompiledModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if _has_hooks(self._orig_mod):
+            if python_hooks(self._orig_mod):  # FSDP2's: unshard, compiled forward, reshard
+                return call_with_hooks(self._orig_mod, self._compiled, *args, **kwargs)
             return self._with_hooks()(self._orig_mod, *args, **kwargs)
         return self._compiled(*args, **kwargs)
 

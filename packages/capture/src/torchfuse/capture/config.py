@@ -9,6 +9,10 @@ variable                           meaning
                                    falling back to eager with a warning
 ``TORCHFUSE_BACKEND``              the backend ``compile`` uses when none is given
                                    (default ``inductor``)
+``TORCHFUSE_DDP_SPLIT``            ``0``: graphs captured inside a DDP forward stay whole
+                                   (default: cut at DDP's bucket boundaries)
+``TORCHFUSE_RANK_CHECK``           ``warn`` (default), ``error`` or ``off``: what a rank that
+                                   compiled another graph than the others gets
 ``TORCHFUSE_LOGS``                 the shared logging switch (parsed by
                                    `torchfuse.graph.observe`); this package writes the
                                    channels ``graph``, ``guards``, ``recompiles``, ``breaks``
@@ -49,6 +53,20 @@ class CaptureConfig:
     """The backend ``compile`` uses when its ``backend`` argument is not given: a registered
     name or a ``"package.module:function"`` entry-point value (``TORCHFUSE_BACKEND``)."""
 
+    ddp_split: bool = True
+    """Cut a graph captured inside a ``DistributedDataParallel`` forward at DDP's bucket
+    boundaries, so that each bucket's all-reduce overlaps the rest of the backward
+    (`torchfuse.capture.distributed`)."""
+    ddp_bucket_bytes: int | None = None
+    """The bucket size the split aims at, in bytes; ``None``: the DDP module's own
+    ``bucket_bytes_cap`` (``bucket_cap_mb``)."""
+    rank_check: str = "warn"
+    """``"warn"``, ``"error"`` or ``"off"``: a graph compiled inside a DDP forward is compared
+    across ranks (`torchfuse.capture.distributed.check_ranks`)."""
+    rank_check_timeout: float = 120.0
+    """Seconds a rank waits for the others to capture the same graph before it reports them
+    (the ranks compare before the backend compiles: the wait covers capture, not compile)."""
+
     def patch(self, **changes: object) -> contextlib.AbstractContextManager[CaptureConfig]:
         """Temporarily change settings: ``with config.patch(recompile_limit=2): ...``."""
         return patch(**changes)
@@ -68,7 +86,16 @@ def from_environment(environ: Mapping[str, str] | None = None) -> CaptureConfig:
         recompile_limit=int(env.get("TORCHFUSE_RECOMPILE_LIMIT", "8") or 8),
         raise_on_recompile_limit=_flag(env, "TORCHFUSE_RAISE_ON_RECOMPILE", False),
         default_backend=env.get("TORCHFUSE_BACKEND", "").strip() or "inductor",
+        ddp_split=_flag(env, "TORCHFUSE_DDP_SPLIT", True),
+        rank_check=_rank_check(env.get("TORCHFUSE_RANK_CHECK", "")),
     )
+
+
+def _rank_check(value: str) -> str:
+    value = value.strip().lower() or "warn"
+    if value not in ("warn", "error", "off"):
+        raise ValueError(f"TORCHFUSE_RANK_CHECK={value!r}: expected warn, error or off")
+    return value
 
 
 config = from_environment()

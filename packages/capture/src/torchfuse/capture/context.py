@@ -240,6 +240,12 @@ class Capture:
             # it (shape, dtype, its values as a tensor input) is guarded where it is read
             guards.type_(source, type(value))
             return V.NdarrayVar(value, source)
+        if source is not None and isinstance(value, types.MethodType) and not source.is_module_state:
+            # a bound method is made anew by every attribute read (``obj.method`` is never the
+            # same object twice): guard what it is made of, the function and the instance
+            guards.identity(AttrSource(source, "__func__"), value.__func__)
+            guards.identity(AttrSource(source, "__self__"), value.__self__)
+            return V.ObjVar(value, source)
         if source is not None and not isinstance(value, types.ModuleType) and \
                 not source.is_module_state:
             guards.identity(source, value)

@@ -64,6 +64,9 @@ class CaptureResult:
     """Called with grad mode off, the code turns it on (``with torch.enable_grad():``): the
     graph then starts by switching grad off and runs with grad mode on, so that backends,
     which decide from the mode at entry whether to record a backward, record one."""
+    ddp_plan: Any = None
+    """A [`BucketPlan`][torchfuse.capture.distributed.BucketPlan] when the graph was captured
+    inside a DDP forward: where it was cut into pieces, one per gradient bucket."""
     debug_name: str = ""
     """The folder its artifacts go to (``<function>/entry_<n>``, given when it is recorded;
     see ``torchfuse.graph.observe.entry_folder``)."""
@@ -197,7 +200,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                     # capture again, stopping before the breaking instruction: what it did
                     # before raising (an inlined call that broke deep inside) leaves no trace
                     at = Unsupported(e.reason, e.loc, e.hint)
-                    at.inside_call = len(e.break_chain) > 1
+                    at.inside_call = len(e.break_chain) > 1 or e.compile_callee
                     stop = (e.break_chain[-1].step, at)
                     first = e
                     again = True

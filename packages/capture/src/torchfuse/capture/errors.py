@@ -62,6 +62,10 @@ class Unsupported(CaptureError):
         self.break_chain: list = []
         """``frame.BreakState`` of each frame the break passed through, innermost first:
         the instruction and the stack/locals before it (for resume functions)."""
+        self.compile_callee = False
+        """The break is a call whose callee is compiled as a frame of its own when it runs
+        in Python (a module whose hooks run in Python, `torchfuse.capture.hooks`), as a break
+        deeper inside a call is."""
         super().__init__(reason)
 
     @property

@@ -62,6 +62,9 @@ class Explanation:
     """The guards of every graph: what must hold for a compiled entry to be reused."""
     compile_time_s: float
     """Seconds spent capturing (the backend is ``eager``: no compile time of its own)."""
+    pieces: list[int] = dataclasses.field(default_factory=list)
+    """Per graph, how many pieces it is compiled as: 1, or one per gradient bucket for a
+    graph captured inside a DDP forward ([`torchfuse.capture.distributed`][torchfuse.capture.distributed])."""
 
     @property
     def graph_count(self) -> int:
@@ -92,6 +95,8 @@ class Explanation:
             lines.append("Break reasons:")
             for i, b in enumerate(self.break_reasons, 1):
                 lines.append(f"  {i}. {b}")
+        if any(n > 1 for n in self.pieces):
+            lines.append(f"Pieces per graph (DDP buckets): {self.pieces}")
         for i, ops in enumerate(self.ops_per_graph):
             lines.append(f"Ops in graph {i}:")
             lines += [f"  {op}" for op in ops]
@@ -159,7 +164,10 @@ def explain(fn: Callable[..., Any]) -> Callable[..., Explanation]:
 
         graphs = [r.graph for r in results if counts_as_graph(r)]
         guards = [e.record for r in results for e in r.checks.entries]
-        return Explanation(graphs, break_reasons(results), guards, sum(r.seconds for r in results))
+        pieces = [len(r.ddp_plan.cuts) + 1 if r.ddp_plan is not None else 1
+                  for r in results if counts_as_graph(r)]
+        return Explanation(graphs, break_reasons(results), guards, sum(r.seconds for r in results),
+                           pieces)
 
     return run
 

@@ -222,7 +222,7 @@ def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], 
     src = f"def rebuild(O, L, G, C):\n    return {body}\n"
     ns = dict(namespace)
     ns["_K"] = consts
-    ns["_new"] = _new_object
+    ns["_new"] = new_object
     ns["_detach"] = _detach
     ns["_as_subclass"] = _as_subclass
     ns["_mapping"] = _new_mapping
@@ -246,9 +246,14 @@ def _new_mapping(cls: type, items: dict[Any, Any]) -> Any:
     return cls(items)
 
 
-def _new_object(cls: type, attrs: dict[str, Any]) -> Any:
+def new_object(cls: type, attrs: dict[str, Any]) -> Any:
+    """An instance of ``cls`` with these attributes, made without calling ``__init__``."""
     obj = object.__new__(cls)
-    obj.__dict__.update(attrs)
+    if hasattr(obj, "__dict__"):
+        obj.__dict__.update(attrs)
+    else:  # a class with __slots__: its attributes are slot descriptors
+        for k, v in attrs.items():
+            object.__setattr__(obj, k, v)
     return obj
 
 

@@ -36,8 +36,9 @@ from torchfuse.capture import codegen
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import Capture
 from torchfuse.capture.errors import Unsupported
-from torchfuse.capture.output import OutputBuilder, Spec
+from torchfuse.capture.output import OutputBuilder, Spec, new_object
 from torchfuse.capture.source import AttrSource, ClosureSource, ItemSource, Source
+from torchfuse.capture.variables import TRACE_RANGE
 from torchfuse.capture.versions import (
     BREAK_PROLOGUE,
     exception_table,
@@ -53,6 +54,43 @@ ORIGIN = codegen.ORIGIN
 
 _GRAD_CONTEXTS = {"no_grad": torch.no_grad, "enable_grad": torch.enable_grad,
                   "set_grad_enabled": torch.set_grad_enabled}
+
+
+class TransparentRange:
+    """What a profiler or tracing range (`builtins.TRACE_RANGE`) live at a graph break is
+    rebuilt as: a context manager that does nothing, as the range does inside capture."""
+
+    def __init__(self, name: Any = None, *args: Any, **kwargs: Any) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_CONTEXTS: dict[str, Callable[..., Any]] = {**_GRAD_CONTEXTS, TRACE_RANGE: TransparentRange}
+"""The ``with`` blocks capture models that a graph break inside can resume in."""
+
+
+class ForeignExitVar(V.Var):
+    """The ``__exit__`` of a context manager that capture does not model (its ``__enter__``
+    ran in Python, at a graph break on ``BEFORE_WITH``): calling it is a graph break, so it
+    runs in Python too, and an exception raised by a later break in the block reaches it."""
+
+    def __init__(self, value: Any, source: Source) -> None:
+        self.value = value
+        self.source = source
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def python(self) -> Any:
+        raise Unsupported(f"the {self.describe()}")
+
+    def describe(self) -> str:
+        return f"__exit__ of {type(self.value.__self__).__qualname__} (runs in Python)"
 
 
 class OpaqueVar(V.Var):
@@ -144,12 +182,16 @@ class LiveBuilder(OutputBuilder):
             return ("fn", var.code, var.f_globals, [self.spec(d) for d in var.defaults],
                     {k: self.spec(v) for k, v in var.kwdefaults.items()},
                     [self.cell(c) for c in var.closure])
+        if isinstance(var, ForeignExitVar):
+            return ("exit_fn", ("s", var.source.expr()))
+        if isinstance(var, V.UserExitVar):  # so that an exception the break raises reaches it
+            return ("exit_fn", self.spec(var.exit))
         if isinstance(var, V.ExitVar):
-            if var.ctx.kind not in _GRAD_CONTEXTS:
+            if var.ctx.kind not in _CONTEXTS:
                 raise Fallback(f"a `with {var.ctx.kind}` block is active at the break", self.ctx.loc)
             return ("exit", var.ctx.kind, var.ctx.args)
         if isinstance(var, V.ContextVar):
-            if var.kind not in _GRAD_CONTEXTS:
+            if var.kind not in _CONTEXTS:
                 raise Fallback(f"context {var.kind} is live at the break", self.ctx.loc)
             return ("ctx", var.kind, var.args)
         if isinstance(var, V.CellVar):
@@ -229,7 +271,7 @@ def plan_break(ctx: Capture, error: Unsupported) -> BreakPlan:
         cells.append(builder.cell(cell) if cell is not None else ("cell", -1 - len(cells), None))
     builder.live = False
     effect_ops = builder.side_effects()
-    active = [v for v in state.stack if isinstance(v, V.ExitVar)]
+    active = [v for v in state.stack if isinstance(v, V.ExitVar) and v.ctx.kind in _GRAD_CONTEXTS]
     grad = bool(active[0].ctx.saved) if active else torch.is_grad_enabled()
     plan = BreakPlan(code=code, offset=offset, stack=stack, local_names=names, locals=local_specs,
                      cells=cells, kw_names=state.kw_names if inst.opname == "CALL" else (),
@@ -320,6 +362,12 @@ def wrap_resume_arg(ctx: Capture, value: Any, source: Source) -> V.Var:
             cv = V.ContextVar(kind, (self_.mode,) if kind == "set_grad_enabled" else ())
             cv.saved = self_.prev
             return V.ExitVar(cv)
+        if type(self_) is TransparentRange and value.__func__.__name__ == "__exit__":
+            ctx.guards.type_(AttrSource(source, "__self__"), TransparentRange)
+            return V.ExitVar(V.ContextVar(TRACE_RANGE, (self_.name,)))
+        if value.__func__.__name__ == "__exit__":  # a with block whose __enter__ ran in Python
+            ctx.guards.type_(AttrSource(source, "__self__"), type(self_))
+            return ForeignExitVar(value, source)
         func = ctx.wrap(value.__func__, AttrSource(source, "__func__"))
         return V.BoundMethodVar(func, wrap_resume_arg(ctx, self_, AttrSource(source, "__self__")))
     if isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, torch.Tensor):
@@ -408,9 +456,7 @@ def build_fn(spec: Spec, ns: dict[str, Any]) -> Builder:
         cls, attrs = spec[1], {k: build_fn(s, ns) for k, s in spec[2].items()}
 
         def obj(o: Any, L: Any, G: Any, C: Any, m: dict) -> Any:
-            new = object.__new__(cls)
-            new.__dict__.update({k: p(o, L, G, C, m) for k, p in attrs.items()})
-            return new
+            return new_object(cls, {k: p(o, L, G, C, m) for k, p in attrs.items()})
         return obj
     if tag == "iter":
         parts = [build_fn(s, ns) for s in spec[1]]
@@ -456,6 +502,8 @@ def build_fn(spec: Spec, ns: dict[str, Any]) -> Builder:
                 found = m[key] = inner(o, L, G, C, m)
             return found
         return shared
+    if tag == "exit_fn":
+        return build_fn(spec[1], ns)
     if tag == "exit":
         make_ctx = _context_factory(spec[1], spec[2])
 
@@ -471,7 +519,7 @@ def build_fn(spec: Spec, ns: dict[str, Any]) -> Builder:
 
 
 def _context_factory(kind: str, args: tuple[Any, ...]) -> Callable[[], Any]:
-    cls = _GRAD_CONTEXTS[kind]
+    cls = _CONTEXTS[kind]
     return lambda: cls(*args)
 
 
@@ -487,7 +535,7 @@ class BreakRunner:
         self.cells = [build_fn(s, ns) for s in plan.cells]
         below = len(plan.stack) - plan.consumed
         self.below = below
-        self.is_exit = [s is not None and s[0] == "exit" for s in plan.stack[:below]]
+        self.is_exit = [s is not None and s[0] in ("exit", "exit_fn") for s in plan.stack[:below]]
         self.step_code = plan.step_code
         self.f_globals = owner.globals
         self.step_fn = None if self.step_code.co_freevars else \

@@ -394,8 +394,16 @@ class SuperVar(Var):
         self.self_var = self_var
 
 
+TRACE_RANGE = "trace_range"
+"""The `ContextVar` kind of profiler and tracing ranges (``torch.profiler.record_function``,
+``torch.cuda.nvtx.range``): transparent to capture, as they are to ``torch.compile``. They
+mark time in a profile and change no value, so a compiled graph drops them (the profile then
+shows the graph's kernels, not the range); entering and leaving one records nothing."""
+
+
 class ContextVar(Var):
-    """A grad-mode or autocast context manager (``torch.no_grad()`` …)."""
+    """A grad-mode or autocast context manager (``torch.no_grad()`` …), or a profiler range
+    (`TRACE_RANGE`)."""
 
     def __init__(self, kind: str, args: tuple[Any, ...] = ()) -> None:
         self.kind = kind
@@ -404,6 +412,18 @@ class ContextVar(Var):
 
     def describe(self) -> str:
         return f"context {self.kind}{self.args}"
+
+
+class UserExitVar(Var):
+    """The ``__exit__`` that ``BEFORE_WITH`` pushes for a context manager whose methods are
+    interpreted (a user class): called like the bound method it wraps; at a graph break it is
+    rebuilt as a ``with`` exit, which an exception raised by the break reaches."""
+
+    def __init__(self, exit: Var) -> None:
+        self.exit = exit
+
+    def describe(self) -> str:
+        return f"__exit__ {self.exit.describe()}"
 
 
 class ExitVar(Var):

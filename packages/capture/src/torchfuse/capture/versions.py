@@ -101,6 +101,8 @@ def stack_io(inst: dis.Instruction) -> tuple[int, int, int | None] | None:
         return 1, 0, 1
     if name == "FOR_ITER":
         return 1, 2, 0  # the exhausted iterator is popped on 3.11 and 3.12 alike
+    if name == "BEFORE_WITH":  # __enter__ runs in Python; the block resumes with its __exit__
+        return 1, 2, None
     if name == "FORMAT_VALUE":
         return 1 + bool(arg & 0x04), 1, None
     if name == "UNPACK_SEQUENCE":

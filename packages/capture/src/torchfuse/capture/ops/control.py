@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from torchfuse.capture import operators as O
 from torchfuse.capture import variables as V
 from torchfuse.capture.builtins import context_of_object, enter_context
@@ -115,12 +117,18 @@ def before_with(frame, inst) -> None:
         frame.push(V.ExitVar(mgr))
         frame.push(V.ConstVar(None))
         return
+    if isinstance(mgr, V.UserObjVar) and isinstance(mgr.value, contextlib.AbstractContextManager) \
+            and type(mgr.value).__module__ == "contextlib":
+        # a @contextmanager generator: interpreting it would run the code after its yield
+        # at __enter__; both halves run in Python instead, the block resumes between them
+        raise Unsupported(f"`with` on {type(mgr.value).__qualname__} (a @contextmanager "
+                          f"generator; its __enter__ and __exit__ run in Python)")
     if isinstance(mgr, V.UserObjVar):
         from torchfuse.capture.attrs import getattr_var
         from torchfuse.capture.calls import call
 
         exit_fn = getattr_var(mgr, "__exit__")
-        frame.push(exit_fn)
+        frame.push(V.UserExitVar(exit_fn))
         frame.push(call(getattr_var(mgr, "__enter__"), [], {}))
         return
     raise Unsupported(f"`with` on {mgr.describe()}")
