@@ -35,11 +35,50 @@ def test_kernels_are_cpp_with_parallel_outer_and_simd_inner_loops():
     assert 'extern "C" void cpp_' in src
 
 
-def test_the_triton_path_stays_the_default():
-    program = compile_fn(lambda x: x + 1, torch.randn(4))
-    assert {k.language for k in program.kernels} == {"triton"}
+def test_cpp_is_the_cpu_default_and_triton_interpret_asks_for_triton():
+    """``cpu_backend="auto"`` (the default): C++, or Triton when ``TRITON_INTERPRET=1``; an
+    explicit setting wins either way. Every compile says which one wrote its kernels."""
+    from torchfuse.inductor.config import cpu_kernels, from_env
+
+    assert from_env({}).cpu_backend == "auto"
+    assert cpu_kernels(from_env({}))[0] == "cpp"
+    assert cpu_kernels(from_env({"TRITON_INTERPRET": "1"}))[0] == "triton"
+    assert cpu_kernels(from_env({"TRITON_INTERPRET": "0"}))[0] == "cpp"
+    assert cpu_kernels(from_env({"TRITON_INTERPRET": "1", "TORCHFUSE_CPU_BACKEND": "cpp"}))[0] == "cpp"
+    assert cpu_kernels(from_env({"TORCHFUSE_CPU_BACKEND": "triton"}))[0] == "triton"
+    x = torch.randn(4, 8)
+    for interpret, language in [(False, "cpp"), (True, "triton")]:
+        program = compile_fn(lambda x: x + 1, x, options={"cpu_backend": "auto", "triton_interpret": interpret})
+        assert {k.language for k in program.kernels} == {language}
+        assert program.meta["kernels"].startswith(f"{language} (cpu_backend='auto'")
+        assert program.meta["fusion.txt"].startswith(f"kernels: {language} (")
+        assert_matches(run_runtime(program, [x]), x + 1)
     with pytest.raises(ValueError, match="cpu_backend"):
         compile_fn(lambda x: x + 1, torch.randn(4), options={"cpu_backend": "cuda"})
+
+
+def test_no_compiler_is_an_error_that_says_how_to_install_one(monkeypatch):
+    """Without a C++ compiler the default backend fails loudly, naming the fix and the
+    explicit Triton path; it never falls back to Triton by itself."""
+    import dataclasses
+
+    import torchfuse.runtime.config as rconfig
+    from torchfuse.runtime.cpp import CompilerNotFoundError, compiler_flags, find_compiler
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, cxx="no-such-c++-compiler"))
+    find_compiler.cache_clear()
+    compiler_flags.cache_clear()
+    try:
+        x = torch.randn(4, 8)
+        program = compile_fn(lambda x: x * 3 - 1, x, options={"cpu_backend": "auto", "triton_interpret": False})
+        assert {k.language for k in program.kernels} == {"cpp"}
+        with pytest.raises(CompilerNotFoundError, match="apt-get install g\\+\\+") as e:
+            run_runtime(program, [x])
+        assert "CXX='no-such-c++-compiler' was not found" in str(e.value)
+        assert "cpu_backend='triton'" in str(e.value) and "TRITON_INTERPRET=1" in str(e.value)
+    finally:
+        find_compiler.cache_clear()
+        compiler_flags.cache_clear()
 
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
