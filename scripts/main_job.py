@@ -62,7 +62,7 @@ STAGES = (
     ("2. autograd: the backward graph", "backward.py", "saved values + tangents -> gradients"),
     ("3. inductor: loop IR before fusion", "ir_pre_fusion.txt", "one loop nest per ATen op"),
     ("3. inductor: loop IR after fusion", "ir_post_fusion.txt", "the kernels the scheduler formed"),
-    ("3. inductor: generated code", "output_code.py", "the kernels (Triton; C++ on the CPU) + a call function"),
+    ("3. inductor: generated code", "output_code.py", "the kernels (C++ on the CPU) + a call function"),
 )
 
 
@@ -319,9 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         language, why = cpu_kernels(inductor_config)
         print(f"   No GPU: the kernels are {'C++ with OpenMP' if language == 'cpp' else 'Triton'} ({why}).")
         if language == "triton":
-            print("   Triton's interpreter is exact but slow: seconds per call where a GPU takes microseconds.")
+            print("   Triton's interpreter is exact but slow: seconds per call where a GPU takes")
+            print("   microseconds.")
         else:
-            print(f"   threads: {torch.get_num_threads()} (torch intra-op; the C++ kernels use OpenMP's default)")
+            print(f"   threads: {torch.get_num_threads()} (torch intra-op; C++ kernels: OpenMP's default)")
     else:
         print(f"   GPU: {torch.cuda.get_device_name()}")
 

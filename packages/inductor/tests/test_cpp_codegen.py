@@ -108,6 +108,55 @@ def test_pointwise_and_reductions_in_every_dtype(dtype):
     assert_matches(run_runtime(program, [x]), fn(x), **tol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_long_rows_fold_into_lanes_in_every_dtype(dtype):
+    """Rows of 64 + 64 + 72 elements: partials in `LANES` lanes (two whole blocks, then a
+    tail of 72 - 64), combined by a fixed tree; NaN rows, passes that also store, softmax's
+    ``exp`` kept in a row scratch array for its last pass."""
+    x = _sample(dtype, (6, 200))
+    if dtype.is_floating_point:
+        x[2, 150] = float("nan")
+        fn = lambda x: (x.sum(1), x.amax(1), x.amin(1), x.softmax(-1), torch.relu(x) * 2, torch.relu(x).sum(1))
+    elif dtype == torch.bool:
+        fn = lambda x: (x.any(1), x.all(1), x.sum(1))
+    else:
+        fn = lambda x: (x.sum(1), x.amax(1), x.amin(1), x * 2, (x * 2).sum(1))
+    program = compile_fn(fn, x, options=CPP)
+    src = "\n".join(k.source for k in program.kernels)
+    assert "_p[64]" in src and "for (int w = 32; w >= 1; w /= 2)" in src
+    if dtype.is_floating_point:
+        assert "row0[rindex] = " in src  # the softmax's exp, computed once
+    tol = BF16_TOL if dtype in (torch.float16, torch.bfloat16) else {"atol": 1e-5, "rtol": 1e-5}
+    out = run_runtime(program, [x])
+    assert_matches(out, fn(x), **tol, equal_nan=True)
+    for a, b in zip(out, run_runtime(program, [x]), strict=True):  # the same bits every call
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def test_lanes_with_a_symbolic_row_length():
+    """A row length known only at run time: whole blocks and a tail of any length (0 included)."""
+    fn = lambda x: (x.softmax(-1), x.sum(1), x.amax(1))
+    graph, _ = trace(fn, torch.randn(4, 300), dynamic={0: [1]})
+    program = compile_graph(graph, options={**CPP, "cache": False})
+    assert "_p[64]" in program.kernels[0].source and "row0" not in program.kernels[0].source
+    for cols in (2, 64, 128, 300, 1000):
+        x = torch.randn(4, cols)
+        assert_matches(run_runtime(program, [x]), fn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_broadcast_index_math_is_32_bit_where_it_fits():
+    """A bias over rows (``x % 1024``): 32-bit index math, which g++ vectorizes; 64-bit where
+    an extent may not fit."""
+    x, b = torch.randn(16, 1024), torch.randn(1024)
+    fn = lambda x, b: F.gelu(x + b, approximate="tanh")
+    program = compile_fn(fn, x, b, options=CPP)
+    assert "for (int32_t xindex" in program.kernels[0].source
+    assert_matches(run_runtime(program, [x, b]), fn(x, b), atol=1e-5, rtol=1e-5)
+    graph, _ = trace(fn, x, b, dynamic={0: [0]})
+    program = compile_graph(graph, options={**CPP, "cache": False})
+    assert "for (int64_t xindex" in program.kernels[0].source  # an unbounded row count
+
+
 @pytest.mark.parametrize("shape", [(0, 8), (8, 0), (0,)], ids=str)
 def test_empty_tensors(shape):
     x = torch.randn(shape)
