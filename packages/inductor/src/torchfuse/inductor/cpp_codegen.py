@@ -75,9 +75,10 @@ _LANE_REDUCTIONS = _SPLITTABLE
 SCRATCH_MAX = 1 << 14
 """Longest row (elements) whose costly values may be kept in a row scratch array (64 KiB of
 float32, per thread, on its stack) for a later pass, instead of being computed again."""
-_COSTLY = re.compile(r"\b(tf_exp|tf_tanh|tf_sigmoid|std::(?:exp|exp2|expm1|log|log2|log1p|sin|cos|tan|"
+_COSTLY = re.compile(r"(tf_exp|tf_tanh|tf_sigmoid|std::(?:exp|exp2|expm1|log|log2|log1p|sin|cos|tan|"
                      r"pow|erf))\(")
-"""Calls worth a store and a load to avoid computing twice (vector exp: ~20 instructions)."""
+"""Calls worth a store and a load to avoid computing twice (vector exp: ~20 instructions);
+a value whose expression is one of them is kept for later passes."""
 _TMP = re.compile(r"\btmp\d+\b")
 IDX = "IDX_T"
 """Placeholder of the loops' index type in the lines being written: ``int32_t`` where every
@@ -125,11 +126,13 @@ class CppKernelWriter(KernelWriterBase):
                  reuse: dict[str, int] | None = None) -> None:
         super().__init__(group, prog, config)
         self.reuse = {c: (f"row{i}", first) for i, (c, first) in enumerate(sorted((reuse or {}).items()))}
-        """Costly full-size values computed in more than one pass (by their inlined text):
+        """Costly full-size values computed in more than one pass (by their identity):
         the first pass stores each into a row scratch array (``row0[rindex]``), later passes
         read it back. Filled from a first writing of the kernel (`reusable`)."""
         self.canon: dict[str, str] = {}
-        """tmp name -> its expression with every tmp inlined (the same value in every pass)."""
+        """tmp name -> the identity of its value (``v3``), the same in every pass."""
+        self.value_ids: dict[str, str] = {}
+        """A value's text over its operands' identities -> its identity."""
         self.seen: dict[str, list[int]] = {}
         """Costly full-size values -> the passes computing them (from safe passes only)."""
         self.pass_no = -1
@@ -157,10 +160,13 @@ class CppKernelWriter(KernelWriterBase):
                 return scope[key]
         self.helpers |= helpers_in(expr)
         t = _Tmp(self.fresh(), shape, dtype)
-        canon = self.canon[t.name] = _TMP.sub(lambda m: f"({self.canon.get(m.group(), m.group())})", expr)
+        # the value's identity across passes: its text over the identities of its operands
+        # (hash-consed: a shared operand is named, not inlined, so the text stays small)
+        canon = _TMP.sub(lambda m: self.canon.get(m.group(), m.group()), expr) + f" : {dtype}"
+        self.canon[t.name] = self.value_ids.setdefault(canon, f"v{len(self.value_ids)}")
         decl = f"const {CPP_TYPE[dtype]} {t.name} = {expr};"
         if shape == FULL and self.loop_at is not None:
-            if self.pass_safe and _COSTLY.search(canon):
+            if self.pass_safe and _COSTLY.match(expr):
                 self.seen.setdefault(canon, []).append(self.pass_no)
             hit = self.reuse.get(canon)
             if hit is not None and self.pass_no > hit[1]:  # computed by an earlier pass
