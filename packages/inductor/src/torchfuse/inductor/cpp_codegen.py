@@ -13,12 +13,16 @@ Two kernel shapes::
       for (int64_t xindex = xo; xindex < xend; ++xindex) { ... out_ptr0[xindex] = tmp2; }
     }
 
-    // cpp_per_* / cpp_red_*: rows in parallel; per row, one pass over r per phase
+    // cpp_per_* / cpp_red_*: rows in parallel; per row, one pass over r per phase, each
+    // reduction folded into 64 lanes (whole blocks, then the rest), combined by a fixed tree
     #pragma omp parallel for if(xnumel * rnumel >= 32768)
-    for (int64_t xindex = 0; xindex < xnumel; ++xindex) {
-      float acc0 = 0.0f;
-      #pragma omp simd reduction(+:acc0)
-      for (int64_t rindex = 0; rindex < rnumel; ++rindex) { acc0 += ...; }
+    for (int32_t xindex = 0; xindex < xnumel; ++xindex) {
+      float acc0_p[64]; ...                      // = 0
+      for (; rb1 + 64 <= rnumel; rb1 += 64) {
+        #pragma omp simd
+        for (int32_t l = 0; l < 64; ++l) { const int32_t rindex = rb1 + l; acc0_p[l] += ...; }
+      }
+      ...                                        // the tail; acc0 = tree(acc0_p)
       ...                                        // per-row values, then the next pass
     }
 
@@ -26,12 +30,15 @@ On the CPU the persistent and looped forms of a reduction are the same code: a r
 once per *phase* (max, then sum of exp, then the normalized output), each pass's reads
 coming from cache; a pass holds every reduction and store that needs no result of a
 reduction of the same pass. Values that depend on the row only are computed once, before
-the pass. A row's reductions run in one thread, in index order, so results do not depend on
-the thread count. When there are fewer rows than threads and the rows are long, a single-pass
-sum/max/min/any/all kernel splits each row into fixed chunks whose partials are computed in
-parallel and combined in chunk order (deterministic per-thread partials).
+the pass. A row's reductions run in one thread, in an order the source fixes (`LANES`), so
+results depend neither on the thread count nor on the vector width; a costly value several
+passes compute (softmax's ``exp``) is kept in a row scratch array (`generate_kernel`). When
+there are fewer rows than threads and the rows are long, a single-pass sum/max/min/any/all
+kernel splits each row into fixed chunks whose partials are computed in parallel and combined
+in chunk order (deterministic per-thread partials).
 
-Half types are computed in float32 and rounded on store; index arithmetic is ``int64_t``.
+Half types are computed in float32 and rounded on store; index arithmetic is ``int32_t``
+where every extent fits (`IDX`), else ``int64_t``.
 """
 
 from __future__ import annotations
