@@ -101,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["eager", "torchfuse"] + ([] if args.skip_compile else ["torch_compile"])
     cxx = find_compiler()
     kernels, why = cpu_kernels(inductor_config)
-    out: list[str] = []
+    report: list[str] = []
 
     def emit(line: str = "") -> None:
         print(line, flush=True)
-        out.append(line)
+        report.append(line)
 
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     emit(f"threads: {torch.get_num_threads()} (torch intra-op), cpu_count {os.cpu_count()}, load average "
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             emit(f"\ngeometric-mean speedup over eager, {v}: {gm:.2f}x over {len(ratios)} rows")
     emit(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if args.out:
-        Path(args.out).write_text("\n".join(out) + "\n")
+        Path(args.out).write_text("\n".join(report) + "\n")
     return 0
 
 
