@@ -1,9 +1,18 @@
 """Shared pytest setup for every package's tests and the root tests.
 
-Triton kernels run on the CPU through the interpreter in CI, so ``TRITON_INTERPRET=1`` is set
-before anything imports triton (unless a CUDA device is present and the variable is unset).
+Which kernels a CPU graph gets in the tests:
+
+* C++/OpenMP by default: ``TORCHFUSE_CPU_BACKEND=cpp`` is set for the session (the tests of
+  CPU behaviour run what CPU users run). Set ``TORCHFUSE_CPU_BACKEND=triton`` yourself to run
+  the whole suite on the Triton path instead.
+* Triton, run by its interpreter, for a test marked ``@pytest.mark.triton_cpu``: the tests of
+  the Triton code generator itself (snapshots, launch configs, user ``@triton.jit`` kernels).
+  ``TRITON_INTERPRET=1`` is set before anything imports triton (unless a CUDA device is present
+  and the variable is unset), so the interpreter is there for them, and for the user Triton
+  kernels a C++ Program may launch.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -17,6 +26,32 @@ except ImportError:  # pragma: no cover - torch is a hard dependency
 
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# before torchfuse.inductor.config reads the environment (at its import)
+os.environ.setdefault("TORCHFUSE_CPU_BACKEND", "cpp")
+
+
+def _use_cpu_backend(monkeypatch, name: str) -> None:
+    import torchfuse.inductor.backend as backend
+    import torchfuse.inductor.compile as compile_mod
+
+    cfg = dataclasses.replace(compile_mod.default_config, cpu_backend=name)
+    monkeypatch.setattr(compile_mod, "default_config", cfg)
+    monkeypatch.setattr(backend, "default_config", cfg)
+    monkeypatch.setenv("TORCHFUSE_CPU_BACKEND", name)
+
+
+@pytest.fixture
+def use_cpu_backend(monkeypatch):
+    """``use_cpu_backend("cpp" | "triton")``: compile this test's CPU graphs with that code
+    generator, in this process and in the subprocesses it starts."""
+    return lambda name: _use_cpu_backend(monkeypatch, name)
+
+
+@pytest.fixture(autouse=True)
+def _triton_cpu(request, monkeypatch):
+    """``@pytest.mark.triton_cpu``: this test's CPU graphs get Triton kernels (interpreted)."""
+    if request.node.get_closest_marker("triton_cpu") is not None:
+        _use_cpu_backend(monkeypatch, "triton")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,17 +1,20 @@
-"""CPU micro-benchmark: eager vs torch.compile (its C++ backend) vs torchfuse (``cpu_backend="cpp"``),
-side by side in one run, as speedups over eager.
+"""CPU micro-benchmark: eager vs torch.compile (its C++ backend) vs torchfuse (its CPU default,
+C++/OpenMP kernels), side by side in one run, as speedups over eager.
 
     python benchmarks/cpu.py                       # every row at CPU-sized shapes (1024 x 1024)
     python benchmarks/cpu.py --only softmax,rope --repeat 50
     python benchmarks/cpu.py --skip-compile        # no torch.compile column
+    python benchmarks/cpu.py --out benchmarks/results/cpu_<stamp>.md   # also write the table
 
 The rows are the forward functions of ``workloads.py`` at CPU-sized shapes, float32. Each
 variant is compiled and called once (the first call, compile included, is reported
 separately), then timed as the median (``--stat min``: the fastest) of ``--repeat`` calls.
 Outputs are compared with eager (``ok`` column). Prints a Markdown table and the geometric
 mean of each column; the thread count is torch's intra-op thread count (torchfuse's kernels
-use OpenMP's default, the same number of cores). Nothing here is asserted: performance is
-measured, not tested.
+use OpenMP's default, the same number of cores), and the load average is printed with it (a
+shared machine's timings swing with it). Run it without ``TRITON_INTERPRET`` (which would
+select Triton kernels); the header says which kernels torchfuse compiled. Nothing here is
+asserted: performance is measured, not tested.
 """
 
 from __future__ import annotations
@@ -83,19 +86,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-compile", action="store_true")
     p.add_argument("--stat", choices=("median", "min"), default="median",
                    help="min: the fastest call (steadier on a machine shared with other work)")
+    p.add_argument("--out", default="", help="also write the header, table and means to this file")
     args = p.parse_args(argv)
     cache = tempfile.mkdtemp(prefix="torchfuse_cpu_bench_")  # cold compiles, like a first run
     os.environ.setdefault("TORCHFUSE_CACHE_DIR", os.path.join(cache, "torchfuse"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache, "inductor"))
     import torchfuse.capture as tf
+    from torchfuse.inductor.config import config as inductor_config
+    from torchfuse.inductor.config import cpu_kernels
     from torchfuse.runtime.cpp import compiler_flags, find_compiler
 
     rows = _rows()
     only = [x for x in args.only.split(",") if x]
     variants = ["eager", "torchfuse"] + ([] if args.skip_compile else ["torch_compile"])
     cxx = find_compiler()
-    print(f"threads: {torch.get_num_threads()} (torch intra-op), cpu_count {os.cpu_count()}; "
-          f"compiler: {cxx} {' '.join(compiler_flags(cxx))}; torch {torch.__version__}\n")
+    kernels, why = cpu_kernels(inductor_config)
+    report: list[str] = []
+
+    def emit(line: str = "") -> None:
+        print(line, flush=True)
+        report.append(line)
+
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    emit(f"threads: {torch.get_num_threads()} (torch intra-op), cpu_count {os.cpu_count()}, load average "
+         f"{load} at the start; torchfuse kernels: {kernels} ({why}); "
+         f"compiler: {cxx} {' '.join(compiler_flags(cxx))}; torch {torch.__version__}; "
+         f"{args.stat} of {args.repeat} calls\n")
     table = []
     for name, (fn, make) in rows.items():
         if only and name not in only:
@@ -107,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             if v == "eager":
                 compiled = fn
             elif v == "torchfuse":
-                compiled = tf.compile(fn, options={"cpu_backend": "cpp"})
+                compiled = tf.compile(fn)
             else:
                 torch._dynamo.reset()
                 compiled = torch.compile(fn)
@@ -120,18 +136,20 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # a failing variant is a cell, not the end of the run
                 row[v] = (math.nan, math.nan, f"{type(e).__name__}: {e}"[:60])
         table.append(row)
-        print(_line(row, variants), flush=True)
-    print()
+        print(_line(row, variants), flush=True)  # progress; the table follows
     heads = " | ".join(f"{v} speedup | {v} first call s | ok" for v in variants[1:])
-    print(f"| row | eager ms | {heads} |")
-    print("|---|---:|" + "---:|---:|---|" * (len(variants) - 1))
+    emit(f"| row | eager ms | {heads} |")
+    emit("|---|---:|" + "---:|---:|---|" * (len(variants) - 1))
     for row in table:
-        print(_line(row, variants))
+        emit(_line(row, variants))
     for v in variants[1:]:
         ratios = [row["eager"][0] / row[v][0] for row in table if row[v][0] == row[v][0]]
         if ratios:
             gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-            print(f"\ngeometric-mean speedup over eager, {v}: {gm:.2f}x over {len(ratios)} rows")
+            emit(f"\ngeometric-mean speedup over eager, {v}: {gm:.2f}x over {len(ratios)} rows")
+    emit(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if args.out:
+        Path(args.out).write_text("\n".join(report) + "\n")
     return 0
 
 

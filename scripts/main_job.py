@@ -7,13 +7,13 @@ Run it with ``hatch run main`` (README quickstart, first command). It compiles
 
 for two 1000x1000 float32 inputs (the first requiring grad) with the default ``inductor``
 backend, and prints, stage by stage: the captured graph and its guards, the joint graph and
-its forward/backward partition, the pre- and post-fusion loop IR, the generated Triton kernels
+its forward/backward partition, the pre- and post-fusion loop IR, the generated kernels
 and the runtime's call function. Then it runs compiled and eager, checks that values and
 gradients agree, and reports compile time and steady-state time. A small MLP training step
 (compiled module + SGD) follows, checked against eager step by step.
 
-On a machine without a GPU the kernels run through Triton's interpreter: correct, but slow
-(seconds per call at this size), and the script says so. With a GPU it uses the GPU.
+On a machine without a GPU the kernels are C++ with OpenMP (the CPU default; the script says
+which code generator wrote them, and why). With a GPU it uses the GPU.
 
 Exit status 0 when every comparison with eager passed, 1 otherwise.
 """
@@ -33,10 +33,10 @@ import warnings
 
 import torch
 
-if not torch.cuda.is_available():
-    # Without a GPU, Triton kernels can only run in Triton's interpreter, which must be chosen
-    # before triton is imported anywhere.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a GPU the kernels are C++ with OpenMP, the inductor's CPU default. With
+# TRITON_INTERPRET=1 (set before anything imports triton) they are Triton kernels run by
+# Triton's interpreter (slow: the test path); TORCHFUSE_CPU_BACKEND=cpp|triton chooses
+# explicitly (docs: "C++ code for the CPU").
 
 # A fresh compile cache, so that every stage really runs (and shows its artifacts) and the
 # first-call time is a cold compile. Set TORCHFUSE_CACHE_DIR yourself to see a warm start.
@@ -62,7 +62,7 @@ STAGES = (
     ("2. autograd: the backward graph", "backward.py", "saved values + tangents -> gradients"),
     ("3. inductor: loop IR before fusion", "ir_pre_fusion.txt", "one loop nest per ATen op"),
     ("3. inductor: loop IR after fusion", "ir_post_fusion.txt", "the kernels the scheduler formed"),
-    ("3. inductor: generated code", "output_code.py", "Triton kernels + a call function"),
+    ("3. inductor: generated code", "output_code.py", "the kernels (C++ on the CPU) + a call function"),
 )
 
 
@@ -306,15 +306,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    heading("torchfuse: from a Python function to a Triton kernel")
+    heading("torchfuse: from a Python function to fused kernels")
     for name in PACKAGES:
         print(f"   torchfuse-{name:<9} {md.version(f'torchfuse-{name}')}")
     import triton
 
     print(f"   torch {torch.__version__}, triton {triton.__version__}, Python {sys.version.split()[0]}")
     if device == "cpu":
-        print("   No GPU: Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1). Results are")
-        print("   exact, but it is slow: expect seconds per call where a GPU takes microseconds.")
+        from torchfuse.inductor.config import config as inductor_config
+        from torchfuse.inductor.config import cpu_kernels
+
+        language, why = cpu_kernels(inductor_config)
+        print(f"   No GPU: the kernels are {'C++ with OpenMP' if language == 'cpp' else 'Triton'} ({why}).")
+        if language == "triton":
+            print("   Triton's interpreter is exact but slow: seconds per call where a GPU takes")
+            print("   microseconds.")
+        else:
+            print(f"   threads: {torch.get_num_threads()} (torch intra-op; C++ kernels: OpenMP's default)")
     else:
         print(f"   GPU: {torch.cuda.get_device_name()}")
 

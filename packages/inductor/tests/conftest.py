@@ -25,12 +25,10 @@ def _runtime_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(params=["triton", "cpp"])
-def cpu_backend(request, monkeypatch):
+def cpu_backend(request, use_cpu_backend):
     """Run a test once per CPU code generator: Triton (interpreted) and C++/OpenMP. Modules
-    opt in with ``pytestmark = pytest.mark.usefixtures("cpu_backend")``."""
-    import torchfuse.inductor.backend as backend
-    import torchfuse.inductor.compile as compile_mod
-
+    opt in with ``pytestmark = pytest.mark.usefixtures("cpu_backend")``; the other tests get
+    the session's default (C++, see the root ``conftest.py``)."""
     if request.param == "cpp":
         from torchfuse.runtime.cpp import CompilerNotFoundError, find_compiler
 
@@ -38,9 +36,7 @@ def cpu_backend(request, monkeypatch):
             find_compiler()
         except CompilerNotFoundError as e:
             pytest.skip(str(e))
-    cfg = dataclasses.replace(compile_mod.default_config, cpu_backend=request.param)
-    monkeypatch.setattr(compile_mod, "default_config", cfg)
-    monkeypatch.setattr(backend, "default_config", cfg)
+    use_cpu_backend(request.param)
     return request.param
 
 

@@ -15,6 +15,7 @@ from inductor_helpers import compile_fn
 from torchfuse.inductor.config import from_env
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
+pytestmark = pytest.mark.triton_cpu  # the Triton code generator's output, run by its interpreter
 
 CASES = {
     "seed_fn": (

@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.triton_cpu  # Triton kernels, whatever the CPU default
+
+
 
 def _compile(*args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TORCHFUSE_CPU_BACKEND"] = "triton"  # the graphs are traced on the CPU; Triton kernels wanted
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     script = Path(__file__).parent / "compile_for_gpu.py"
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,

@@ -19,27 +19,31 @@ def seed_fn(x, y):
     return F.silu(torch.relu((x + y) * 2.0)).sum(dim=1).mean()
 
 
-def test_launch_steps_follow_the_convention():
+def test_launch_steps_follow_the_convention(cpu_backend):
     x = torch.randn(4, 8)
     program = compile_fn(lambda x: (x.softmax(-1), (x * 2).sum(0), x + 1), x)
     kernels = {k.name: k for k in program.kernels}
     buffers = {b.name for b in program.buffers}
-    for step in program.steps:
-        if isinstance(step, S.LaunchStep):
-            k = kernels[step.kernel]
-            assert len(step.args) == len(k.signature)
-            for arg, param in zip(step.args, k.signature, strict=True):
-                if param.kind == "ptr":
-                    assert isinstance(arg, S.TensorRef) and arg.name in buffers
-                else:
-                    assert isinstance(arg, S.Int | S.SymRef)
-            assert k.configs, "every kernel offers launch configs"
-            for cfg in k.configs:
-                grid = [
-                    evaluate(g, dict(cfg.meta)) if isinstance(g, str) else g for g in (step.grid or k.grid)
-                ]
-                assert all(isinstance(g, int) and g >= 1 for g in grid)
-            assert f"def {k.entry}(" in k.source and "import triton.language as tl" in k.source
+    launches = [s for s in program.steps if isinstance(s, S.LaunchStep)]
+    assert launches
+    for step in launches:
+        k = kernels[step.kernel]
+        assert k.language == cpu_backend
+        assert len(step.args) == len(k.signature)
+        for arg, param in zip(step.args, k.signature, strict=True):
+            if param.kind == "ptr":
+                assert isinstance(arg, S.TensorRef) and arg.name in buffers
+            else:
+                assert isinstance(arg, S.Int | S.SymRef)
+        if cpu_backend == "cpp":  # a C function: no grid, no launch configs
+            assert not k.configs and not step.grid
+            assert f'extern "C" void {k.entry}(' in k.source
+            continue
+        assert k.configs, "every kernel offers launch configs"
+        for cfg in k.configs:
+            grid = [evaluate(g, dict(cfg.meta)) if isinstance(g, str) else g for g in (step.grid or k.grid)]
+            assert all(isinstance(g, int) and g >= 1 for g in grid)
+        assert f"def {k.entry}(" in k.source and "import triton.language as tl" in k.source
 
 
 def test_program_round_trips_through_an_archive(tmp_path):

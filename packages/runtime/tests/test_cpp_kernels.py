@@ -31,6 +31,26 @@ def test_a_cpp_program_from_an_archive_needs_trust(compiler):
         load(program)  # the same from memory: what it came from does not change what it is
 
 
+def test_own_cpp_code_runs_without_trust_and_nothing_else_does(compiler):
+    """What the compiler vouches for (its own output, or its own cache's) runs without
+    ``trust_code``; the same Program with one byte of its C++ changed does not."""
+    import msgspec
+
+    program, inputs, expected, _ = load_fixture(FIXTURE)
+    kernel = program.kernels[0]
+    assert "? v : 0.0f)" in kernel.source  # another source than the fixture's, same values
+    mine = msgspec.structs.replace(program, kernels=(msgspec.structs.replace(
+        kernel, source=kernel.source.replace("? v : 0.0f)", "? v : 0.0f + 0.0f)")),))
+    assert not cpp.is_vouched(mine.kernels)
+    cpp.vouch(mine)
+    assert cpp.is_vouched(mine.kernels)
+    torch.testing.assert_close(load(mine)(*inputs)[0], expected[0])
+    other = msgspec.structs.replace(mine, kernels=(msgspec.structs.replace(
+        mine.kernels[0], source=mine.kernels[0].source + " "),))
+    with pytest.raises(UntrustedCodeError, match="trust_code=True"):
+        load(other)
+
+
 def test_the_cpp_fixture_runs_at_its_size_and_another(compiler):
     _, inputs, expected, _ = load_fixture(FIXTURE)
     fn = load(fixture_path(FIXTURE), trust_code=True)

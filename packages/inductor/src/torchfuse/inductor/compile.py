@@ -12,6 +12,7 @@ decision and, for a node kept out of a kernel it shares reads with, why), ``outp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -26,7 +27,7 @@ from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.cache import graph_device
 from torchfuse.inductor.codegen import generate_kernel
-from torchfuse.inductor.config import InductorConfig
+from torchfuse.inductor.config import InductorConfig, cpu_kernels
 from torchfuse.inductor.config import config as default_config
 from torchfuse.inductor.cpp_codegen import generate_kernel as cpp_kernel
 from torchfuse.inductor.decompositions import DECOMPOSITIONS
@@ -44,6 +45,7 @@ from torchfuse.inductor.scheduler import (
 )
 from torchfuse.inductor.templates import apply_mm_templates
 from torchfuse.inductor.user_kernels import launch_user_kernels
+from torchfuse.runtime.cpp import vouch
 from torchfuse.runtime.standalone import standalone_source
 
 DEBUG_FILES = ("ir_pre_fusion.txt", "ir_post_fusion.txt", "fusion.txt", "output_code.py", "timings.txt",
@@ -151,9 +153,21 @@ def compile_candidate(graph: S.Graph, device: str) -> Callable[..., Any]:
     return load(compile_graph(graph, mode="default"), device=torch.device(device).type)
 
 
+def _config(options: dict | None) -> tuple[InductorConfig, str]:
+    """The config of one compile, its ``cpu_backend`` resolved (`cpu_kernels`: ``"auto"``
+    becomes ``"cpp"`` or ``"triton"``, so the cache key names what was generated), and why."""
+    cfg = default_config.with_options(options)
+    backend, why = cpu_kernels(cfg)
+    return dataclasses.replace(cfg, cpu_backend=backend), why
+
+
+def _is_cpu(device: str) -> bool:
+    return device.split(":")[0] == "cpu"
+
+
 def _codegen(sched, prog: ir.LoopProgram, cfg: InductorConfig) -> dict[int, S.Kernel]:
     # the CPU's C++ kernels come from the same groups (`.cpp_codegen`); Triton elsewhere
-    gen = cpp_kernel if cfg.cpu_backend == "cpp" and prog.device.split(":")[0] == "cpu" else generate_kernel
+    gen = cpp_kernel if cfg.cpu_backend == "cpp" and _is_cpu(prog.device) else generate_kernel
     return {g.index: gen(g, prog, cfg) for g in sched.groups if g.kind in KERNEL_KINDS}
 
 
@@ -180,7 +194,7 @@ def compile_graph_stages(
     options: dict | None = None,
 ) -> CompileResult:
     """Run the pipeline and keep every stage (see `compile_graph`)."""
-    cfg = default_config.with_options(options)
+    cfg, why = _config(options)
     if mode not in ("default", "max-autotune", "reduce-overhead"):
         raise ValueError(f"unknown mode {mode!r}: use 'default', 'max-autotune' or 'reduce-overhead'")
     state: dict[str, Any] = {"graph": graph, "mode": mode}
@@ -195,6 +209,9 @@ def compile_graph_stages(
     code = standalone_source(program)  # the runtime's own call function: what prints is what runs
     timings = "\n".join(f"{s.name:12s} {s.seconds * 1000:9.2f} ms" for s in stages)
     meta = dict(program.meta)
+    # which code generator wrote the kernels, and why: the first line of fusion.txt, and logged
+    kernels = (f"kernels: {cfg.cpu_backend} ({why})" if _is_cpu(program.device)
+               else f"kernels: triton (device {program.device})")
     note = state["decompose"].meta.get(DECOMPOSE_NOTE)
     if note:
         meta["fallbacks"] = "\n".join(x for x in (f"decompose: {note}", meta.get("fallbacks", "")) if x)
@@ -202,7 +219,8 @@ def compile_graph_stages(
         {
             "ir_pre_fusion.txt": pre,
             "ir_post_fusion.txt": post,
-            "fusion.txt": format_decisions(state["schedule"]),
+            "fusion.txt": f"{kernels}\n" + format_decisions(state["schedule"]),
+            "kernels": kernels.removeprefix("kernels: "),
             "output_code.py": code,
             "timings.txt": timings + "\n",
             "fallbacks.txt": meta.get("fallbacks", ""),
@@ -211,6 +229,8 @@ def compile_graph_stages(
         }
     )
     program = msgspec.structs.replace(program, meta=meta)
+    vouch(program)  # its C++ kernels are ours: the runtime runs them without trust_code
+    observe.get_logger("schedule", force="schedule" in cfg.logs).info("graph %s: %s", graph.name, kernels)
     if "schedule" in cfg.logs:
         observe.get_logger("schedule", force=True).info("%s", post)
         observe.get_logger("schedule", force=True).info("fusion decisions:\n%s", meta["fusion.txt"])
@@ -275,9 +295,9 @@ def compile_graph(
         >>> graph, _ = trace(lambda x: (x + 1).relu().sum(dim=1), torch.randn(4, 8))
         >>> program = compile_graph(graph, options={"cache": False})
         >>> [k.name for k in program.kernels]
-        ['triton_per_fused_add_relu_sum_0']
+        ['cpp_per_fused_add_relu_sum_0']
     """
-    cfg = default_config.with_options(options)
+    cfg, _ = _config(options)
     if not cfg.cache:
         return compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
     from torchfuse.inductor import cache
@@ -288,6 +308,7 @@ def compile_graph(
     observe.record_time("inductor.cache_lookup", time.perf_counter() - t0)
     observe.record_count(f"inductor.cache.program_{'hits' if program is not None else 'misses'}")
     if program is not None:
+        vouch(program)  # the user's own cache: as much ours as a Program compiled now
         _publish(program, graph.name, cfg)
         return program
     program = compile_graph_stages(graph, example_inputs, mode=mode, options=options).program

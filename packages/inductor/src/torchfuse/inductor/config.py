@@ -10,8 +10,10 @@ Environment variables (all optional):
 * ``TORCHFUSE_PAD_MM=0`` -- leave unaligned half-precision matmuls unpadded.
 * ``TORCHFUSE_MM_TEMPLATES=auto|always|never`` -- the Triton matmul template under
   ``mode="max-autotune"`` (default ``auto``: benchmarked against cuBLAS per shape).
-* ``TORCHFUSE_CPU_BACKEND=triton|cpp`` -- the kernels of a CPU graph: Triton (run by its
-  interpreter; the default) or C++ with OpenMP (`torchfuse.inductor.cpp_codegen`).
+* ``TORCHFUSE_CPU_BACKEND=auto|cpp|triton`` -- the kernels of a CPU graph (`cpu_kernels`):
+  C++ with OpenMP (`torchfuse.inductor.cpp_codegen`), Triton (run by its interpreter), or
+  ``auto`` (the default): Triton when ``TRITON_INTERPRET=1``, else C++.
+* ``TRITON_INTERPRET`` -- read, not owned: whether Triton runs its kernels on the CPU.
 * ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
   Programs and autograd plans (`torchfuse.inductor.cache`; default on). Where they live
   is the runtime's ``TORCHFUSE_CACHE_DIR``.
@@ -21,6 +23,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+
+CPU_BACKENDS = ("auto", "cpp", "triton")
+"""The values of ``cpu_backend``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +80,14 @@ class InductorConfig:
     """``mode="max-autotune"`` only: ``"auto"`` (the Triton matmul template against cuBLAS,
     benchmarked per shape and cached in ``<cache dir>/mm_choices.json``), ``"always"`` (the
     template, first config, no benchmark), ``"never"``."""
-    cpu_backend: str = "triton"
-    """Kernels of a graph on the CPU: ``"triton"`` (run by Triton's interpreter, which needs
-    ``TRITON_INTERPRET=1``) or ``"cpp"`` (C++/OpenMP, built with the system compiler into one
-    shared object per Program; see [`torchfuse.inductor.cpp_codegen`][torchfuse.inductor.cpp_codegen])."""
+    cpu_backend: str = "auto"
+    """Kernels of a graph on the CPU: ``"cpp"`` (C++/OpenMP, built with the system compiler into
+    one shared object per Program; see [`torchfuse.inductor.cpp_codegen`][torchfuse.inductor.cpp_codegen]),
+    ``"triton"`` (run by Triton's interpreter, which needs ``TRITON_INTERPRET=1``), or ``"auto"``:
+    ``"triton"`` when ``TRITON_INTERPRET=1`` asked for Triton's interpreter, else ``"cpp"``
+    ([`cpu_kernels`][torchfuse.inductor.config.cpu_kernels]). Graphs on a GPU always get Triton."""
+    triton_interpret: bool = False
+    """Whether ``TRITON_INTERPRET`` was on when the config was read (what ``"auto"`` looks at)."""
     logs: frozenset[str] = field(default_factory=frozenset)
     debug: bool = False
     debug_dir: str = "torchfuse_debug"
@@ -87,11 +96,34 @@ class InductorConfig:
     """Reuse Programs and autograd plans compiled earlier, by any process (on-disk caches)."""
 
     def __post_init__(self) -> None:
-        if self.cpu_backend not in ("triton", "cpp"):
-            raise ValueError(f"cpu_backend={self.cpu_backend!r}: use 'triton' or 'cpp'")
+        if self.cpu_backend not in CPU_BACKENDS:
+            choices = ", ".join(map(repr, CPU_BACKENDS))
+            raise ValueError(f"cpu_backend={self.cpu_backend!r}: use one of {choices}")
 
     def with_options(self, options: dict | None) -> InductorConfig:
         return replace(self, **(options or {}))
+
+
+def cpu_kernels(cfg: InductorConfig) -> tuple[str, str]:
+    """The language of a CPU graph's kernels under ``cfg`` (``"cpp"`` or ``"triton"``), and
+    why, in words (what the debug files and the ``schedule`` log say)::
+
+        cpu_backend="cpp" or "triton"         -> that one            ("cpu_backend='cpp'")
+        "auto" and TRITON_INTERPRET=1         -> "triton"            (the interpreter was asked for)
+        "auto"                                -> "cpp"               (the CPU default)
+
+    Nothing falls back: without a C++ compiler, loading the Program raises
+    ``torchfuse.runtime.cpp.CompilerNotFoundError``, which says how to install one.
+    """
+    if cfg.cpu_backend != "auto":
+        return cfg.cpu_backend, f"cpu_backend={cfg.cpu_backend!r}"
+    if cfg.triton_interpret:
+        return "triton", "cpu_backend='auto' and TRITON_INTERPRET=1"
+    return "cpp", "cpu_backend='auto': the CPU default, TRITON_INTERPRET being off"
+
+
+def _on(value: str) -> bool:
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def from_env(env: dict[str, str] | None = None) -> InductorConfig:
@@ -105,7 +137,8 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         cache=env.get("TORCHFUSE_COMPILE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off"),
         pad_mm=env.get("TORCHFUSE_PAD_MM", "1").strip().lower() not in ("0", "false", "no", "off"),
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
-        cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "triton").strip().lower() or "triton",
+        cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "auto").strip().lower() or "auto",
+        triton_interpret=_on(env.get("TRITON_INTERPRET", "")),
         pointwise_rows=max(0, int(env.get("TORCHFUSE_POINTWISE_ROWS", "0") or 0)),
     )
 

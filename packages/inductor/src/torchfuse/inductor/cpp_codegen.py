@@ -13,12 +13,16 @@ Two kernel shapes::
       for (int64_t xindex = xo; xindex < xend; ++xindex) { ... out_ptr0[xindex] = tmp2; }
     }
 
-    // cpp_per_* / cpp_red_*: rows in parallel; per row, one pass over r per phase
+    // cpp_per_* / cpp_red_*: rows in parallel; per row, one pass over r per phase, each
+    // reduction folded into 64 lanes (whole blocks, then the rest), combined by a fixed tree
     #pragma omp parallel for if(xnumel * rnumel >= 32768)
-    for (int64_t xindex = 0; xindex < xnumel; ++xindex) {
-      float acc0 = 0.0f;
-      #pragma omp simd reduction(+:acc0)
-      for (int64_t rindex = 0; rindex < rnumel; ++rindex) { acc0 += ...; }
+    for (int32_t xindex = 0; xindex < xnumel; ++xindex) {
+      float acc0_p[64]; ...                      // = 0
+      for (; rb1 + 64 <= rnumel; rb1 += 64) {
+        #pragma omp simd
+        for (int32_t l = 0; l < 64; ++l) { const int32_t rindex = rb1 + l; acc0_p[l] += ...; }
+      }
+      ...                                        // the tail; acc0 = tree(acc0_p)
       ...                                        // per-row values, then the next pass
     }
 
@@ -26,15 +30,20 @@ On the CPU the persistent and looped forms of a reduction are the same code: a r
 once per *phase* (max, then sum of exp, then the normalized output), each pass's reads
 coming from cache; a pass holds every reduction and store that needs no result of a
 reduction of the same pass. Values that depend on the row only are computed once, before
-the pass. A row's reductions run in one thread, in index order, so results do not depend on
-the thread count. When there are fewer rows than threads and the rows are long, a single-pass
-sum/max/min/any/all kernel splits each row into fixed chunks whose partials are computed in
-parallel and combined in chunk order (deterministic per-thread partials).
+the pass. A row's reductions run in one thread, in an order the source fixes (`LANES`), so
+results depend neither on the thread count nor on the vector width; a costly value several
+passes compute (softmax's ``exp``) is kept in a row scratch array (`generate_kernel`). When
+there are fewer rows than threads and the rows are long, a single-pass sum/max/min/any/all
+kernel splits each row into fixed chunks whose partials are computed in parallel and combined
+in chunk order (deterministic per-thread partials).
 
-Half types are computed in float32 and rounded on store; index arithmetic is ``int64_t``.
+Half types are computed in float32 and rounded on store; index arithmetic is ``int32_t``
+where every extent fits (`IDX`), else ``int64_t``.
 """
 
 from __future__ import annotations
+
+import re
 
 import sympy
 from torchfuse.graph import schema as S
@@ -55,6 +64,7 @@ from torchfuse.inductor.cpp_ops import (
 from torchfuse.inductor.kernel_writer import FULL, ROWS, SCALAR, KernelWriterBase
 from torchfuse.inductor.kernel_writer import Tmp as _Tmp
 from torchfuse.inductor.scheduler import GroupKind, KernelGroup, Role
+from torchfuse.inductor.sizes import size_info
 
 PARALLEL_MIN_WORK = 1 << 15
 """Elements below which a kernel runs in the calling thread (a fork/join costs ~microseconds)."""
@@ -63,6 +73,25 @@ POINTWISE_CHUNK = 1024
 PARTIAL_CHUNK = 1 << 14
 """Row elements per partial of a split row (fixed: the combination order never changes)."""
 _SPLITTABLE = frozenset({ir.ReduceOp.SUM, ir.ReduceOp.MAX, ir.ReduceOp.MIN, ir.ReduceOp.ANY, ir.ReduceOp.ALL})
+LANES = 64
+"""Partial results per reduction in a pass over a row (`CppKernelWriter.open_pass`): lane ``l``
+folds the elements ``r0 + l`` of every block of ``LANES``, and the lanes are combined by a
+fixed tree after the pass. Independent accumulators hide the add's latency, and the order of
+every operation is the source's: the same result whatever vector width the compiler picks."""
+_LANE_REDUCTIONS = _SPLITTABLE
+SCRATCH_MAX = 1 << 14
+"""Longest row (elements) whose costly values may be kept in a row scratch array (64 KiB of
+float32, per thread, on its stack) for a later pass, instead of being computed again."""
+_COSTLY = re.compile(r"(tf_exp|tf_tanh|tf_sigmoid|std::(?:exp|exp2|expm1|log|log2|log1p|sin|cos|tan|"
+                     r"pow|erf))\(")
+"""Calls worth a store and a load to avoid computing twice (vector exp: ~20 instructions);
+a value whose expression is one of them is kept for later passes."""
+_TMP = re.compile(r"\btmp\d+\b")
+IDX = "IDX_T"
+"""Placeholder of the loops' index type in the lines being written: ``int32_t`` where every
+extent the kernel indexes fits (`CppKernelWriter.index_type`), else ``int64_t``. g++ 12
+vectorizes a loop whose index math is all 32-bit (``x % 1024``, ``x / 7``: a broadcast
+bias) and leaves it scalar when a 64-bit division or remainder is in it."""
 
 
 def print_index(e: sympy.Expr, names: dict) -> str:
@@ -100,9 +129,28 @@ class CppKernelWriter(KernelWriterBase):
     INDENT = "  "
     print_index = staticmethod(print_index)
 
-    def __init__(self, group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> None:
+    def __init__(self, group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig,
+                 reuse: dict[str, int] | None = None) -> None:
         super().__init__(group, prog, config)
+        self.reuse = {c: (f"row{i}", first) for i, (c, first) in enumerate(sorted((reuse or {}).items()))}
+        """Costly full-size values computed in more than one pass (by their identity):
+        the first pass stores each into a row scratch array (``row0[rindex]``), later passes
+        read it back. Filled from a first writing of the kernel (`reusable`)."""
+        self.canon: dict[str, str] = {}
+        """tmp name -> the identity of its value (``v3``), the same in every pass."""
+        self.value_ids: dict[str, str] = {}
+        """A value's text over its operands' identities -> its identity."""
+        self.seen: dict[str, list[int]] = {}
+        """Costly full-size values -> the passes computing them (from safe passes only)."""
+        self.pass_no = -1
+        self.pass_safe = False
+        self.sizes = size_info(tuple(prog.symbols))
+        self.scratch_types: dict[str, str] = {}
         self.scopes: list[dict[tuple[str, str], _Tmp]] = [{}]
+        self.depth = 0
+        """Loop levels of the pass being written (a lane pass has two: blocks, then lanes)."""
+        self.lanes = False
+        """Whether the pass being written folds its reductions into `LANES` partials."""
         self.values: list[dict[str, _Tmp]] = [{}]
         self._deps: dict[str, frozenset[str]] = {}
 
@@ -119,10 +167,26 @@ class CppKernelWriter(KernelWriterBase):
                 return scope[key]
         self.helpers |= helpers_in(expr)
         t = _Tmp(self.fresh(), shape, dtype)
+        # the value's identity across passes: its text over the identities of its operands
+        # (hash-consed: a shared operand is named, not inlined, so the text stays small)
+        canon = _TMP.sub(lambda m: self.canon.get(m.group(), m.group()), expr) + f" : {dtype}"
+        self.canon[t.name] = self.value_ids.setdefault(canon, f"v{len(self.value_ids)}")
         decl = f"const {CPP_TYPE[dtype]} {t.name} = {expr};"
+        if shape == FULL and self.loop_at is not None:
+            if self.pass_safe and _COSTLY.match(expr):
+                self.seen.setdefault(canon, []).append(self.pass_no)
+            hit = self.reuse.get(canon)
+            if hit is not None and self.pass_no > hit[1]:  # computed by an earlier pass
+                decl = f"const {CPP_TYPE[dtype]} {t.name} = {hit[0]}[rindex];"
+            elif hit is not None and self.pass_no == hit[1]:
+                self.line(decl)
+                self.line(f"{hit[0]}[rindex] = {t.name};")
+                self.scopes[-1][key] = t
+                self.scratch_types[hit[0]] = CPP_TYPE[dtype]
+                return t
         if self.loop_at is not None and shape != FULL:
             # a per-row value inside a pass over the row: computed once, before the pass
-            self.lines.insert(self.loop_at, "  " * (self.indent - 1) + decl)
+            self.lines.insert(self.loop_at, "  " * (self.indent - self.depth) + decl)
             self.loop_at += 1
             self.scopes[-2][key] = t
             return t
@@ -247,11 +311,15 @@ class CppKernelWriter(KernelWriterBase):
     def accumulate(self, node: ir.Reduction, acc: str, dtype: str) -> None:
         v = self.emit(node.body, node)
         rop = node.reduce
+        if self.lanes:  # lane l of the partials
+            acc, nan = f"{acc}_p[l]", f"{acc}_pn[l]"
+        else:
+            nan = f"{acc}_nan"
         if rop in ir.INDEX_REDUCTIONS:
             # eager: the first NaN is the extreme value; ties keep the lower index
             cmp = ">" if rop == ir.ReduceOp.ARGMAX else "<"
-            nan = f" || ({v.name} != {v.name} && {acc} == {acc})" if dtype in ir.FLOAT_DTYPES else ""
-            self.line(f"if ({v.name} {cmp} {acc}{nan}) {{ {acc} = {v.name}; {acc}_i = rindex; }}")
+            isnan = f" || ({v.name} != {v.name} && {acc} == {acc})" if dtype in ir.FLOAT_DTYPES else ""
+            self.line(f"if ({v.name} {cmp} {acc}{isnan}) {{ {acc} = {v.name}; {acc}_i = rindex; }}")
             return
         if rop in (ir.ReduceOp.MAX, ir.ReduceOp.MIN):
             # the plain compare-select vectorizes (an OpenMP max/min reduction); a NaN is
@@ -259,7 +327,7 @@ class CppKernelWriter(KernelWriterBase):
             cmp = ">" if rop == ir.ReduceOp.MAX else "<"
             self.line(f"{acc} = {v.name} {cmp} {acc} ? {v.name} : {acc};")
             if dtype in ir.FLOAT_DTYPES:
-                self.line(f"{acc}_nan |= ({v.name} != {v.name});")
+                self.line(f"{nan} |= ({v.name} != {v.name});")
             return
         self.line(self.combine(rop, acc, v.name, dtype))
 
@@ -268,23 +336,55 @@ class CppKernelWriter(KernelWriterBase):
         if node.reduce in (ir.ReduceOp.MAX, ir.ReduceOp.MIN) and dtype in ir.FLOAT_DTYPES:
             self.line(f"if ({acc}_nan) {acc} = std::numeric_limits<{CPP_TYPE[dtype]}>::quiet_NaN();")
 
+    def _has_nan_flag(self, n: ir.Reduction, dtype: str) -> bool:
+        return n.reduce in (ir.ReduceOp.MAX, ir.ReduceOp.MIN) and dtype in ir.FLOAT_DTYPES
+
     def open_pass(self, reds: list[ir.Reduction], start: str = "0", stop: str = "rnumel",
-                  stores: bool = False) -> dict:
+                  stores: bool = False, lanes: bool = False) -> dict:
+        """Declare the pass's accumulators and open its loop over ``[start, stop)``. With
+        ``lanes``, each reduction folds into `LANES` partials (``acc0_p[l]``), lane by lane
+        in a ``simd`` loop over blocks of the row; `close_pass` combines them."""
         accs = {}
+        self.lanes = lanes
+        self.pass_no += 1
+        # a scratch store may join a pass that folds lanes or reduces nothing; not an OpenMP
+        # simd reduction (see the g++ note below)
+        self.pass_safe = (lanes or not reds) and start == "0" and stop == "rnumel"
         for n in reds:
             dtype = self.acc_dtype(n)
             name = self.fresh("acc")
-            self.line(f"{CPP_TYPE[dtype]} {name} = {self.identity(n.reduce, dtype)};")
-            if n.reduce in ir.INDEX_REDUCTIONS:
-                self.line(f"int64_t {name}_i = 0;")
-            if n.reduce in (ir.ReduceOp.MAX, ir.ReduceOp.MIN) and dtype in ir.FLOAT_DTYPES:
-                self.line(f"int {name}_nan = 0;")
+            t, ident = CPP_TYPE[dtype], self.identity(n.reduce, dtype)
+            if lanes:
+                flag = self._has_nan_flag(n, dtype)
+                self.line(f"{t} {name}_p[{LANES}];" + (f" int {name}_pn[{LANES}];" if flag else ""))
+                init = f"{name}_p[l] = {ident};" + (f" {name}_pn[l] = 0;" if flag else "")
+                self.line(f"for (int l = 0; l < {LANES}; ++l) {{ {init} }}")
+            else:
+                self.line(f"{t} {name} = {ident};")
+                if n.reduce in ir.INDEX_REDUCTIONS:
+                    self.line(f"int64_t {name}_i = 0;")
+                if self._has_nan_flag(n, dtype):
+                    self.line(f"int {name}_nan = 0;")
             accs[n.name] = (name, dtype)
+        if lanes:  # whole blocks, then the rest of the row (`tail_pass`)
+            self.block = self.fresh("rb")
+            self.line(f"{IDX} {self.block} = {start};")
+            self.loop_at = len(self.lines)
+            self.line(f"for (; {self.block} + {LANES} <= {stop}; {self.block} += {LANES}) {{")
+            self.line("  #pragma omp simd")
+            self.line(f"  for ({IDX} l = 0; l < {LANES}; ++l) {{")
+            self.line(f"    const {IDX} rindex = {self.block} + l;")
+            self.indent += 2
+            self.depth = 2
+            self.scopes.append({})
+            self.values.append({})
+            return accs
         self.loop_at = len(self.lines)
         clauses = {ir.ReduceOp.SUM: "+", ir.ReduceOp.MAX: "max", ir.ReduceOp.MIN: "min"}
         # Not a simd reduction in a pass that also stores: g++ 12 (-O3 -fopenmp, AVX2 and
         # AVX-512) computed wrong sums for tanh(x).sum(1) fused with a bf16 store of x * 2
-        # (test_cpp_codegen's output-code test); such passes are left to the auto-vectorizer.
+        # (test_cpp_codegen's output-code test); such passes are lane passes, or left to the
+        # auto-vectorizer.
         if all(n.reduce in clauses for n in reds) and not (reds and stores):
             # reassociating a sum is what lets it vectorize: a fixed order for a given build
             red = ""
@@ -295,29 +395,78 @@ class CppKernelWriter(KernelWriterBase):
                      if n.reduce != ir.ReduceOp.SUM and accs[n.name][1] in ir.FLOAT_DTYPES]
             red += f" reduction(|:{', '.join(flags)})" if flags else ""
             self.line(f"#pragma omp simd{red}")
-        self.line(f"for (int64_t rindex = {start}; rindex < {stop}; ++rindex) {{")
+        self.line(f"for ({IDX} rindex = {start}; rindex < {stop}; ++rindex) {{")
         self.indent += 1
+        self.depth = 1
         self.scopes.append({})
         self.values.append({})
         return accs
 
-    def close_pass(self) -> None:
+    def tail_pass(self, stop: str = "rnumel") -> None:
+        """Close a lane pass's loop over whole blocks and open the one over the rest of the
+        row (fewer than `LANES` elements), whose body is written again."""
         self.scopes.pop()
         self.values.pop()
-        self.indent -= 1
-        self.line("}")
+        for _ in range(self.depth):
+            self.indent -= 1
+            self.line("}")
+        self.line("#pragma omp simd")
+        self.line(f"for ({IDX} l = 0; l < {stop} - {self.block}; ++l) {{")
+        self.line(f"  const {IDX} rindex = {self.block} + l;")
+        self.indent += 1
+        self.depth = 1
+        self.scopes.append({})
+        self.values.append({})
+
+    def close_pass(self, reds: list[ir.Reduction] = (), accs: dict | None = None) -> None:
+        """Close the pass's loop; in a lane pass, combine each reduction's partials (a fixed
+        tree: lane l with lane l + w, for w = LANES/2 ... 1) into ``acc`` (and ``acc_nan``)."""
+        self.scopes.pop()
+        self.values.pop()
+        for _ in range(self.depth):
+            self.indent -= 1
+            self.line("}")
         self.loop_at = None
+        self.depth = 0
+        if not self.lanes:
+            return
+        self.lanes = False
+        for n in reds:
+            name, dtype = (accs or {})[n.name]
+            flag = self._has_nan_flag(n, dtype)
+            step = self.combine(n.reduce, f"{name}_p[l]", f"{name}_p[l + w]", dtype)
+            if n.reduce in (ir.ReduceOp.MAX, ir.ReduceOp.MIN):  # NaNs are in the flags
+                cmp = ">" if n.reduce == ir.ReduceOp.MAX else "<"
+                step = f"{name}_p[l] = {name}_p[l + w] {cmp} {name}_p[l] ? {name}_p[l + w] : {name}_p[l];"
+            if flag:
+                step += f" {name}_pn[l] |= {name}_pn[l + w];"
+            self.line(f"for (int w = {LANES // 2}; w >= 1; w /= 2) {{")
+            self.line(f"  for (int l = 0; l < w; ++l) {{ {step} }}")
+            self.line("}")
+            nan = f" int {name}_nan = {name}_pn[0];" if flag else ""
+            self.line(f"{CPP_TYPE[dtype]} {name} = {name}_p[0];{nan}")
+
+    def use_lanes(self, reds: list[ir.Reduction]) -> bool:
+        """A pass folds its reductions into lanes when they are all sums/extremes/any/all
+        and the row is long enough to fill them (or its length is not known)."""
+        r = self.g.rnumel
+        return bool(reds) and all(n.reduce in _LANE_REDUCTIONS for n in reds) and (
+            not r.is_Integer or int(r) >= 2 * LANES)
 
     def run_pass(self, batch: list[ir.Node]) -> None:
         reds = [n for n in batch if isinstance(n, ir.Reduction)]
+        lanes = self.use_lanes(reds)
         accs = self.open_pass(reds, stores=any(n.name in self.g.stores for n in batch
-                                               if not isinstance(n, ir.Reduction)))
-        for node in batch:
-            if isinstance(node, ir.Reduction):
-                self.accumulate(node, *accs[node.name])
-            else:
-                self.store(node, self.value_of(node))
-        self.close_pass()
+                                               if not isinstance(n, ir.Reduction)), lanes=lanes)
+        for _ in range(2 if lanes else 1):  # a lane pass: whole blocks, then the rest
+            if _:
+                self.tail_pass()
+            for node in batch:
+                if isinstance(node, ir.Reduction):
+                    self.accumulate(node, *accs[node.name])
+                else:
+                    self.store(node, self.value_of(node))
+        self.close_pass(reds, accs)
         for n in reds:
             self.finish(n, *accs[n.name])
         for n in reds:
@@ -352,11 +501,11 @@ class CppKernelWriter(KernelWriterBase):
     # -- kernel bodies
     def body_pointwise(self) -> None:
         self.line(f"#pragma omp parallel for if(xnumel >= {PARALLEL_MIN_WORK})")
-        self.line(f"for (int64_t xo = 0; xo < xnumel; xo += {POINTWISE_CHUNK}) {{")
+        self.line(f"for ({IDX} xo = 0; xo < xnumel; xo += {POINTWISE_CHUNK}) {{")
         self.indent += 1
-        self.line(f"const int64_t xend = xo + {POINTWISE_CHUNK} < xnumel ? xo + {POINTWISE_CHUNK} : xnumel;")
+        self.line(f"const {IDX} xend = xo + {POINTWISE_CHUNK} < xnumel ? xo + {POINTWISE_CHUNK} : xnumel;")
         self.line("#pragma omp simd")
-        self.line("for (int64_t xindex = xo; xindex < xend; ++xindex) {")
+        self.line(f"for ({IDX} xindex = xo; xindex < xend; ++xindex) {{")
         self.indent += 1
         for node in self.g.nodes:
             self.store(node, self.value_of(node))
@@ -367,9 +516,12 @@ class CppKernelWriter(KernelWriterBase):
 
     def body_rows(self) -> None:
         self.line(f"#pragma omp parallel for if(xnumel * rnumel >= {PARALLEL_MIN_WORK})")
-        self.line("for (int64_t xindex = 0; xindex < xnumel; ++xindex) {")
+        self.line(f"for ({IDX} xindex = 0; xindex < xnumel; ++xindex) {{")
         self.indent += 1
+        at = len(self.lines)
         self.run_steps(self.passes())
+        for name, ctype in sorted(self.scratch_types.items(), reverse=True):  # each thread's own
+            self.lines.insert(at, f"{self.INDENT * self.indent}alignas(64) {ctype} {name}[{self.g.rnumel}];")
         self.indent -= 1
         self.line("}")
 
@@ -441,11 +593,31 @@ class CppKernelWriter(KernelWriterBase):
             self.line(f"delete[] {name};")
 
     # -- the whole kernel
+    def reusable(self) -> dict[str, int]:
+        """After `write`: costly values computed by more than one pass of a row kernel whose
+        rows are short enough for a scratch array, each with the first pass computing it."""
+        r = self.g.rnumel
+        if self.g.kind == GroupKind.POINTWISE or self.use_split() or not r.is_Integer or int(r) > SCRATCH_MAX:
+            return {}
+        return {c: passes[0] for c, passes in self.seen.items() if len(set(passes)) > 1}
+
     def use_split(self) -> bool:
         x, r = self.g.xnumel, self.g.rnumel
         # static sizes only: a symbolic row would need both forms in the kernel
         return bool(x.is_Integer and r.is_Integer and int(x) < 8 and int(r) >= 4 * PARTIAL_CHUNK
                     and self.splittable())
+
+    def index_type(self) -> str:
+        """``int32_t`` when every buffer the kernel indexes (its elements, and its furthest
+        element from the storage start) and its domain have fewer than 2**31 elements at
+        every size its symbols allow; else ``int64_t``."""
+        extents = [self.g.xnumel * self.g.rnumel]
+        for buf in self.params:
+            spec = self.prog.buffers[buf]
+            extents.append(ir.product(spec.sizes))
+            extents.append(spec.offset + 1 + sum((sz - 1) * st for sz, st in zip(spec.sizes, spec.strides,
+                                                                                 strict=True)))
+        return "int32_t" if all(self.sizes.fits_int32(sympy.sympify(e)) for e in extents) else "int64_t"
 
     def write(self) -> S.Kernel:
         kind = self.g.kind
@@ -455,7 +627,8 @@ class CppKernelWriter(KernelWriterBase):
             self.body_split()
         else:
             self.body_rows()
-        body = self.lines
+        itype = self.index_type()
+        body = [line.replace(IDX, itype) for line in self.lines]
         name = self.name()
         ptr_params = sorted(self.params.items(), key=lambda kv: (kv[1].startswith("out"),
                                                                   int(kv[1].split("ptr")[1])))
@@ -491,4 +664,10 @@ def _fold_cast(value: float | int | bool, dtype: str) -> float | int | bool | No
 
 
 def generate_kernel(group: KernelGroup, prog: ir.LoopProgram, config: InductorConfig) -> S.Kernel:
-    return CppKernelWriter(group, prog, config).write()
+    """The kernel of ``group``; written twice when a first writing finds costly values that
+    several passes compute (softmax: ``exp(x - max)``, summed, then divided by the sum): the
+    second keeps them in a row scratch array."""
+    writer = CppKernelWriter(group, prog, config)
+    kernel = writer.write()
+    reuse = writer.reusable()
+    return CppKernelWriter(group, prog, config, reuse).write() if reuse else kernel

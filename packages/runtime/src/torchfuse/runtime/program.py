@@ -117,6 +117,13 @@ def _launcher_compatible(run: Any) -> bool:
     return names == ["gridX", "gridY", "gridZ", "stream", "function"] and var
 
 
+def _own_cpp(kernels: list[S.Kernel]) -> bool:
+    """Whether C++ kernels are this user's own code (`torchfuse.runtime.cpp.vouch`)."""
+    from torchfuse.runtime.cpp import is_vouched
+
+    return is_vouched(kernels)
+
+
 class CompiledProgram:
     """A loaded Program: call it with the Program's inputs (flat, in order) to get its outputs.
 
@@ -144,11 +151,12 @@ class CompiledProgram:
         self._serial = device_type == "cpu" and bool(triton_kernels)
         """Calls take `_INTERPRETER_LOCK` (Triton's interpreter is not thread-safe)."""
         self._kmap = {k.name: k for k in program.kernels}
-        if cpp_kernels and not trust_code:
+        if cpp_kernels and not trust_code and not _own_cpp(cpp_kernels):
             raise UntrustedCodeError(
                 f"program {program.name!r} holds C++ kernels ({cpp_kernels[0].name!r}, ...), native code "
-                "that cannot be validated before it runs: load it with trust_code=True (only for a "
-                "Program from a source you trust)")
+                "that cannot be validated before it runs, and not compiled by this process nor read "
+                "from its compile cache: load it with trust_code=True (only for a Program from a "
+                "source you trust)")
         if cpp_kernels and device_type != "cpu":
             raise RuntimeLoadError(f"program {program.name!r} holds C++ kernels, which run on the CPU only")
         if device_type == "cpu" and triton_kernels and not triton_interpreting():
@@ -566,8 +574,10 @@ def load(program_or_path: S.Program | str | Path, *, device: str | torch.device 
     [`check_kernel_source`][torchfuse.graph.kernel_source.check_kernel_source] accepts before it is imported
     (`UntrustedCodeError`). ``trust_code=True`` skips the source check, for a Program
     from a source you trust whose kernels use more of Python than that form allows. A Program
-    with C++ kernels (`torchfuse.runtime.cpp`) needs ``trust_code=True`` wherever it comes from:
-    C++ cannot be checked before it runs.
+    with C++ kernels (`torchfuse.runtime.cpp`) needs ``trust_code=True``, C++ being impossible to
+    check before it runs, unless its kernels are this user's own code: compiled by
+    ``torchfuse.inductor`` in this process or read back from the user's own compile cache
+    ([`vouch`][torchfuse.runtime.cpp.vouch]).
 
     Needs only torchfuse-graph and torchfuse-runtime. Kernels are imported from a
     content-addressed cache and compiled by Triton on first use; an archive's kernel sources

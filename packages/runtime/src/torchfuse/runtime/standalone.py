@@ -91,8 +91,10 @@ def _cpp_source(program: S.Program) -> list[str]:
     kernels = [k for k in program.kernels if k.language == "cpp"]
     if not kernels:
         return []
+    # one repr'd string per line: readable, and nothing in a source can end the literal
+    lines = [f"    {line!r}," for line in cpp.translation_unit(kernels).split("\n")]
     return ["", "from torchfuse.runtime.cpp import load_source as _load_cpp", "",
-            f"_CPP_SOURCE = {cpp.translation_unit(kernels)!r}",
+            '_CPP_SOURCE = "\\n".join([', *lines, "])",
             f"_cpp_kernels = _load_cpp(_CPP_SOURCE, {cpp.signatures(kernels)!r})"]
 
 
