@@ -164,6 +164,7 @@ def test_identity_guard_addresses_are_left_out_of_keys_and_nothing_else():
     assert plans.key(b'{"d":"C[0] is Net"}') != plans.key(b'{"d":"C[0] is Other"}')
 
 
+@pytest.mark.triton_cpu  # Triton functions are what is shared
 def test_kernels_of_equal_code_share_one_function_whatever_their_names():
     from torchfuse.graph import trace
     from torchfuse.inductor import compile_graph

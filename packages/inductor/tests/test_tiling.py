@@ -10,6 +10,9 @@ import torch
 import torch.nn.functional as F
 from inductor_helpers import BF16_TOL, assert_matches, compile_fn, run_runtime
 
+# The tiles are a form of the Triton code generator: its kernels, run by the interpreter.
+pytestmark = pytest.mark.triton_cpu
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]
 
 

@@ -63,6 +63,7 @@ def _real_jit(tmp_path, kernel):
     return fn, path
 
 
+@pytest.mark.triton_cpu  # the workers compile Triton kernels
 @pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
     os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
     reason="no ptxas to compile with")
