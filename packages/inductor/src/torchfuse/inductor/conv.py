@@ -228,6 +228,8 @@ def bias_into_matmuls(graph: S.Graph) -> S.Graph:
     def add_bias(node: S.Node, args: list[Any], kwargs: dict) -> Any:
         lhs, rhs = args[0], args[1]
         mm, bias = (lhs, rhs) if id(lhs) in products else (rhs, lhs)
+        if id(mm) not in products:  # the product was re-laid out on the way: keep the add
+            return aten.add.Tensor(lhs, rhs, **kwargs)
         a, b = products.pop(id(mm))
         return aten.addmm.default(bias, a, b)
 
