@@ -146,3 +146,22 @@ def test_the_pass_can_be_switched_off():
     graph = decompose(trace(_fn(False), *args)[0], DECOMPOSITIONS)
     assert rewrite_convolution_graphs(graph, enabled=False) is graph
     assert not any(op in BN for op in _ops(rewrite_convolution_graphs(graph)))
+
+
+def test_conv_bn_add_relu_is_the_convolution_and_one_kernel_after_it():
+    """Inference ``relu(bn(conv(x)) + r)``: the extern convolution, then one kernel that reads
+    its output once and applies the shift, the residual add and the relu (plus the small
+    kernel scaling the weights); without the pass batch norm was an extern call of its own."""
+    def fn(x, w, g, b, rm, rv, r):
+        return (F.batch_norm(F.conv2d(x, w, padding=1), rm, rv, g, b, training=False) + r).relu()
+
+    args = _inputs(bias=False)
+    args = [a for a in args if a is not None]
+    graph = trace(fn, *args)[0]
+    for on, externs in ((True, ["aten.convolution.default"]),
+                        (False, ["aten.convolution.default", "aten.native_batch_norm.default"])):
+        program = compile_graph(graph, options={"cache": False, "conv_rewrites": on})
+        assert [s.op for s in program.steps if hasattr(s, "op")] == externs
+        assert len(program.kernels) == (2 if on else 1)
+        (got,) = load(program)(*args)
+        torch.testing.assert_close(got, fn(*args), rtol=1e-5, atol=1e-5)
