@@ -315,6 +315,9 @@ def _training_flops(forward: Callable[[Sequence[Any]], float]) -> Callable[[Sequ
 
 
 def _gpt2_model(device: torch.device, scale: Scale) -> torch.nn.Module:
+    from vision_models import ensure_importable
+
+    ensure_importable()  # PyPI's torchvision next to a CPU torch, before transformers imports it
     from transformers import GPT2Config, GPT2LMHeadModel
 
     layers, width, heads = _pick(scale, (4, 768, 12), (1, 64, 2))

@@ -165,3 +165,34 @@ def test_conv_bn_add_relu_is_the_convolution_and_one_kernel_after_it():
         assert len(program.kernels) == (2 if on else 1)
         (got,) = load(program)(*args)
         torch.testing.assert_close(got, fn(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_error_is_eagers():
+    """A ResNet block and classifier in bf16 autocast, compiled to C++ (whose bf16 casts round
+    to nearest even, as eager's and as Triton's on the GPU; Triton's CPU interpreter truncates,
+    which would measure the interpreter): the error against a float32 reference is eager's."""
+    from torchfuse.capture import compile, reset
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10)).eval()
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):  # statistics of a trained network, not 0 and 1
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+            m.weight.data.uniform_(0.5, 2)
+    x = torch.randn(4, 3, 16, 16)
+
+    def bf16(fn):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return fn(x).double()
+
+    with torch.no_grad():
+        ref = net(x).double()
+    reset()
+    got = bf16(compile(net, backend="inductor", options={"cpu_backend": "cpp", "cache": False}))
+    want = bf16(net)
+    err = lambda y: float((y - ref).norm() / ref.norm())  # noqa: E731
+    assert err(got) <= 1.25 * err(want), (err(got), err(want))
