@@ -7,6 +7,7 @@ PyPI's torchvision wheel is made importable next to a CPU-only torch (``scripts/
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ def _torchvision_compat() -> None:
     spec = importlib.util.spec_from_file_location("torchvision_compat", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # it holds the library object that keeps the schemas alive
     spec.loader.exec_module(module)
     module.install()
 

@@ -194,5 +194,5 @@ def test_bfloat16_error_is_eagers():
     reset()
     got = bf16(compile(net, backend="inductor", options={"cpu_backend": "cpp", "cache": False}))
     want = bf16(net)
-    err = lambda y: float((y - ref).norm() / ref.norm())  # noqa: E731
+    err = lambda y: float((y - ref).norm() / ref.norm())
     assert err(got) <= 1.25 * err(want), (err(got), err(want))

@@ -57,11 +57,11 @@ class PassRecorder(Recorder):
         if rule is None or not isinstance(out, torch.Tensor) or not _concrete_dense(out):
             return out
         aten = torch.ops.aten
+        contiguous = {"memory_format": torch.contiguous_format}
         if rule == "contiguous":
             if out.is_contiguous():
                 return out
-            return super().__torch_dispatch__(aten.clone.default, types, (out,),
-                                              {"memory_format": torch.contiguous_format})
+            return super().__torch_dispatch__(aten.clone.default, types, (out,), contiguous)
         src = args[0]
         if not isinstance(src, torch.Tensor) or not _concrete_dense(src) or src.stride() == out.stride():
             return out
@@ -70,7 +70,7 @@ class PassRecorder(Recorder):
         order = sorted(range(src.dim()), key=lambda d: (-src.stride()[d], d))
         back = sorted(range(src.dim()), key=order.__getitem__)
         t = super().__torch_dispatch__(aten.permute.default, types, (out, order), {})
-        t = super().__torch_dispatch__(aten.clone.default, types, (t,), {"memory_format": torch.contiguous_format})
+        t = super().__torch_dispatch__(aten.clone.default, types, (t,), contiguous)
         return super().__torch_dispatch__(aten.permute.default, types, (t, back), {})
 
     def on_constant(self, t: torch.Tensor) -> str:

@@ -503,8 +503,8 @@ def _laid_out(g: torch.Tensor, meta: S.TensorMeta, sizes: dict[str, int]) -> tor
 
 def _zeros(graph: S.Graph, name: str, sizes: dict[str, int], device: torch.device) -> torch.Tensor:
     meta = graph.values[name]
-    return torch.empty_strided([evaluate(s, sizes) for s in meta.sizes], [evaluate(s, sizes) for s in meta.strides],
-                               dtype=to_dtype(meta.dtype), device=device).zero_()
+    shape, strides = [evaluate(s, sizes) for s in meta.sizes], [evaluate(s, sizes) for s in meta.strides]
+    return torch.empty_strided(shape, strides, dtype=to_dtype(meta.dtype), device=device).zero_()
 
 
 def _device_of(grads: Sequence[Any], saved: Sequence[Any]) -> torch.device:
