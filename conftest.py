@@ -10,10 +10,16 @@ Which kernels a CPU graph gets in the tests:
   ``TRITON_INTERPRET=1`` is set before anything imports triton (unless a CUDA device is present
   and the variable is unset), so the interpreter is there for them, and for the user Triton
   kernels a C++ Program may launch.
+
+PyPI's torchvision wheel is made importable next to a CPU-only torch
+(``scripts/torchvision_compat.py``).
 """
 
 import dataclasses
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +58,21 @@ def _triton_cpu(request, monkeypatch):
     """``@pytest.mark.triton_cpu``: this test's CPU graphs get Triton kernels (interpreted)."""
     if request.node.get_closest_marker("triton_cpu") is not None:
         _use_cpu_backend(monkeypatch, "triton")
+
+
+def _torchvision_compat() -> None:
+    """PyPI's torchvision wheel next to a CPU-only torch: define the operator schemas its
+    import needs before anything (``transformers`` included) imports it (see the script)."""
+    path = Path(__file__).parent / "scripts" / "torchvision_compat.py"
+    spec = importlib.util.spec_from_file_location("torchvision_compat", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # it holds the library object that keeps the schemas alive
+    spec.loader.exec_module(module)
+    module.install()
+
+
+_torchvision_compat()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,11 +1,13 @@
-"""Real Hugging Face ``transformers`` models: eager vs torch.compile vs torchfuse side by side, one process.
+"""Real ``transformers`` and ``torchvision`` models: eager vs torch.compile vs torchfuse side by side.
 
     python benchmarks/models.py                                   # every model, both modes (GPU)
     python benchmarks/models.py --only gpt2,llama --mode inference
     python benchmarks/models.py --small --device cpu --only gpt2,bert --backend aot_eager   # CPU smoke run
 
 The models (``MODELS``): GPT-2, BERT, RoBERTa, Llama, Mistral, T5, BART, OPT, GPT-NeoX, Phi and
-ViT, built from configs with random weights (seed 0; never ``from_pretrained``, nothing is
+ViT from ``transformers``, and the torchvision rows of ``vision_models.py`` (ResNet-18/50,
+MobileNetV3-small, ConvNeXt-tiny, ViT-B/16, Swin-T at batch 32 × 3 × 224 × 224, the same
+steps and checks), built from configs with random weights (seed 0; never ``from_pretrained``, nothing is
 downloaded), every dropout probability 0 (so compiled results can be checked against eager),
 ``use_cache=False`` (one scoring/prefill forward) and ``attn_implementation="sdpa"`` (``"eager"``
 only for a model that refuses it; each row records the one used). Full size: a few layers at real
@@ -95,6 +97,7 @@ from run import (  # noqa: E402
 )
 
 SCHEMA = "torchfuse-models/1"
+VISION_NAMES = ("resnet18", "resnet50", "mobilenet_v3_small", "convnext_tiny", "vit_b_16", "swin_t")
 COMPILED = ("torch_compile", "torchfuse")
 MODES = ("inference", "training")
 TOL = {"rtol": 5e-2, "atol": 5e-2}  # run.py's tolerance for its whole-model rows
@@ -171,6 +174,7 @@ MODELS: tuple[ModelSpec, ...] = (
     ModelSpec("vit", "ViTForImageClassification", "ViTConfig", "ViT-B/16 width, 6 layers, 1000 classes",
               dict(_BERTISH, image_size=224, patch_size=16, num_labels=1000),
               dict(_TINY_CORE, image_size=32, patch_size=8, num_labels=10), "image"),
+    *(ModelSpec(n, n, "", f"torchvision {n}, 1000 classes", {}, {}, "torchvision") for n in VISION_NAMES),
 )
 BY_NAME = {m.name: m for m in MODELS}
 
@@ -245,6 +249,11 @@ def make_config(cls: type, kwargs: dict[str, Any], attn: str, notes: list[str]) 
 def build_model(spec: ModelSpec, scale: str, device: Any) -> tuple[Any, dict[str, Any]]:
     """The model on ``device`` (fp32, seed 0) and what to record about it."""
     import torch
+
+    if spec.inputs == "torchvision":
+        import vision_models
+
+        return vision_models.build(spec.name, scale, device)
     import transformers
 
     cfg_cls, model_cls = getattr(transformers, spec.config_class), getattr(transformers, spec.model_class)
@@ -277,7 +286,7 @@ def make_inputs(spec: ModelSpec, cfg: Any, scale: str, device: Any, training: bo
     import torch
 
     g = torch.Generator(device).manual_seed(0)
-    if spec.inputs == "image":
+    if spec.inputs in ("image", "torchvision"):
         batch, size = 32 if scale == "full" else 2, cfg.image_size
         pixels = torch.randn(batch, getattr(cfg, "num_channels", 3), size, size, generator=g, device=device)
         labels = torch.randint(0, cfg.num_labels, (batch,), generator=g, device=device)
@@ -754,6 +763,9 @@ def main(argv: list[str] | None = None) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if not args.device.startswith("cuda"):
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+    import vision_models
+
+    vision_models.ensure_importable()  # before transformers imports torchvision
     try:
         import transformers
     except ImportError as e:

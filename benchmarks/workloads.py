@@ -327,6 +327,15 @@ def _training_flops(forward: Callable[[Sequence[Any]], float]) -> Callable[[Sequ
 
 
 def _gpt2_model(device: torch.device, scale: Scale) -> torch.nn.Module:
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:  # vision_models.py beside this file, however this one was imported
+        sys.path.insert(0, here)
+    from vision_models import ensure_importable
+
+    ensure_importable()  # PyPI's torchvision next to a CPU torch, before transformers imports it
     from transformers import GPT2Config, GPT2LMHeadModel
 
     layers, width, heads = _pick(scale, (4, 768, 12), (1, 64, 2))

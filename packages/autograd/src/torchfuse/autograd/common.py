@@ -11,7 +11,7 @@ from torchfuse.graph import printer
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import no_autocast
-from torchfuse.graph.ops import decode_arg, node_inputs, rename_arg, tensor_refs, to_dtype
+from torchfuse.graph.ops import decode_arg, node_inputs, op_name, rename_arg, tensor_refs, to_dtype
 from torchfuse.graph.symbolic import SizeEnv, env_from_symbols
 from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder
 from torchfuse.graph.tracing import fake_from_meta as tracing_fake_from_meta
@@ -21,10 +21,57 @@ class AutogradError(RuntimeError):
     """A graph that torchfuse-autograd cannot transform; the message names the node."""
 
 
+def _concrete_dense(t: torch.Tensor) -> bool:
+    """Concrete sizes and strides, every element once and no gaps (any dim order)."""
+    if not all(isinstance(v, int) for v in (*t.shape, *t.stride())):
+        return False
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+EAGER_LAYOUTS: dict[str, str] = {
+    # ``zeros_like(self, LEGACY_CONTIGUOUS_MEMORY_FORMAT)`` in the CPU and CUDA kernels; the
+    # meta kernel keeps self's layout
+    "aten.mse_loss_backward.default": "contiguous",
+}
+"""Ops whose meta kernel lays the result out unlike eager's CPU and CUDA kernels, and eager's
+rule: [`PassRecorder`][torchfuse.autograd.common.PassRecorder] records a copy into eager's
+layout after them (``clone`` to contiguous, or to the input's dim order between two
+``permute``s), so the
+strides the graph records, and the ``view``s that read them, are eager's."""
+
+
 class PassRecorder(Recorder):
     """The Recorder our passes run under: a real tensor met while re-tracing (a wrapped
     number inside a derivative formula) becomes an ``aten.scalar_tensor`` node instead of a
-    new graph input, so a pass never changes a graph's inputs."""
+    new graph input, so a pass never changes a graph's inputs. The ops of `EAGER_LAYOUTS`
+    are followed by a copy into eager's layout where their meta kernel's differs."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        rule = EAGER_LAYOUTS.get(op_name(func))
+        if rule is None or not isinstance(out, torch.Tensor) or not _concrete_dense(out):
+            return out
+        aten = torch.ops.aten
+        contiguous = {"memory_format": torch.contiguous_format}
+        if rule == "contiguous":
+            if out.is_contiguous():
+                return out
+            return super().__torch_dispatch__(aten.clone.default, types, (out,), contiguous)
+        src = args[0]
+        if not isinstance(src, torch.Tensor) or not _concrete_dense(src) or src.stride() == out.stride():
+            return out
+        # permute into the input's memory order, copy dense, permute back: src's strides,
+        # and differentiable (the joint graph re-traces forward ops with grad)
+        order = sorted(range(src.dim()), key=lambda d: (-src.stride()[d], d))
+        back = sorted(range(src.dim()), key=order.__getitem__)
+        t = super().__torch_dispatch__(aten.permute.default, types, (out, order), {})
+        t = super().__torch_dispatch__(aten.clone.default, types, (t,), contiguous)
+        return super().__torch_dispatch__(aten.permute.default, types, (t, back), {})
 
     def on_constant(self, t: torch.Tensor) -> str:
         if isinstance(t, FakeTensor) or t.dim() != 0:

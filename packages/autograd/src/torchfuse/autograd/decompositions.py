@@ -285,12 +285,15 @@ def mse_loss(x, target, reduction=_REDUCTION_MEAN):
 
 
 def mse_loss_backward(grad_output, x, target, reduction):
+    # eager's CPU and CUDA kernels write a contiguous gradient whatever the input's layout
+    # (``zeros_like(x, LEGACY_CONTIGUOUS_MEMORY_FORMAT)``); torch's meta kernel keeps x's
     n = x.numel()
     if reduction == _REDUCTION_MEAN and not isinstance(n, int):
         # 2 / n as a float would pin the sizes; divide by the size expression instead
-        return grad_output * (x - target) * 2 / n
-    scale = 2 / n if reduction == _REDUCTION_MEAN else 2
-    return grad_output * (x - target) * scale
+        out = grad_output * (x - target) * 2 / n
+    else:
+        out = grad_output * (x - target) * (2 / n if reduction == _REDUCTION_MEAN else 2)
+    return out.contiguous()
 
 
 # ----------------------------------------------------------------------------- linear algebra, views

@@ -467,7 +467,7 @@ class _CompiledFunction(torch.autograd.Function):
             g = grads[i]
             if g is None:  # autograd passes None for outputs the loss did not use
                 g = _zeros(part.backward, t.name, ctx.sizes, device=_device_of(grads, saved))
-            tangents.append(g.contiguous())
+            tangents.append(_laid_out(g, part.backward.values[t.name], ctx.sizes))
             assert plan.tangent_of[i] == k
         create_graph = torch.is_grad_enabled()
         # autocast off as in the forward: the backward graph's dtypes were fixed when it was
@@ -493,9 +493,21 @@ class _CompiledFunction(torch.autograd.Function):
         return (None, None, *result)
 
 
+def _laid_out(g: torch.Tensor, meta: S.TensorMeta, sizes: dict[str, int]) -> torch.Tensor:
+    """The gradient ``g`` in the layout its tangent input was traced with (the output's own
+    when that is dense, see `joint.tangent_strides`): ``g`` itself when it already is, else
+    a copy (an expanded gradient of a ``sum``, or one laid out unlike the output)."""
+    strides = [evaluate(s, sizes) for s in meta.strides]
+    if all(n == 1 or a == b for n, a, b in zip(g.shape, g.stride(), strides, strict=True)):
+        return g
+    out = torch.empty_strided(tuple(g.shape), strides, dtype=g.dtype, device=g.device)
+    return out.copy_(g)
+
+
 def _zeros(graph: S.Graph, name: str, sizes: dict[str, int], device: torch.device) -> torch.Tensor:
     meta = graph.values[name]
-    return torch.zeros([evaluate(s, sizes) for s in meta.sizes], dtype=to_dtype(meta.dtype), device=device)
+    shape, strides = [evaluate(s, sizes) for s in meta.sizes], [evaluate(s, sizes) for s in meta.strides]
+    return torch.empty_strided(shape, strides, dtype=to_dtype(meta.dtype), device=device).zero_()
 
 
 def _device_of(grads: Sequence[Any], saved: Sequence[Any]) -> torch.device:

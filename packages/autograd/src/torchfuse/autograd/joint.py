@@ -15,8 +15,11 @@ Undefined gradients (an input the outputs do not depend on) are outputs whose va
 with ``allow_unused=True``, and no zeros are materialized.
 
 Tangents exist only for floating tensor outputs (not for list outputs) that depend on an
-input requiring grad. Their metadata is *contiguous* with the output's shape; callers pass
-contiguous tangents.
+input requiring grad. A tangent is laid out as its output is when that output is dense
+(channels-last, permuted: the layout an upstream gradient computed from the output has, so
+the backward's gradients get eager's strides), contiguous otherwise (an expanded or sliced
+output, or sizes with symbols); see `tangent_strides`. Callers pass tangents in that layout
+(the glue copies one that comes in another).
 
 Symbolic sizes: the primals of a graph with size symbols are fakes whose sizes are
 ``SymInt``\ s of a [`SizeEnv`][torchfuse.graph.symbolic.SizeEnv] holding the graph's symbols, so
@@ -69,6 +72,23 @@ def tangent_index(target: str | None) -> int:
     return int(target.removeprefix("output:"))
 
 
+def tangent_strides(sizes: Sequence[object], strides: Sequence[object]) -> tuple[int, ...] | None:
+    """The strides a tangent of an output with these sizes and strides is traced with: the
+    output's own when they are concrete and the output is non-overlapping and dense (every
+    element once, no gaps: contiguous, channels-last, any permutation), else None
+    (contiguous). Eager's gradients follow the layout of the gradient they are given, which
+    for a dense output is usually the output's; a tangent traced dense would make a
+    channels-last network's backward produce contiguous gradients, unlike eager's."""
+    if not all(isinstance(v, int) for v in (*sizes, *strides)):
+        return None
+    expected = 1
+    for stride, size in sorted((st, n) for n, st in zip(sizes, strides, strict=True) if n != 1):
+        if stride != expected:
+            return None
+        expected *= size
+    return tuple(strides)  # type: ignore[arg-type]
+
+
 def joint_graph(graph: S.Graph, requires_grad: Sequence[bool]) -> S.Graph:
     """The joint graph of ``graph`` for inputs flagged by ``requires_grad`` (see module doc).
 
@@ -104,8 +124,10 @@ def joint_graph(graph: S.Graph, requires_grad: Sequence[bool]) -> S.Graph:
         diff_outs, tangents = [], []
         for i, out in enumerate(outs):
             if isinstance(out, torch.Tensor) and out.requires_grad and _differentiable(out.dtype):
-                example = FakeTensor(torch.empty(out.shape, dtype=out.dtype, device="meta"),
-                                     out.device)
+                strides = tangent_strides(out.shape, out.stride())
+                meta = (torch.empty(out.shape, dtype=out.dtype, device="meta") if strides is None else
+                        torch.empty_strided(out.shape, strides, dtype=out.dtype, device="meta"))
+                example = FakeTensor(meta, out.device)
                 tangents.append(rec.input(example, name=f"tangent_{i}", kind="tangent",
                                           target=tangent_target(i), requires_grad=False))
                 diff_outs.append(out)

@@ -1,6 +1,6 @@
 """``compile_graph``: the inductor pipeline, one flat list of named passes.
 
-    decompose -> matmuls -> lower -> dead_code -> schedule (fusion, verified) -> codegen
+    decompose -> matmuls -> conv -> lower -> dead_code -> schedule (fusion, verified) -> codegen
     -> plan -> user_kernels
 
 Every pass returns a new artifact stamped with its name and duration (`Stage`);
@@ -29,6 +29,7 @@ from torchfuse.inductor.cache import graph_device
 from torchfuse.inductor.codegen import generate_kernel
 from torchfuse.inductor.config import InductorConfig, cpu_kernels
 from torchfuse.inductor.config import config as default_config
+from torchfuse.inductor.conv import rewrite_convolution_graphs
 from torchfuse.inductor.cpp_codegen import generate_kernel as cpp_kernel
 from torchfuse.inductor.decompositions import DECOMPOSITIONS
 from torchfuse.inductor.lowering import lower
@@ -175,7 +176,9 @@ PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("decompose", lambda st, cfg: _decompose(st["graph"], cfg)),
     # needs decomposed ops (addmm -> mm + add, gelu -> erf ...); before lowering
     ("matmuls", _rewrite_matmuls),
-    ("lower", lambda st, cfg: ir.verify(lower(st["matmuls"], cfg))),
+    # batch norms folded into convolutions, half-precision biases back into their matmuls
+    ("conv", lambda st, cfg: rewrite_convolution_graphs(st["matmuls"], cfg.conv_rewrites)),
+    ("lower", lambda st, cfg: ir.verify(lower(st["conv"], cfg))),
     # dead code goes after lowering: decompositions return values (mean, rstd) nobody reads
     ("dead_code", lambda st, cfg: ir.verify(dead_code_elimination(st["lower"]))),
     ("schedule", lambda st, cfg: verify_schedule(schedule(st["dead_code"], cfg), st["dead_code"])),

@@ -76,6 +76,10 @@ class InductorConfig:
     pad_mm: bool = True
     """Pad float16/bfloat16 CUDA matmuls whose leading dimensions are not 16-byte aligned
     ([`torchfuse.inductor.pad_mm`][torchfuse.inductor.pad_mm])."""
+    conv_rewrites: bool = True
+    """Fold inference batch norms into the convolutions before them, write the others as
+    pointwise ops, and keep a float16/bfloat16 bias inside its extern matmul
+    ([`torchfuse.inductor.conv`][torchfuse.inductor.conv]). ``TORCHFUSE_CONV_REWRITES=0``."""
     mm_templates: str = "auto"
     """``mode="max-autotune"`` only: ``"auto"`` (the Triton matmul template against cuBLAS,
     benchmarked per shape and cached in ``<cache dir>/mm_choices.json``), ``"always"`` (the
@@ -136,6 +140,8 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         update_snapshots=env.get("TORCHFUSE_UPDATE_SNAPSHOTS", "") not in ("", "0"),
         cache=env.get("TORCHFUSE_COMPILE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off"),
         pad_mm=env.get("TORCHFUSE_PAD_MM", "1").strip().lower() not in ("0", "false", "no", "off"),
+        conv_rewrites=env.get("TORCHFUSE_CONV_REWRITES", "1").strip().lower() not in ("0", "false", "no",
+                                                                                    "off"),
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
         cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "auto").strip().lower() or "auto",
         triton_interpret=_on(env.get("TRITON_INTERPRET", "")),

@@ -187,6 +187,40 @@ def _min_all(x):
     return aten.amin.default(x, list(range(x.dim())), False)
 
 
+def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+                                proj_bias, mask=None, need_weights=True, average_attn_weights=True,
+                                mask_type=None):
+    """``nn.MultiheadAttention``'s inference fast path (torchvision's ViT, batch first): the
+    input projection, scaled dot-product attention per head, the output projection. ATen's
+    kernel returns an undefined tensor for the weights it was not asked for, which no buffer
+    can hold; this returns an empty one, as its meta kernel does."""
+    if mask is not None:
+        raise NotImplementedError("_native_multi_head_attention with a mask")
+    b, lq, e = query.shape
+    d = e // num_head
+    w_q, w_k, w_v = aten.split.Tensor(qkv_weight, e, 0)
+    b_q, b_k, b_v = aten.split.Tensor(qkv_bias, e, 0)
+
+    def heads(x, w, bias):
+        n = x.shape[1]
+        y = aten.addmm.default(bias, aten.view.default(x, [b * n, e]), aten.t.default(w))
+        return aten.permute.default(aten.view.default(y, [b, n, num_head, d]), [0, 2, 1, 3])
+
+    q, k, v = heads(query, w_q, b_q), heads(key, w_k, b_k), heads(value, w_v, b_v)
+    if need_weights:
+        scores = aten.div.Scalar(aten.matmul.default(q, aten.transpose.int(k, -1, -2)), math.sqrt(d))
+        weights = aten._softmax.default(scores, -1, False)
+        attn = aten.matmul.default(weights, v)
+        weights = aten.mean.dim(weights, [1]) if average_attn_weights else weights
+    else:
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        weights = aten.empty.memory_format([0], dtype=query.dtype, device=query.device)
+    attn = aten.view.default(aten.clone.default(aten.permute.default(attn, [0, 2, 1, 3]),
+                                                memory_format=torch.contiguous_format), [b * lq, e])
+    out = aten.view.default(aten.addmm.default(proj_bias, attn, aten.t.default(proj_weight)), [b, lq, e])
+    return out, weights
+
+
 LOWERED_DIRECTLY = frozenset({"aten.t.default", "aten.rsub.Tensor", "aten.rsub.Scalar"})
 """Ops of autograd's table that inductor does not decompose: its lowering has rules for them
 (``t`` is a view; ``rsub`` is one subtraction)."""
@@ -219,6 +253,7 @@ RULES: Mapping[str, Callable[..., Any]] = {
     "aten.min.dim": min_dim,
     "aten.max.default": _max_all,
     "aten.min.default": _min_all,
+    "aten._native_multi_head_attention.default": native_multi_head_attention,
 }
 """Inductor's own rules: ops autograd's table leaves alone that inductor's primitive set does
 not have. None of them is in autograd's table (a test checks it)."""

@@ -82,12 +82,41 @@ def shared_kernels(kernels: dict[int, S.Kernel]) -> dict[str, str]:
     return same
 
 
+def extern_aliases(node: ir.Extern) -> dict[str, str]:
+    """Outputs of an extern call that are views of one of its arguments (its schema says
+    ``Tensor(a) self -> Tensor(a)``: ``as_strided``, ``expand``, … called through ATen), each
+    with that argument: they share its storage, so it must outlive them."""
+    from torchfuse.graph.ops import UnknownOpError, resolve_op
+
+    try:
+        schema = resolve_op(node.op)._schema
+    except UnknownOpError:
+        return {}
+    by_set: dict[str, str] = {}
+    for arg, value in zip(schema.arguments, node.args, strict=False):
+        info = arg.alias_info
+        if info is not None and not info.is_write and isinstance(value, S.TensorRef):
+            for a in info.before_set:
+                by_set[a] = value.name
+    out: dict[str, str] = {}
+    for ret, name in zip(schema.returns, node.outputs, strict=False):
+        info = ret.alias_info
+        if name and info is not None and not info.is_write:
+            base = next((by_set[a] for a in info.before_set if a in by_set), None)
+            if base is not None:
+                out[name] = base
+    return out
+
+
 def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Kernel]) -> S.Program:
     same = shared_kernels(kernels)
     by_name = {k.name: k for k in kernels.values()}
     launches: dict[str, int] = {}
     outputs = {o for o in prog.outputs if isinstance(o, str)}
     view_base = {b.name: b.view_of for b in prog.buffers.values() if b.kind == "view"}
+    for g in sched.groups:  # an extern view (as_strided through ATen) keeps its base alive
+        if g.kind == GroupKind.EXTERN and isinstance(g.nodes[0], ir.Extern):
+            view_base.update(extern_aliases(g.nodes[0]))
 
     def root(buf: str) -> str:
         while buf in view_base:
