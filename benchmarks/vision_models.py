@@ -47,8 +47,13 @@ def ensure_importable() -> str:
 def _full(name: str) -> Any:
     import torchvision.models as m
 
+    if name == "swin_t":
+        # swin_t() passes its own stochastic_depth_prob (0.2) to the builder, so another one in
+        # its kwargs is a TypeError: build Swin-T's configuration directly, without it
+        return m.SwinTransformer(patch_size=[4, 4], embed_dim=96, depths=[2, 2, 6, 2],
+                                 num_heads=[3, 6, 12, 24], window_size=[7, 7], stochastic_depth_prob=0.0)
     kwargs: dict[str, Any] = {"weights": None}
-    if name in ("convnext_tiny", "swin_t"):
+    if name == "convnext_tiny":
         kwargs["stochastic_depth_prob"] = 0.0
     if name == "mobilenet_v3_small":
         kwargs["dropout"] = 0.0
