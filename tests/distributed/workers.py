@@ -166,6 +166,13 @@ def ddp_both_ways(rank: int, world: int) -> dict:
 def ddp_gpt2(rank: int, world: int) -> dict:
     """A real model: transformers' GPT-2 with a tiny config, compiled around DDP."""
     from torchfuse.capture import compile
+
+    # a worker is its own process: PyPI's torchvision next to a CPU torch needs the shim the
+    # root conftest installs, before transformers imports torchvision
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    import torchvision_compat
+
+    torchvision_compat.install()
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=64,
