@@ -3,12 +3,10 @@ values against eager, and which kernels take the tiled form (and which keep the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-from inductor_helpers import BF16_TOL, assert_matches, compile_fn, run_runtime
+from inductor_helpers import BF16_TOL, assert_matches, assert_snapshot, compile_fn, run_runtime
 
 # The tiles are a form of the Triton code generator: its kernels, run by the interpreter.
 pytestmark = pytest.mark.triton_cpu
@@ -16,10 +14,21 @@ pytestmark = pytest.mark.triton_cpu
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64]
 
 
+_GEN = torch.Generator()
+
+
+@pytest.fixture(autouse=True)
+def _seeded_inputs():
+    # every test draws the same inputs whatever ran before it on the worker: unseeded, the
+    # bf16 reduction case failed in one -n 2 run here and passed alone (a near-zero sum of 24
+    # products, which eager rounds to bf16 one by one and the fused kernel does not)
+    _GEN.manual_seed(0)
+
+
 def make(*sizes: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if dtype.is_floating_point:
-        return torch.randn(*sizes).to(dtype)
-    return torch.randint(-50, 50, sizes, dtype=dtype)
+        return torch.randn(*sizes, generator=_GEN).to(dtype)
+    return torch.randint(-50, 50, sizes, dtype=dtype, generator=_GEN)
 
 
 def tol(dtype: torch.dtype) -> dict:
@@ -39,26 +48,15 @@ def check(fn, *inputs, dtype=torch.float32):
 
 # ----------------------------------------------------------------------------- snapshot
 
-SNAPSHOTS = Path(__file__).parent / "snapshots"
-
-
 @pytest.mark.parametrize("name", ["transpose_add_tiled", "channels_last_tiled"])
 def test_tiled_kernel_source_snapshot(name):
     """The tiled form pinned by golden files, like `test_codegen_snapshots` pins the others
     (``TORCHFUSE_UPDATE_SNAPSHOTS=1`` rewrites them)."""
-    from torchfuse.inductor.config import from_env
-
     if name == "transpose_add_tiled":
         program = compile_fn(lambda x, y: x.t() + y * 2, make(64, 48), make(48, 64))
     else:
         program = compile_fn(lambda x: x.permute(0, 2, 3, 1).contiguous(), make(2, 16, 8, 8))
-    text = "\n# ----\n".join(k.source for k in program.kernels)
-    path = SNAPSHOTS / f"{name}.py.txt"
-    if from_env().update_snapshots or not path.exists():
-        path.write_text(text)
-        if not from_env().update_snapshots:
-            pytest.fail(f"snapshot {path.name} was missing and has been written; review and rerun")
-    assert text == path.read_text(), f"generated code changed; TORCHFUSE_UPDATE_SNAPSHOTS=1 to accept ({path})"
+    assert_snapshot(name, program)
 
 
 # ----------------------------------------------------------------------------- values
