@@ -53,6 +53,24 @@ def use_cpu_backend(monkeypatch):
     return lambda name: _use_cpu_backend(monkeypatch, name)
 
 
+@pytest.fixture
+def counted_lowering(monkeypatch):
+    """The runs of inductor's lowering pass, one list item each (what a cache hit must skip)."""
+    from torchfuse.inductor import cache
+    from torchfuse.inductor import compile as compile_module
+
+    calls = []
+    real = compile_module.lower
+
+    def lower(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_module, "lower", lower)
+    cache.stats.reset()
+    return calls
+
+
 @pytest.fixture(autouse=True)
 def _triton_cpu(request, monkeypatch):
     """``@pytest.mark.triton_cpu``: this test's CPU graphs get Triton kernels (interpreted)."""

@@ -69,3 +69,21 @@ def triton_source(program: S.Program) -> bool:
 
 def kernel_kinds(program: S.Program) -> list[str]:
     return [k.name.split("_")[1] for k in program.kernels]
+
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+
+def assert_snapshot(name: str, program: S.Program) -> None:
+    """The program's kernel sources equal the golden file ``snapshots/<name>.py.txt``;
+    ``TORCHFUSE_UPDATE_SNAPSHOTS=1`` rewrites it, and a missing one is written and fails."""
+    import pytest
+    from torchfuse.inductor.config import from_env
+
+    text = "\n# ----\n".join(k.source for k in program.kernels)
+    path = SNAPSHOTS / f"{name}.py.txt"
+    if from_env().update_snapshots or not path.exists():
+        path.write_text(text)
+        if not from_env().update_snapshots:
+            pytest.fail(f"snapshot {path.name} was missing and has been written; review and rerun")
+    assert text == path.read_text(), f"generated code changed; TORCHFUSE_UPDATE_SNAPSHOTS=1 to accept ({path})"

@@ -38,21 +38,6 @@ def _untimed(program):
     return msgspec.structs.replace(program, meta=meta)
 
 
-@pytest.fixture
-def counted_lowering(monkeypatch):
-    """Counts runs of the lowering pass (what a cache hit must skip)."""
-    calls = []
-    real = compile_module.lower
-
-    def lower(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(compile_module, "lower", lower)
-    cache.stats.reset()
-    return calls
-
-
 def test_hit_skips_the_passes_and_returns_the_same_program(counted_lowering):
     graph, _ = trace(_f, *_inputs())
     first = compile_graph(graph)

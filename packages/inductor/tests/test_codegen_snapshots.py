@@ -6,15 +6,11 @@ review the diff.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-from inductor_helpers import compile_fn
-from torchfuse.inductor.config import from_env
+from inductor_helpers import assert_snapshot, compile_fn
 
-SNAPSHOTS = Path(__file__).parent / "snapshots"
 pytestmark = pytest.mark.triton_cpu  # the Triton code generator's output, run by its interpreter
 
 CASES = {
@@ -46,12 +42,4 @@ CASES = {
 def test_kernel_source_snapshot(name):
     fn, inputs, options = CASES[name]
     program = compile_fn(fn, *inputs, options=options)
-    text = "\n# ----\n".join(k.source for k in program.kernels)
-    path = SNAPSHOTS / f"{name}.py.txt"
-    if from_env().update_snapshots or not path.exists():
-        path.write_text(text)
-        if not from_env().update_snapshots:
-            pytest.fail(f"snapshot {path.name} was missing and has been written; review and rerun")
-    assert text == path.read_text(), (
-        f"generated code changed; TORCHFUSE_UPDATE_SNAPSHOTS=1 to accept ({path})"
-    )
+    assert_snapshot(name, program)

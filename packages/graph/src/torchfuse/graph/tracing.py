@@ -402,7 +402,7 @@ class Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # torch wraps a dispatch mode's __torch_dispatch__ in a "disable dynamo" decorator
-        # that imports torch._dynamo at its first call: 1-4 s of every process's first
+        # that imports torch's bytecode compiler at its first call: 1-4 s of every process's first
         # capture, for a frame Dynamo never sees (no torch.compile runs our recorder). This
         # is the hook torch documents for opting out of that wrapping.
         return False

@@ -179,6 +179,16 @@ def biases_after_convolutions(graph: S.Graph) -> S.Graph:
     return _rewrite(graph, plan) if plan else graph
 
 
+def _remembering(op: Any, seen: dict[int, list[Any]]) -> Callable[..., Any]:
+    """A rewrite step that runs ``op`` and remembers its arguments under its result's id, for
+    a later step that takes the result apart again."""
+    def step(node: S.Node, args: list[Any], kwargs: dict) -> Any:
+        out = op(*args, **kwargs)
+        seen[id(out)] = args
+        return out
+    return step
+
+
 def fold_batch_norms(graph: S.Graph) -> S.Graph:
     """Inference batch norms folded into the convolution before them, the others written as
     pointwise ops (see the module doc); ``graph`` itself when it has none."""
@@ -187,10 +197,7 @@ def fold_batch_norms(graph: S.Graph) -> S.Graph:
     conv_args: dict[int, list[Any]] = {}  # id of a folded convolution's result -> its arguments
     plan: dict[str, Callable[..., Any]] = {}
 
-    def remember(node: S.Node, args: list[Any], kwargs: dict) -> Any:
-        out = aten.convolution.default(*args, **kwargs)
-        conv_args[id(out)] = args
-        return out
+    remember = _remembering(aten.convolution.default, conv_args)
 
     def fold(node: S.Node, args: list[Any], kwargs: dict) -> Any:
         bn = _bn_args(node, args)
@@ -220,10 +227,7 @@ def bias_into_matmuls(graph: S.Graph) -> S.Graph:
     products: dict[int, list[Any]] = {}
     plan: dict[str, Callable[..., Any]] = {}
 
-    def remember(node: S.Node, args: list[Any], kwargs: dict) -> Any:
-        out = aten.mm.default(*args, **kwargs)
-        products[id(out)] = args
-        return out
+    remember = _remembering(aten.mm.default, products)
 
     def add_bias(node: S.Node, args: list[Any], kwargs: dict) -> Any:
         lhs, rhs = args[0], args[1]
