@@ -232,7 +232,7 @@ def test_models_report_flags_eager_fallback() -> None:
     geometric mean (it ran eagerly: its speedup says nothing about the compiler)."""
     sys.path.insert(0, str(BENCH))
     try:
-        import models
+        import models_report
     finally:
         sys.path.remove(str(BENCH))
 
@@ -246,11 +246,11 @@ def test_models_report_flags_eager_fallback() -> None:
                           "eager_fallback": graphs == 0, "err_logits": 0.0}}}
 
     doc = {"rows": [row("a", 0.5, 1), row("b", 2.0, 0)]}
-    doc["summary"] = summary = models.summarize(doc["rows"])
+    doc["summary"] = summary = models_report.summarize(doc["rows"])
     tf = summary["inference"]["torchfuse"]
     assert tf["n"] == 2 and tf["geomean_speedup"] == pytest.approx(2.0)  # sqrt(4 × 1)
     assert tf["n_captured"] == 1 and tf["geomean_speedup_captured"] == pytest.approx(4.0)
     assert tf["eager_fallback"] == ["b"]
     assert summary["inference"]["torch_compile"]["geomean_speedup"] == pytest.approx(2.0)
-    text = "\n".join(models.table(doc, "inference"))
+    text = "\n".join(models_report.table(doc, "inference"))
     assert "| b |" in text and "0/1 EAGER FALLBACK" in text and "eager fallback (0 graphs captured)" in text
