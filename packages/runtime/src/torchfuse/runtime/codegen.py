@@ -281,7 +281,8 @@ def _prologue(ctx: _Ctx, out: list[str]) -> None:
         buf = buffers[bname]
         conds.append(f"{py}.dtype is not {ctx.names.glob(buf.dtype, to_dtype(buf.dtype))}")
         on = expected_device(ctx.device_type, buf)
-        conds.append(f"not {py}.is_cuda" if on == "cuda" else f"{py}.device.type != 'cpu'")
+        # ``is_cuda`` / ``is_cpu`` read a flag; ``.device`` would build a device object per input
+        conds.append(f"not {py}.is_cuda" if on == "cuda" else f"not {py}.is_cpu")
         for d, size in enumerate(buf.sizes):
             if bound.get((i, d)) == size:
                 continue
@@ -547,7 +548,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
             n_launch += 1
         elif isinstance(step, S.ExternStep):
             op = resolve_op(step.op)
-            oname = names.glob(step.op.replace(".", "_"), op)
+            oname = names.glob(step.op.replace(".", "_"), bound_op(op))
             args = [ctx.arg(a) for a in step.args] + [f"{k}={ctx.arg(v)}" for k, v in step.kwargs.items()]
             outs = [names.bind_local(o) if o else "_" for o in step.outputs]
             call = f"{oname}({', '.join(args)})"
@@ -569,7 +570,11 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
                 want = _static_strides(buffers.get(o)) if o else None
                 if want is not None:
                     g["_fit"] = fit_layout
-                    line = f"    {names[o]} = _fit({names[o]}, {want!r})"
+                    # the common case, the planned layout, costs a stride() and a comparison
+                    # (an output a kernel left undefined is None, whatever its schema says)
+                    v = names[o]
+                    line = (f"    if {v} is not None and {v}.stride() != {want!r}:\n"
+                            f"        {v} = _fit({v}, {want!r})")
                     slow.append(line)
                     quick.append(line)
         elif isinstance(step, S.ViewStep):
@@ -688,6 +693,13 @@ def _alloc_offset(sizes: tuple[int, ...], strides: tuple[int, ...], offset: int,
 
 def _cuda_device(index: int) -> torch.device:
     return torch.device("cuda", index)
+
+
+def bound_op(op: Any) -> Any:
+    """The callable an extern step calls for ``op``: an ``OpOverload``'s own C++ operator
+    (``OpOverload.__call__`` is a Python frame that only forwards to it), else ``op``."""
+    inner = getattr(op, "_op", None)
+    return inner if callable(inner) else op
 
 
 def _is_list(ret: torch._C.Argument) -> bool:
