@@ -414,8 +414,9 @@ def _write_back(g: S.Graph, first: int, position: dict[str, int], inputs: Sequen
 
     A target that records autograd history (grad enabled, requires grad) is written by its own
     ``copy_``; the rest (a batch norm's running statistics: dozens per model) by one
-    ``_foreach_copy_`` under ``no_grad``, a single call instead of one per buffer (on the GPU
-    one multi-tensor kernel). An output that already is its input (written in place) is skipped.
+    ``_foreach_copy_`` per dtype under ``no_grad``, a single call instead of one per buffer (on
+    the GPU one multi-tensor kernel; its fast path takes one dtype per list). An output that
+    already is its input's contents (written in place) is skipped.
     """
     recording = torch.is_grad_enabled()
     targets: list[torch.Tensor] = []
@@ -424,7 +425,7 @@ def _write_back(g: S.Graph, first: int, position: dict[str, int], inputs: Sequen
         if o.kind != "mutated_input":
             continue
         target = inputs[position[o.target or ""]]
-        if value is target:
+        if _same_data(value, target):
             continue
         if recording and target.requires_grad:
             target.copy_(value)
@@ -437,8 +438,23 @@ def _write_back(g: S.Graph, first: int, position: dict[str, int], inputs: Sequen
         if len(targets) == 1 or not _foreach_safe(targets, values):
             for target, value in zip(targets, values, strict=True):
                 target.copy_(value)
-        else:
-            torch._foreach_copy_(targets, values)
+            return
+        groups: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for target, value in zip(targets, values, strict=True):
+            group = groups.setdefault(target.dtype, ([], []))
+            group[0].append(target)
+            group[1].append(value)
+        for ts, vs in groups.values():
+            torch._foreach_copy_(ts, vs)
+
+
+def _same_data(value: Any, target: torch.Tensor) -> bool:
+    """Whether ``value`` already is ``target``'s contents: the compiled forward wrote the input
+    in place and returned it (``torch.autograd.Function`` hands it back as a view of itself)."""
+    return value is target or (
+        isinstance(value, torch.Tensor) and value.data_ptr() == target.data_ptr()
+        and value.dtype == target.dtype and value.shape == target.shape
+        and value.stride() == target.stride() and value.device == target.device)
 
 
 def _foreach_safe(targets: list[torch.Tensor], values: list[torch.Tensor]) -> bool:

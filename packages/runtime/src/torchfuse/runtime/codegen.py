@@ -74,6 +74,8 @@ class Generated:
     """Kernels plus extern ops one call launches."""
     tune_slots: dict[int, int] = field(default_factory=dict)
     """Launch-step index -> tuning slot, when generated for tuning."""
+    ops: dict[str, str] = field(default_factory=dict)
+    """Global name -> the qualified op it calls (``aten.mm.default``), for each extern op."""
 
 
 class _Names:
@@ -477,6 +479,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     n_launch = 0
     tune_slots: dict[int, int] = {}
     param_cache: dict[str, list[str]] = {}
+    extern_ops: dict[str, str] = {}
     # Each input's address is read once per fast call: for the key's alignment test and the launches.
     pointers: dict[str, str] = {names[i]: f"_p_{names[i]}" for i in program.inputs}
     for idx, step in enumerate(program.steps):
@@ -549,6 +552,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
         elif isinstance(step, S.ExternStep):
             op = resolve_op(step.op)
             oname = names.glob(step.op.replace(".", "_"), bound_op(op))
+            extern_ops[oname] = step.op
             args = [ctx.arg(a) for a in step.args] + [f"{k}={ctx.arg(v)}" for k, v in step.kwargs.items()]
             outs = [names.bind_local(o) if o else "_" for o in step.outputs]
             call = f"{oname}({', '.join(args)})"
@@ -638,7 +642,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
                 "    _stream = _get_stream(_dev.index)",
                 *quick, ret]
     return Generated(source="\n".join(src) + "\n", globals=g, fast_entry=fast_entry, launches=launches,
-                     tune_slots=tune_slots)
+                     tune_slots=tune_slots, ops=extern_ops)
 
 
 LAUNCH_LAYOUTS: dict[str, tuple[str, ...]] = {
