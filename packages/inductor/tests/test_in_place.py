@@ -49,6 +49,13 @@ def test_the_program_updates_the_running_statistics_in_its_inputs():
     assert program.inputs[3] in returned and program.inputs[4] in returned
 
 
+def test_reduce_overhead_keeps_the_functional_op():
+    # a CUDA graph cannot replay a Program that writes its inputs: the write-back stays outside
+    graph, _ = trace(_bn, *_inputs())
+    program = compile_graph(functionalize(graph), mode="reduce-overhead")
+    assert FUNCTIONAL in _externs(program) and mutated_inputs(program) == []
+
+
 def test_an_input_read_elsewhere_keeps_the_functional_op():
     graph, _ = trace(_bn_reading_the_old_mean, *_inputs())
     program = compile_graph(functionalize(graph))

@@ -187,8 +187,10 @@ PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("plan", lambda st, cfg: build_program(st["dead_code"], st["schedule"], st["codegen"])),
     ("user_kernels", lambda st, cfg: launch_user_kernels(st["plan"])),  # needs the plan's frees
     # a batch norm's running statistics updated in the inputs themselves (needs the graph's
-    # output kinds: which outputs are the new values of which inputs)
-    ("in_place", lambda st, cfg: write_in_place(st["user_kernels"], st["graph"])),
+    # output kinds: which outputs are the new values of which inputs); not under
+    # reduce-overhead, whose CUDA graphs cannot replay a Program that writes its inputs
+    ("in_place", lambda st, cfg: st["user_kernels"] if st["mode"] == "reduce-overhead"
+     else write_in_place(st["user_kernels"], st["graph"])),
 )
 """The pipeline, in order. Each entry reads earlier artifacts by pass name."""
 
