@@ -131,3 +131,36 @@ def test_cudagraph_max_from_the_environment():
     assert from_environment({"TORCHFUSE_CUDAGRAPH_MAX": "3"}).cudagraph_max == 3
     assert from_environment({"TORCHFUSE_CUDAGRAPH_MAX": "0"}).cudagraph_max == 0  # no limit
     assert from_environment({}).cudagraph_max == 8
+
+
+def test_an_extern_op_updating_an_input_in_place_is_a_mutation():
+    # a training batch norm updating its running statistics in the inputs (inductor's
+    # ``inplace`` pass): a replay would update the static copies, not the caller's tensors
+    from torchfuse.runtime.checks import mutated_inputs
+    from torchfuse.runtime.cudagraphs import _static_reason
+
+    t = S.TensorRef
+    bufs = [S.Buffer(name="x", dtype="float32", sizes=(4, 3), strides=(3, 1), device="cuda")]
+    bufs += [S.Buffer(name=n, dtype="float32", sizes=(3,), strides=(1,), device="cuda")
+             for n in ("rm", "rv", "mean", "rstd")]
+    bufs.append(S.Buffer(name="y", dtype="float32", sizes=(4, 3), strides=(3, 1), device="cuda"))
+    prog = S.Program(
+        name="bn", inputs=("x", "rm", "rv"), outputs=(t(name="y"), t(name="rm"), t(name="rv")),
+        buffers=tuple(bufs),
+        steps=(S.ExternStep(op="aten._native_batch_norm_legit.default",
+                            args=(t(name="x"), S.NoneArg(), S.NoneArg(), t(name="rm"), t(name="rv"),
+                                  S.Bool(value=True), S.Float(value=0.1), S.Float(value=1e-5)),
+                            outputs=("y", "mean", "rstd")),),
+        device="cuda", opsets={"aten": 1},
+    )
+    assert mutated_inputs(prog) == ["rm", "rv"]
+    assert "writes into its inputs ['rm', 'rv']" in (_static_reason(prog, "cuda") or "")
+    # on the CPU it runs as eager's in-place op does: the caller's statistics updated
+    x, rm, rv = torch.randn(4, 3), torch.zeros(3), torch.ones(3)
+    want_rm, want_rv = rm.clone(), rv.clone()
+    want = torch.ops.aten._native_batch_norm_legit.default(x, None, None, want_rm, want_rv, True, 0.1, 1e-5)[0]
+    y, got_rm, got_rv = load(prog, device="cpu")(x, rm, rv)
+    torch.testing.assert_close(y, want)
+    assert got_rm is rm and got_rv is rv
+    torch.testing.assert_close(rm, want_rm)
+    torch.testing.assert_close(rv, want_rv)

@@ -5,6 +5,8 @@ The pipeline, per pattern of inputs that require grad::
     functionalize  -> mutations become outputs, view outputs marked (once per graph)
     joint_graph    -> primals + tangents -> outputs + gradients (eager autograd on fakes)
     decompose      -> smaller op set (the table is a parameter)
+    cse            -> one node per distinct computation
+    drop_unread    -> arguments a backward op ignores become None (`torchfuse.autograd.unread`)
     partition      -> forward graph (outputs + saved values) and backward graph
     fw_compiler    -> on the first call, with the real inputs as examples
     bw_compiler    -> on the first backward, with the saved values and tangents
@@ -50,6 +52,7 @@ from torchfuse.autograd.functionalize import functionalize
 from torchfuse.autograd.joint import joint_graph, tangent_index
 from torchfuse.autograd.opclass import is_random
 from torchfuse.autograd.partition import Partition, Strategy, num_saved, partition
+from torchfuse.autograd.unread import drop_unread_arguments
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
@@ -347,6 +350,8 @@ class AotFunction:
         joint = self._stage(plan, "decompose", lambda: decompose(joint, self.decompositions))
         # decompositions of forward and backward ops recompute the same things (sigmoid)
         joint = self._stage(plan, "cse", lambda: eliminate_common_subexpressions(joint, is_random))
+        # before the partition: an argument no kernel reads must not be saved for the backward
+        joint = self._stage(plan, "drop_unread", lambda: drop_unread_arguments(joint))
         _log("aot joint graph", joint, "joint.py")
         t0 = time.perf_counter()
         part = partition(joint, strategy=self.strategy, memory_budget=self.memory_budget)
@@ -392,16 +397,8 @@ class AotFunction:
 
     def _epilogue(self, g: S.Graph, inputs: Sequence[Any], outs: list[Any]) -> list[Any]:
         position = {i.name: k for k, i in enumerate(g.inputs)}
-        for o, value in zip(g.outputs[self.num_user_outputs:], outs[self.num_user_outputs:],
-                            strict=True):
-            if o.kind != "mutated_input":
-                continue
-            target = inputs[position[o.target or ""]]
-            if target.requires_grad and torch.is_grad_enabled():
-                target.copy_(value)
-            else:
-                with torch.no_grad():
-                    target.copy_(value)
+        if len(outs) > self.num_user_outputs:
+            _write_back(g, self.num_user_outputs, position, inputs, outs)
         user = [_alias(g, o, v, inputs, position)
                 for o, v in zip(g.outputs[: self.num_user_outputs], outs, strict=False)]
         grouped: list[Any] = []
@@ -410,6 +407,69 @@ class AotFunction:
             grouped.append(next(it) if n < 0 else [next(it) for _ in range(n)])
         return grouped
 
+
+def _write_back(g: S.Graph, first: int, position: dict[str, int], inputs: Sequence[Any],
+                outs: list[Any]) -> None:
+    """Copy the new values of mutated inputs (outputs ``first`` on) into the inputs.
+
+    A target that records autograd history (grad enabled, requires grad) is written by its own
+    ``copy_``; the rest (a batch norm's running statistics: dozens per model) by one
+    ``_foreach_copy_`` per dtype under ``no_grad``, a single call instead of one per buffer (on
+    the GPU one multi-tensor kernel; its fast path takes one dtype per list). An output that
+    already is its input's contents (written in place) is skipped.
+    """
+    recording = torch.is_grad_enabled()
+    targets: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    for o, value in zip(g.outputs[first:], outs[first:], strict=True):
+        if o.kind != "mutated_input":
+            continue
+        target = inputs[position[o.target or ""]]
+        if _same_data(value, target):
+            continue
+        if recording and target.requires_grad:
+            target.copy_(value)
+        else:
+            targets.append(target)
+            values.append(value)
+    if not targets:
+        return
+    with torch.no_grad():
+        if len(targets) == 1 or not _foreach_safe(targets, values):
+            for target, value in zip(targets, values, strict=True):
+                target.copy_(value)
+            return
+        groups: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for target, value in zip(targets, values, strict=True):
+            group = groups.setdefault(target.dtype, ([], []))
+            group[0].append(target)
+            group[1].append(value)
+        for ts, vs in groups.values():
+            torch._foreach_copy_(ts, vs)
+
+
+def _same_data(value: Any, target: torch.Tensor) -> bool:
+    """Whether ``value`` already is ``target``'s contents: the compiled forward wrote the input
+    in place and returned it (``torch.autograd.Function`` hands it back as a view of itself)."""
+    return value is target or (
+        isinstance(value, torch.Tensor) and value.data_ptr() == target.data_ptr()
+        and value.dtype == target.dtype and value.shape == target.shape
+        and value.stride() == target.stride() and value.device == target.device)
+
+
+def _foreach_safe(targets: list[torch.Tensor], values: list[torch.Tensor]) -> bool:
+    """Whether one ``_foreach_copy_`` writes what the copies one by one would: same dtypes and
+    devices (its fast path), and no target starting where another target or a value does
+    (the one-by-one order would then decide the result)."""
+    device = targets[0].device
+    starts = set()
+    for t, v in zip(targets, values, strict=True):
+        if t.dtype is not v.dtype or t.device != device or v.device != device:
+            return False
+        starts.add(t.data_ptr())
+    if len(starts) != len(targets):
+        return False
+    return not any(v.data_ptr() in starts for v in values)
 
 
 def _alias(g: S.Graph, o: S.GraphOutput, value: Any, inputs: Sequence[Any],
@@ -440,6 +500,10 @@ class _CompiledFunction(torch.autograd.Function):
         n = len(plan.functional.outputs)
         user, saved = results[:n], results[n:]
         ctx.fn, ctx.plan = fn, plan
+        # backward() takes None for a gradient autograd did not compute (and makes zeros only
+        # where the backward graph reads one): autograd would otherwise make a zero tensor
+        # for every output the loss did not use, running-statistics updates included
+        ctx.set_materialize_grads(False)
         # a tangent autograd leaves out is made as zeros of the sizes of this call
         ctx.sizes = bind_symbols(plan.functional.symbols, inputs) if plan.functional.symbols else {}
         # weak: only needed to report double backward, must not keep activations alive

@@ -190,9 +190,26 @@ def expected_device(device_type: str, buf: S.Buffer) -> str:
 
 
 def mutated_inputs(program: S.Program) -> list[str]:
-    """Inputs that a CopyStep writes into."""
+    """Inputs that a step writes into: a CopyStep's destination, or an argument that an extern
+    op's schema marks written (``Tensor(a!)``: a batch norm updating its running statistics in
+    place, `torchfuse.inductor.inplace`)."""
     inputs = set(program.inputs)
-    return [s.dst for s in program.steps if isinstance(s, S.CopyStep) and s.dst in inputs]
+    out: list[str] = []
+    for s in program.steps:
+        if isinstance(s, S.CopyStep) and s.dst in inputs:
+            out.append(s.dst)
+        elif isinstance(s, S.ExternStep):
+            try:
+                schema = resolve_op(s.op)._schema
+            except UnknownOpError:
+                continue
+            for i, a in enumerate(schema.arguments):
+                if a.alias_info is None or not a.alias_info.is_write:
+                    continue
+                value = s.args[i] if i < len(s.args) else s.kwargs.get(a.name)
+                if isinstance(value, S.TensorRef) and value.name in inputs and value.name not in out:
+                    out.append(value.name)
+    return out
 
 
 # ----------------------------------------------------------------------------- input diagnosis

@@ -74,6 +74,8 @@ class Generated:
     """Kernels plus extern ops one call launches."""
     tune_slots: dict[int, int] = field(default_factory=dict)
     """Launch-step index -> tuning slot, when generated for tuning."""
+    ops: dict[str, str] = field(default_factory=dict)
+    """Global name -> the qualified op it calls (``aten.mm.default``), for each extern op."""
 
 
 class _Names:
@@ -281,7 +283,8 @@ def _prologue(ctx: _Ctx, out: list[str]) -> None:
         buf = buffers[bname]
         conds.append(f"{py}.dtype is not {ctx.names.glob(buf.dtype, to_dtype(buf.dtype))}")
         on = expected_device(ctx.device_type, buf)
-        conds.append(f"not {py}.is_cuda" if on == "cuda" else f"{py}.device.type != 'cpu'")
+        # ``is_cuda`` / ``is_cpu`` read a flag; ``.device`` would build a device object per input
+        conds.append(f"not {py}.is_cuda" if on == "cuda" else f"not {py}.is_cpu")
         for d, size in enumerate(buf.sizes):
             if bound.get((i, d)) == size:
                 continue
@@ -476,6 +479,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
     n_launch = 0
     tune_slots: dict[int, int] = {}
     param_cache: dict[str, list[str]] = {}
+    extern_ops: dict[str, str] = {}
     # Each input's address is read once per fast call: for the key's alignment test and the launches.
     pointers: dict[str, str] = {names[i]: f"_p_{names[i]}" for i in program.inputs}
     for idx, step in enumerate(program.steps):
@@ -547,7 +551,8 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
             n_launch += 1
         elif isinstance(step, S.ExternStep):
             op = resolve_op(step.op)
-            oname = names.glob(step.op.replace(".", "_"), op)
+            oname = names.glob(step.op.replace(".", "_"), bound_op(op))
+            extern_ops[oname] = step.op
             args = [ctx.arg(a) for a in step.args] + [f"{k}={ctx.arg(v)}" for k, v in step.kwargs.items()]
             outs = [names.bind_local(o) if o else "_" for o in step.outputs]
             call = f"{oname}({', '.join(args)})"
@@ -569,7 +574,11 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
                 want = _static_strides(buffers.get(o)) if o else None
                 if want is not None:
                     g["_fit"] = fit_layout
-                    line = f"    {names[o]} = _fit({names[o]}, {want!r})"
+                    # the common case, the planned layout, costs a stride() and a comparison
+                    # (an output a kernel left undefined is None, whatever its schema says)
+                    v = names[o]
+                    line = (f"    if {v} is not None and {v}.stride() != {want!r}:\n"
+                            f"        {v} = _fit({v}, {want!r})")
                     slow.append(line)
                     quick.append(line)
         elif isinstance(step, S.ViewStep):
@@ -633,7 +642,7 @@ def generate(program: S.Program, *, device_type: str, kernels: Mapping[str, Any]
                 "    _stream = _get_stream(_dev.index)",
                 *quick, ret]
     return Generated(source="\n".join(src) + "\n", globals=g, fast_entry=fast_entry, launches=launches,
-                     tune_slots=tune_slots)
+                     tune_slots=tune_slots, ops=extern_ops)
 
 
 LAUNCH_LAYOUTS: dict[str, tuple[str, ...]] = {
@@ -688,6 +697,13 @@ def _alloc_offset(sizes: tuple[int, ...], strides: tuple[int, ...], offset: int,
 
 def _cuda_device(index: int) -> torch.device:
     return torch.device("cuda", index)
+
+
+def bound_op(op: Any) -> Any:
+    """The callable an extern step calls for ``op``: an ``OpOverload``'s own C++ operator
+    (``OpOverload.__call__`` is a Python frame that only forwards to it), else ``op``."""
+    inner = getattr(op, "_op", None)
+    return inner if callable(inner) else op
 
 
 def _is_list(ret: torch._C.Argument) -> bool:

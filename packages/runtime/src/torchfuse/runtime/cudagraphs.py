@@ -12,8 +12,8 @@ there is one per size seen); recording one more drops the least recently replaye
 static buffers, and logs it once. Programs the graph cannot express run the normal path, with
 the reason logged once
 and kept in ``stats.fallback_reasons``: CPU programs, programs that write into their inputs
-(a CopyStep into an input), programs returning views of their inputs, and programs taking
-CPU tensors (a 0-dim CPU tensor is read as a scalar when recorded).
+(a CopyStep into an input, or an extern op that updates one in place), programs returning
+views of their inputs, and programs taking CPU tensors (a 0-dim CPU tensor is read as a scalar when recorded).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _static_reason(program: S.Program, device_type: str) -> str | None:
         return f"inputs {on_cpu} live on the CPU; running the normal path"
     mutated = mutated_inputs(program)
     if mutated:
-        return f"the program writes into its inputs {mutated} (CopyStep); running the normal path"
+        return f"the program writes into its inputs {mutated}; running the normal path"
     from_inputs = set(program.inputs)
     for step in program.steps:
         if isinstance(step, S.ViewStep) and step.base in from_inputs:
