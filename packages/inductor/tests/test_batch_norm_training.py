@@ -67,7 +67,7 @@ def test_no_stats_batch_norm_matches_aten():
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize("affine", [True, False])
 def test_batch_norm_backward_matches_aten(dtype, train, affine):
-    x, w, b, rm, rv = _bn_inputs(dtype)
+    x, w, _, rm, rv = _bn_inputs(dtype)
     w = w if affine else None
     _, mean, invstd = aten.native_batch_norm.default(x, w, None, rm, rv, True, 0.1, 1e-5)
     grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)

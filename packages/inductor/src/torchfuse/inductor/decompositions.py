@@ -224,7 +224,8 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
     d_input = d_weight = d_bias = None
     if output_mask[0]:
         if train:
-            proj = aten.mul.Tensor(xmu, aten.div.Scalar(aten.mul.Tensor(dot, aten.mul.Tensor(invstd_c, invstd_c)), n))
+            proj_scale = aten.div.Scalar(aten.mul.Tensor(dot, aten.mul.Tensor(invstd_c, invstd_c)), n)
+            proj = aten.mul.Tensor(xmu, proj_scale)
             centred = aten.sub.Tensor(aten.sub.Tensor(g, aten.div.Scalar(sum_g, n)), proj)
             d_input = _down(aten.mul.Tensor(centred, scale), x.dtype)
         else:
