@@ -173,13 +173,21 @@ def test_training_runs_channels_last_through_the_backward():
             assert grad_out.strides[1] == 1, grad_out
 
 
+def _counted_block(*args):
+    args[-1].add_(1)  # num_batches_tracked's in-place update: a write with no reader
+    return _block(*args[:-1])
+
+
 def test_the_inductor_backend_takes_the_option():
     base = _block_inputs()
-    ours, theirs = _train_args(base), _train_args(base)
-    graph, _ = trace(_block, *ours)
+    ours, theirs = _train_args(base) + [torch.zeros((), dtype=torch.int64)], \
+        _train_args(base) + [torch.zeros((), dtype=torch.int64)]
+    graph, _ = trace(_counted_block, *ours)
     fn = inductor(graph, ours, options=ALWAYS)
     (out,) = fn(*ours)
-    want = _block(*theirs)
+    want = _counted_block(*theirs)
+    assert ours[-1].item() == theirs[-1].item() == 1  # the write survives the rewrite
+    torch.testing.assert_close(ours[4], theirs[4])
     out.sum().backward()
     want.sum().backward()
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -41,11 +41,9 @@ import torch
 from torchfuse.autograd.common import (
     PassRecorder,
     decode,
-    eliminate_dead_code,
     fake_from_meta,
     retrace_builder,
     retracing,
-    strip_identities,
     where,
 )
 from torchfuse.graph import schema as S
@@ -165,35 +163,46 @@ def channels_last(graph: S.Graph) -> S.Graph:
             converted[name] = out
         return converted[name]
 
-    with retracing(sizes), rec, torch.no_grad():
-        for inp in graph.inputs:
-            env[inp.name] = rec.input(fake_from_meta(graph.values[inp.name], sizes), name=inp.name,
-                                      kind=inp.kind, target=inp.target)
-        for node in graph.nodes:
-            args = [decode(a, env, sizes) for a in node.args]
-            kwargs = {k: decode(a, env, sizes) for k, a in node.kwargs.items()}
-            rec.loc, rec.module_path = node.loc, node.module_path
-            if node.name in convs:
-                args[0], args[1] = to_channels_last(args[0]), to_channels_last(args[1])
-            result = _run(node, graph, args, kwargs)
-            for name, value in zip(node.outputs, flatten_result(result)[: len(node.outputs)], strict=True):
-                if name:
-                    env[name] = value
-        for o in graph.outputs:
-            value = o.value
-            if isinstance(value, S.TensorRef) and o.aliases_input is None:
-                env[value.name] = _as_recorded(env[value.name], graph.values[value.name])
-            elif isinstance(value, S.ListArg):
-                for item in value.items:
-                    if isinstance(item, S.TensorRef):
-                        env[item.name] = _as_recorded(env[item.name], graph.values[item.name])
-        rec.loc = rec.module_path = None
+    with retracing(sizes):
+        # the input fakes are made outside the recorder: making them records nothing
+        fakes = [fake_from_meta(graph.values[inp.name], sizes) for inp in graph.inputs]
+        with rec, torch.no_grad():
+            _retrace(graph, rec, sizes, env, fakes, to_channels_last, convs)
     for o in graph.outputs:
         value = o.value
         if isinstance(value, S.TensorRef | S.ListArg):
             value = encode_arg(decode(value, env, sizes), rec.name_of)
         builder.add_output(value, kind=o.kind, target=o.target, aliases_input=o.aliases_input)
-    return eliminate_dead_code(strip_identities(builder.build()))
+    # no dead-code elimination: a captured graph may still write its inputs in place (the
+    # training path runs this before functionalization), and those nodes have no readers
+    return builder.build()
+
+
+def _retrace(graph: S.Graph, rec: PassRecorder, sizes: Any, env: dict[str, Any], fakes: list[Any],
+             to_channels_last: Any, convs: set[str]) -> None:
+    """Re-run ``graph``'s nodes under ``rec``, convolutions on channels-last values, outputs
+    put back in their recorded layout (`channels_last`'s loop)."""
+    for inp, fake in zip(graph.inputs, fakes, strict=True):
+        env[inp.name] = rec.input(fake, name=inp.name, kind=inp.kind, target=inp.target)
+    for node in graph.nodes:
+        args = [decode(a, env, sizes) for a in node.args]
+        kwargs = {k: decode(a, env, sizes) for k, a in node.kwargs.items()}
+        rec.loc, rec.module_path = node.loc, node.module_path
+        if node.name in convs:
+            args[0], args[1] = to_channels_last(args[0]), to_channels_last(args[1])
+        result = _run(node, graph, args, kwargs)
+        for name, value in zip(node.outputs, flatten_result(result)[: len(node.outputs)], strict=True):
+            if name:
+                env[name] = value
+    for o in graph.outputs:
+        value = o.value
+        if isinstance(value, S.TensorRef) and o.aliases_input is None:
+            env[value.name] = _as_recorded(env[value.name], graph.values[value.name])
+        elif isinstance(value, S.ListArg):
+            for item in value.items:
+                if isinstance(item, S.TensorRef):
+                    env[item.name] = _as_recorded(env[item.name], graph.values[item.name])
+    rec.loc = rec.module_path = None
 
 
 def _run(node: S.Node, graph: S.Graph, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -203,6 +212,8 @@ def _run(node: S.Node, graph: S.Graph, args: list[Any], kwargs: dict[str, Any]) 
     try:
         return op(*args, **kwargs)
     except RuntimeError as first:
+        if op._schema.is_mutable:  # a write must reach the tensor itself, not a copy of it
+            raise LayoutError(f"{where(node)}: fails in channels-last ({first})") from first
         refs = [a.name if isinstance(a, S.TensorRef) else None for a in node.args]
         back = [_as_recorded(v, graph.values[r]) if r is not None and isinstance(v, torch.Tensor) else v
                 for v, r in zip(args, refs, strict=True)]
