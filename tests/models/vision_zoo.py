@@ -64,7 +64,10 @@ def _densenet(m: Any) -> torch.nn.Module:
 
 
 CASES: tuple[VisionCase, ...] = (
-    VisionCase("resnet18", lambda m: m.resnet18(num_classes=CLASSES)),
+    # 64 x 64: at 32 the last stage is 1 x 1, so its training batch norms normalize 2 values
+    # per channel, whose input gradient is rounding noise (eager's float32 gradients are
+    # 40-90% off its float64 ones there): only a bit-identical batch norm matched it
+    VisionCase("resnet18", lambda m: m.resnet18(num_classes=CLASSES), size=64),
     VisionCase("mobilenet_v3_small", lambda m: m.mobilenet_v3_small(num_classes=CLASSES, dropout=0.0), size=64),
     VisionCase("convnext", _convnext),
     VisionCase("vit", _vit),

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torchfuse.graph import schema as S
+from torchfuse.graph.layouts import restride
 from torchfuse.graph.ops import device_name, encode_arg, meta_of, op_name
 
 ATEN_OPSET = 1
@@ -252,7 +253,7 @@ def _run_on_meta(func, args, kwargs) -> tuple[Any, torch.device]:
         isinstance(a, torch.SymInt) for a in _flat_scalars(margs, mkwargs))
     try:
         with _python_dispatcher(symbolic):
-            out = func(*margs, **mkwargs)
+            out = restride(name, margs, func(*margs, **mkwargs))  # eager's layout where the meta's differs
     except NotImplementedError as e:
         raise DataDependentError(f"{name} has no meta kernel: {e}") from e
     except RuntimeError as e:

@@ -22,6 +22,7 @@ from torchfuse.graph.interpreter import device_types, no_autocast
 from torchfuse.graph.torchfuse_ops import records_grad
 from torchfuse.inductor.compile import compile_graph
 from torchfuse.inductor.config import config as default_config
+from torchfuse.inductor.layout import layout_pass
 
 
 def compiler(
@@ -80,6 +81,9 @@ def inductor(
     from torchfuse.inductor.user_kernels import mutates_inputs
 
     if _needs_grad(graph, example_inputs) or mutates_inputs(graph):  # aot writes mutated inputs back
+        # channels-last before the joint graph: the saved activations and the backward's
+        # convolutions are channels-last too (each half's own layout pass then has nothing to do)
+        graph = layout_pass(graph, default_config.with_options(options).channels_last)
         plan_cache = None
         if default_config.with_options(options).cache:
             from torchfuse.inductor.cache import PlanCache

@@ -1,6 +1,6 @@
 """``compile_graph``: the inductor pipeline, one flat list of named passes.
 
-    decompose -> matmuls -> conv -> lower -> dead_code -> schedule (fusion, verified) -> codegen
+    layout -> decompose -> matmuls -> conv -> lower -> dead_code -> schedule (fusion, verified) -> codegen
     -> plan -> user_kernels
 
 Every pass returns a new artifact stamped with its name and duration (`Stage`);
@@ -33,6 +33,7 @@ from torchfuse.inductor.conv import rewrite_convolution_graphs
 from torchfuse.inductor.cpp_codegen import generate_kernel as cpp_kernel
 from torchfuse.inductor.decompositions import DECOMPOSITIONS
 from torchfuse.inductor.inplace import write_in_place
+from torchfuse.inductor.layout import layout_pass
 from torchfuse.inductor.lowering import lower
 from torchfuse.inductor.pad_mm import pad_matmuls
 from torchfuse.inductor.plan import build_program
@@ -174,7 +175,9 @@ def _codegen(sched, prog: ir.LoopProgram, cfg: InductorConfig) -> dict[int, S.Ke
 
 
 PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (
-    ("decompose", lambda st, cfg: _decompose(st["graph"], cfg)),
+    # channels-last per graph: before decompose, whose rules then see the new layout
+    ("layout", lambda st, cfg: layout_pass(st["graph"], cfg.channels_last)),
+    ("decompose", lambda st, cfg: _decompose(st["layout"], cfg)),
     # needs decomposed ops (addmm -> mm + add, gelu -> erf ...); before lowering
     ("matmuls", _rewrite_matmuls),
     # batch norms folded into convolutions, half-precision biases back into their matmuls

@@ -13,6 +13,9 @@ Environment variables (all optional):
 * ``TORCHFUSE_CPU_BACKEND=auto|cpp|triton`` -- the kernels of a CPU graph (`cpu_kernels`):
   C++ with OpenMP (`torchfuse.inductor.cpp_codegen`), Triton (run by its interpreter), or
   ``auto`` (the default): Triton when ``TRITON_INTERPRET=1``, else C++.
+* ``TORCHFUSE_CHANNELS_LAST=auto|always|never`` -- run convolution graphs channels-last
+  (`torchfuse.inductor.layout`; default ``auto``: CUDA graphs with a 2-d convolution of at
+  least 64 output channels).
 * ``TRITON_INTERPRET`` -- read, not owned: whether Triton runs its kernels on the CPU.
 * ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
   Programs and autograd plans (`torchfuse.inductor.cache`; default on). Where they live
@@ -26,6 +29,8 @@ from dataclasses import dataclass, field, replace
 
 CPU_BACKENDS = ("auto", "cpp", "triton")
 """The values of ``cpu_backend``."""
+CHANNELS_LAST = ("auto", "always", "never")
+"""The values of ``channels_last``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,12 @@ class InductorConfig:
     """Fold inference batch norms into the convolutions before them, write the others as
     pointwise ops, and keep a float16/bfloat16 bias inside its extern matmul
     ([`torchfuse.inductor.conv`][torchfuse.inductor.conv]). ``TORCHFUSE_CONV_REWRITES=0``."""
+    channels_last: str = "auto"
+    """Channels-last per graph ([`torchfuse.inductor.layout`][torchfuse.inductor.layout]): the
+    graph's 2-d convolutions (and the kernels between them) run on NHWC data, converted once at
+    the graph's edges; outputs keep eager's strides. ``"auto"``: CUDA graphs with a 2-d
+    convolution of at least 64 output channels; ``"always"``: any graph with a 2-d convolution
+    (CPU tests); ``"never"``. ``TORCHFUSE_CHANNELS_LAST``."""
     mm_templates: str = "auto"
     """``mode="max-autotune"`` only: ``"auto"`` (the Triton matmul template against cuBLAS,
     benchmarked per shape and cached in ``<cache dir>/mm_choices.json``), ``"always"`` (the
@@ -103,6 +114,9 @@ class InductorConfig:
         if self.cpu_backend not in CPU_BACKENDS:
             choices = ", ".join(map(repr, CPU_BACKENDS))
             raise ValueError(f"cpu_backend={self.cpu_backend!r}: use one of {choices}")
+        if self.channels_last not in CHANNELS_LAST:
+            choices = ", ".join(map(repr, CHANNELS_LAST))
+            raise ValueError(f"channels_last={self.channels_last!r}: use one of {choices}")
 
     def with_options(self, options: dict | None) -> InductorConfig:
         return replace(self, **(options or {}))
@@ -142,6 +156,7 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         pad_mm=env.get("TORCHFUSE_PAD_MM", "1").strip().lower() not in ("0", "false", "no", "off"),
         conv_rewrites=env.get("TORCHFUSE_CONV_REWRITES", "1").strip().lower() not in ("0", "false", "no",
                                                                                     "off"),
+        channels_last=env.get("TORCHFUSE_CHANNELS_LAST", "auto").strip().lower() or "auto",
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
         cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "auto").strip().lower() or "auto",
         triton_interpret=_on(env.get("TRITON_INTERPRET", "")),

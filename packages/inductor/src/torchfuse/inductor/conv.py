@@ -30,9 +30,9 @@ turn what stood in its way into pointwise ops:
   single rounding, as eager's ``linear`` does (a ViT's every linear layer, a ResNet's
   classifier). In float32 the split form stays: the bias add fuses with what follows.
 
-Training batch norms (``training=True``) stay ATen calls (cuDNN on the GPU), as in eager;
-the activation and residual add after them fuse into one kernel that reads the extern's
-output once. Convolutions are extern calls of ATen's convolution (cuDNN), depthwise and
+Training batch norms (``training=True``) are decomposed into per-channel reductions and
+pointwise ops (`torchfuse.inductor.decompositions`) before this pass, and fuse with the
+activation and residual add around them. Convolutions are extern calls of ATen's convolution (cuDNN), depthwise and
 grouped ones included: none of them takes a path of ours.
 
 Each rewrite keeps the graph's inputs and outputs and the recorded layout of every value

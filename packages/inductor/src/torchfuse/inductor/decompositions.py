@@ -136,6 +136,109 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     return s, total
 
 
+def _bn_axes(x: torch.Tensor) -> tuple[list[int], int, list[int]]:
+    """A batch norm's reduced dims (all but the channels, dim 1), their element count, and the
+    shape ``[1, C, 1, ...]`` a per-channel value is viewed with."""
+    axes = [0, *range(2, x.dim())]
+    return axes, _numel(x, axes), [1, x.shape[1], *([1] * (x.dim() - 2))]
+
+
+def _bn_per_channel(v: torch.Tensor | None, shape: list[int]) -> torch.Tensor | None:
+    return None if v is None else aten.view.default(_up(v), shape)
+
+
+def _bn_train(x, weight, bias, eps):
+    """Training batch norm on batch statistics, in float32 for half inputs as ATen computes it:
+    ``(out, mean [C], invstd [C], biased var [C], n)``. Two reductions per channel (the mean,
+    then the centred squares), which the scheduler fuses with whatever reads ``x``."""
+    axes, n, shape = _bn_axes(x)
+    xf = _up(x)
+    mean = aten.div.Scalar(aten.sum.dim_IntList(xf, axes, True), n)
+    centred = aten.sub.Tensor(xf, mean)
+    var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(centred, centred), axes, True), n)
+    invstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    out = aten.mul.Tensor(centred, invstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, _bn_per_channel(weight, shape))
+    if bias is not None:
+        out = aten.add.Tensor(out, _bn_per_channel(bias, shape))
+    c = [x.shape[1]]
+    return (_down(out, x.dtype), aten.view.default(mean, c), aten.view.default(invstd, c),
+            aten.view.default(var, c), n)
+
+
+def _running(stat: torch.Tensor, batch: torch.Tensor, momentum: float) -> torch.Tensor:
+    """``(1 - momentum) * stat + momentum * batch`` in float32, in ``stat``'s dtype (eager's
+    in-place update of a running statistic)."""
+    new = aten.add.Tensor(aten.mul.Scalar(_up(stat), 1.0 - momentum), aten.mul.Scalar(batch, momentum))
+    return _down(new, stat.dtype)
+
+
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """``_native_batch_norm_legit_functional``: ``(out, save_mean, save_invstd, new_running_mean,
+    new_running_var)``. The running variance takes the unbiased batch variance
+    (``var * n / (n - 1)``), as eager's update does."""
+    if not training:
+        return (*batch_norm_eval(x, weight, bias, running_mean, running_var, eps), running_mean, running_var)
+    out, mean, invstd, var, n = _bn_train(x, weight, bias, eps)
+    unbiased = aten.mul.Scalar(var, n / (n - 1)) if n > 1 else aten.mul.Scalar(var, math.inf)
+    return (out, mean, invstd, _running(running_mean, mean, momentum),
+            _running(running_var, unbiased, momentum))
+
+
+def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
+    """``_native_batch_norm_legit.no_stats`` (no running statistics: always batch statistics)."""
+    return _bn_train(x, weight, bias, eps)[:3]
+
+
+def batch_norm_eval(x, weight, bias, running_mean, running_var, eps):
+    """A batch norm on running statistics: ``(out, mean, invstd)``, the two [C] values of
+    ATen's eval kernel (empty on the CPU; nothing reads them)."""
+    _, _, shape = _bn_axes(x)
+    invstd = aten.rsqrt.default(aten.add.Scalar(_up(running_var), eps))
+    out = aten.mul.Tensor(aten.sub.Tensor(_up(x), aten.view.default(_up(running_mean), shape)),
+                          aten.view.default(invstd, shape))
+    if weight is not None:
+        out = aten.mul.Tensor(out, _bn_per_channel(weight, shape))
+    if bias is not None:
+        out = aten.add.Tensor(out, _bn_per_channel(bias, shape))
+    return _down(out, x.dtype), _up(running_mean), invstd
+
+
+def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                        output_mask):
+    """``native_batch_norm_backward`` in float32: with ``xmu = x - mean``,
+    ``dx = (g - mean(g) - xmu * invstd² * mean(g · xmu)) · invstd · w`` when training (the
+    batch statistics depend on ``x``), ``dx = g · invstd · w`` on running statistics;
+    ``dw = sum(g · xmu) · invstd``, ``db = sum(g)``."""
+    axes, n, shape = _bn_axes(x)
+    if train:
+        mean, invstd = _up(save_mean), _up(save_invstd)
+    else:
+        mean, invstd = _up(running_mean), aten.rsqrt.default(aten.add.Scalar(_up(running_var), eps))
+    mean_c, invstd_c = aten.view.default(mean, shape), aten.view.default(invstd, shape)
+    g, xmu = _up(grad_out), aten.sub.Tensor(_up(x), mean_c)
+    sum_g = aten.sum.dim_IntList(g, axes, True)
+    dot = aten.sum.dim_IntList(aten.mul.Tensor(g, xmu), axes, True)
+    scale = invstd_c if weight is None else aten.mul.Tensor(invstd_c, _bn_per_channel(weight, shape))
+    d_input = d_weight = d_bias = None
+    if output_mask[0]:
+        if train:
+            proj_scale = aten.div.Scalar(aten.mul.Tensor(dot, aten.mul.Tensor(invstd_c, invstd_c)), n)
+            proj = aten.mul.Tensor(xmu, proj_scale)
+            centred = aten.sub.Tensor(aten.sub.Tensor(g, aten.div.Scalar(sum_g, n)), proj)
+            d_input = _down(aten.mul.Tensor(centred, scale), x.dtype)
+        else:
+            d_input = _down(aten.mul.Tensor(g, scale), x.dtype)
+    c = [x.shape[1]]
+    wdtype = weight.dtype if weight is not None else x.dtype
+    if output_mask[1]:
+        d_weight = _down(aten.view.default(aten.mul.Tensor(dot, invstd_c), c), wdtype)
+    if output_mask[2]:
+        d_bias = _down(aten.view.default(sum_g, c), wdtype)
+    return d_input, d_weight, d_bias
+
+
 def addcmul(x, a, b, *, value=1):
     return aten.add.Tensor(x, aten.mul.Scalar(aten.mul.Tensor(a, b), value))
 
@@ -254,6 +357,10 @@ RULES: Mapping[str, Callable[..., Any]] = {
     "aten.max.default": _max_all,
     "aten.min.default": _min_all,
     "aten._native_multi_head_attention.default": native_multi_head_attention,
+    # training batch norms (the inference ones are the conv pass's: folded or pointwise)
+    "aten._native_batch_norm_legit_functional.default": batch_norm_functional,
+    "aten._native_batch_norm_legit.no_stats": batch_norm_no_stats,
+    "aten.native_batch_norm_backward.default": batch_norm_backward,
 }
 """Inductor's own rules: ops autograd's table leaves alone that inductor's primitive set does
 not have. None of them is in autograd's table (a test checks it)."""

@@ -1,0 +1,84 @@
+"""Memory formats of fake tensors where torch's meta kernels and its device kernels disagree.
+
+A Graph records the strides of every value, and the compiled code indexes buffers with them,
+so they must be the strides eager's kernels produce. Torch's meta kernel of ``convolution``
+returns a contiguous tensor whatever its inputs, while ATen's convolutions (cuDNN on CUDA,
+oneDNN on the CPU) return a channels-last one when the input or the weight is channels-last::
+
+    x: f32[2, 8, 5, 5] strides (200, 1, 40, 8)     (channels-last)
+    convolution(x, w)   meta: (400, 25, 5, 1)    eager: (400, 1, 80, 16)
+
+`restride` puts such outputs in eager's memory format; tracing (`torchfuse.graph.tracing`)
+applies it to every op it runs on meta tensors, so capture, the joint graph and every retrace
+agree with eager. Symbolic sizes or strides are left to the meta kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+
+def channels_last_strides(sizes: Sequence[int]) -> tuple[int, ...] | None:
+    """Dense strides of a 4-d (channels-last) or 5-d (channels-last-3d) tensor with the
+    channels (dim 1) fastest, or None for other ranks."""
+    if len(sizes) not in (4, 5):
+        return None
+    order = [1, *range(len(sizes) - 1, 1, -1), 0]  # fastest first: C, W, H, (D,) N
+    strides, step = [0] * len(sizes), 1
+    for d in order:
+        strides[d] = step
+        step *= max(int(sizes[d]), 1)
+    return tuple(strides)
+
+
+def strides_like_channels_last(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a 4-d or 5-d layout is channels-last as ATen's ``suggest_memory_format`` sees
+    it (c10's rule: the channels fastest, then the spatial dims from the last, then the
+    batch; a tensor whose spatial dims are all 1 is contiguous, not channels-last)."""
+    if len(sizes) not in (4, 5) or strides[1] == 0:
+        return False
+    least = 0
+    for d in [1, *range(len(sizes) - 1, 1, -1), 0]:
+        if sizes[d] == 0 or strides[d] < least:
+            return False
+        if d == 0 and least == strides[1]:
+            return False
+        least = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
+    return True
+
+
+def _concrete(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and all(isinstance(x, int) for x in (*t.shape, *t.stride()))
+
+
+def _is_channels_last(t: Any) -> bool:
+    return _concrete(t) and strides_like_channels_last(tuple(t.shape), t.stride())
+
+
+def _convolution(args: Sequence[Any], out: Any) -> tuple[int, ...] | None:
+    """cuDNN's and oneDNN's rule: channels-last out when the input or the weight is."""
+    x, w = args[0], args[1]
+    if _concrete(out) and (_is_channels_last(x) or _is_channels_last(w)):
+        return channels_last_strides(tuple(out.shape))
+    return None
+
+
+RULES: dict[str, Callable[[Sequence[Any], Any], tuple[int, ...] | None]] = {
+    "aten.convolution.default": _convolution,
+}
+"""op -> rule(args, meta output) giving eager's strides for the output (None: the meta's)."""
+
+
+def restride(name: str, args: Sequence[Any], out: Any) -> Any:
+    """``out`` (a meta kernel's result for op ``name``) with eager's strides where `RULES`
+    says they differ; ``out`` itself otherwise."""
+    rule = RULES.get(name)
+    if rule is None:
+        return out
+    strides = rule(args, out)
+    if strides is None or tuple(out.stride()) == strides:
+        return out
+    return torch.empty_strided(tuple(out.shape), strides, dtype=out.dtype, device=out.device)
