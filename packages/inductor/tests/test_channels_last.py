@@ -180,8 +180,8 @@ def _counted_block(*args):
 
 def test_the_inductor_backend_takes_the_option():
     base = _block_inputs()
-    ours, theirs = _train_args(base) + [torch.zeros((), dtype=torch.int64)], \
-        _train_args(base) + [torch.zeros((), dtype=torch.int64)]
+    ours, theirs = [*_train_args(base), torch.zeros((), dtype=torch.int64)], \
+        [*_train_args(base), torch.zeros((), dtype=torch.int64)]
     graph, _ = trace(_counted_block, *ours)
     fn = inductor(graph, ours, options=ALWAYS)
     (out,) = fn(*ours)

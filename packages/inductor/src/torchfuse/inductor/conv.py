@@ -32,8 +32,8 @@ turn what stood in its way into pointwise ops:
 
 Training batch norms (``training=True``) are decomposed into per-channel reductions and
 pointwise ops (`torchfuse.inductor.decompositions`) before this pass, and fuse with the
-activation and residual add around them. Convolutions are extern calls of ATen's convolution (cuDNN), depthwise and
-grouped ones included: none of them takes a path of ours.
+activation and residual add around them. Convolutions are extern calls of ATen's
+convolution (cuDNN), depthwise and grouped ones included: none of them takes a path of ours.
 
 Each rewrite keeps the graph's inputs and outputs and the recorded layout of every value
 it replaces (``decompose``'s ``_as_recorded``).

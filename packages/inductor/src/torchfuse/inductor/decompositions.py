@@ -210,7 +210,11 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
     """``native_batch_norm_backward`` in float32: with ``xmu = x - mean``,
     ``dx = (g - mean(g) - xmu * invstd² * mean(g · xmu)) · invstd · w`` when training (the
     batch statistics depend on ``x``), ``dx = g · invstd · w`` on running statistics;
-    ``dw = sum(g · xmu) · invstd``, ``db = sum(g)``."""
+    ``dw = sum(g · xmu) · invstd``, ``db = sum(g)``.
+
+    All three are returned whatever ``output_mask`` says: the recorded node names every output
+    (an unrequested one is an undefined tensor in eager, a value nobody reads here), and dead
+    code elimination drops the ones nothing reads."""
     axes, n, shape = _bn_axes(x)
     if train:
         mean, invstd = _up(save_mean), _up(save_invstd)
@@ -221,21 +225,18 @@ def batch_norm_backward(grad_out, x, weight, running_mean, running_var, save_mea
     sum_g = aten.sum.dim_IntList(g, axes, True)
     dot = aten.sum.dim_IntList(aten.mul.Tensor(g, xmu), axes, True)
     scale = invstd_c if weight is None else aten.mul.Tensor(invstd_c, _bn_per_channel(weight, shape))
-    d_input = d_weight = d_bias = None
-    if output_mask[0]:
-        if train:
-            proj_scale = aten.div.Scalar(aten.mul.Tensor(dot, aten.mul.Tensor(invstd_c, invstd_c)), n)
-            proj = aten.mul.Tensor(xmu, proj_scale)
-            centred = aten.sub.Tensor(aten.sub.Tensor(g, aten.div.Scalar(sum_g, n)), proj)
-            d_input = _down(aten.mul.Tensor(centred, scale), x.dtype)
-        else:
-            d_input = _down(aten.mul.Tensor(g, scale), x.dtype)
+    del output_mask  # see the docstring
+    if train:
+        proj_scale = aten.div.Scalar(aten.mul.Tensor(dot, aten.mul.Tensor(invstd_c, invstd_c)), n)
+        proj = aten.mul.Tensor(xmu, proj_scale)
+        centred = aten.sub.Tensor(aten.sub.Tensor(g, aten.div.Scalar(sum_g, n)), proj)
+        d_input = _down(aten.mul.Tensor(centred, scale), x.dtype)
+    else:
+        d_input = _down(aten.mul.Tensor(g, scale), x.dtype)
     c = [x.shape[1]]
     wdtype = weight.dtype if weight is not None else x.dtype
-    if output_mask[1]:
-        d_weight = _down(aten.view.default(aten.mul.Tensor(dot, invstd_c), c), wdtype)
-    if output_mask[2]:
-        d_bias = _down(aten.view.default(sum_g, c), wdtype)
+    d_weight = _down(aten.view.default(aten.mul.Tensor(dot, invstd_c), c), wdtype)
+    d_bias = _down(aten.view.default(sum_g, c), wdtype)
     return d_input, d_weight, d_bias
 
 

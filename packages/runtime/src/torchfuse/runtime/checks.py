@@ -191,8 +191,8 @@ def expected_device(device_type: str, buf: S.Buffer) -> str:
 
 def mutated_inputs(program: S.Program) -> list[str]:
     """Inputs that a step writes into: a CopyStep's destination, or an argument that an extern
-    op's schema marks written (``Tensor(a!)``: a batch norm updating its running statistics in
-    place, `torchfuse.inductor.inplace`)."""
+    op's schema marks written (``Tensor(a!)``: an ATen batch norm updating its running
+    statistics in place)."""
     inputs = set(program.inputs)
     out: list[str] = []
     for s in program.steps:
