@@ -246,6 +246,15 @@ def test_the_pool_makes_the_binaries_sequential_compiles_make_and_is_reused_acro
             "every binary came from the workers through the disk cache"
     assert _cubins(pool_a) + _cubins(pool_b) == expected, "the workers made the same binaries"
 
+    # a warm start: new functions over the filled cache load here, and nothing goes to a worker
+    warm = [job for jobs in _jobs(sm90 / "kernels", programs) for job in jobs]
+    assert cw.plan(warm, lambda f: f.fn.__code__.co_filename) == [], "a binary on disk is not a worker's job"
+    stats = CompileStats()
+    with count_compiles(stats):
+        precompile(warm, stats, threads=1)
+    assert (stats.worker_compiles, stats.triton_compiles) == (0, 0)
+    assert _cubins(warm) == expected
+
 
 def test_a_worker_that_dies_is_replaced_and_a_warning_says_what_was_compiled_here(tmp_path, caplog):
     dies = tmp_path / "dies.py"

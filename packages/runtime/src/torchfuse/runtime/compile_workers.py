@@ -7,7 +7,9 @@ reuses them for every Program after. A first call then compiles in three steps:
 
 1. **plan** (here, in this process): each warm-up runs with Triton's ``jit_cache_hook`` set
    to a recorder, which keeps the specialization Triton would compile (its own JSON, as
-   ``JITFunction.preload`` reads it) and tells Triton to skip the compile;
+   ``JITFunction.preload`` reads it) and tells Triton to skip the compile, unless Triton's
+   disk cache already holds that binary (`_on_disk`, a warm start): then Triton loads it here
+   at once, since a worker would cost a round trip and an import to read the same file;
 2. **compile** (in the workers): each worker imports the kernel's cached source file,
    rebuilds the specialization and compiles it with Triton for this device's target, which
    writes the binary into Triton's on-disk cache (``TRITON_CACHE_DIR``, shared);
@@ -98,6 +100,8 @@ def plan(jobs: Sequence[Any], source_path: Any) -> list[tuple[Any, CompileReques
             data = (kwargs.get("compile") or {}).get("specialization_data")
             if found is None or data is None or not kwargs.get("is_manual_warmup", True):
                 return previous(*args, **kwargs) if previous is not None else None
+            if _on_disk(kwargs):
+                return None  # Triton: load it here, now (milliseconds); no worker needed
             found.append(data)
             return True  # Triton: skip this compile (the worker does it)
 
@@ -120,6 +124,39 @@ def plan(jobs: Sequence[Any], source_path: Any) -> list[tuple[Any, CompileReques
             _planning.found = None
             knobs.runtime.jit_cache_hook = previous
     return out
+
+
+def _on_disk(hook_kwargs: dict[str, Any]) -> bool:
+    """Whether Triton's disk cache holds the binary the hook's compile would make (a warm
+    start: handing it to a worker would cost a round trip and an import for a file read).
+
+    The key is Triton's own (``get_cache_key`` over the same source, backend and options that
+    ``triton.compile`` would use, the options read back from the specialization data as
+    ``JITFunction.preload`` reads them). Anything unexpected answers False: the worker then
+    finds the binary itself, as before.
+    """
+    try:
+        import hashlib
+
+        import triton.runtime.cache as tcache
+        from triton import knobs
+        from triton.compiler import compiler as tcompiler
+
+        if knobs.runtime.add_stages_inspection_hook is not None or knobs.compilation.always_compile:
+            return False
+        spec = hook_kwargs["compile"]
+        jit_fn = hook_kwargs["fn"].jit_function
+        backend = jit_fn.device_caches[spec["device"]][3]
+        raw = json.loads(spec["specialization_data"])["options"]
+        options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+        src = jit_fn.ASTSource(jit_fn, spec["signature"], spec["constants"], spec["configs"][0])
+        env_vars = tcompiler.get_cache_invalidating_env_vars()
+        key = tcache.get_cache_key(src, backend, options, env_vars=env_vars)
+        manager = tcache.get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest())
+        name = f"{src.name[:150]}.json"
+        return (manager.get_group(name) or {}).get(name) is not None
+    except Exception:  # another Triton: keep to the workers
+        return False
 
 
 def _target() -> dict[str, Any]:
