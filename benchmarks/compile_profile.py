@@ -110,6 +110,9 @@ def workload_rows(names: list[str]) -> list[Row]:
 
 def model_rows(names: str, modes: str) -> list[Row]:
     import models
+    import vision_models
+
+    vision_models.ensure_importable()  # before transformers imports torchvision
 
     specs = list(models.MODELS) if names == "all" else models.select(names, "")
 

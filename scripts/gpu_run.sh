@@ -287,19 +287,20 @@ phase_warm() {
 }
 
 # Where compile time goes, cold vs warm, each in fresh processes over one fresh cache
-# (benchmarks/compile_profile.py --warm): micro rows and GPT-2 training, then GPT-2 training
-# again with Triton compiles in worker processes (TORCHFUSE_COMPILE_WORKERS=8).
+# (benchmarks/compile_profile.py --warm): micro rows and GPT-2 training (Triton compiles in
+# worker processes, the default from 4 cores), then GPT-2 training again without them
+# (TORCHFUSE_COMPILE_WORKERS=0).
 phase_compileprof() {
     local t end rc=0 r dev=cuda extra=()
     have_cuda || { dev=cpu; extra=(--small); }
     end=$((SECONDS + $(phase_timeout 330)))
     local out="$DEST/compile_profile_$TAG.txt"
     for run in "--only ${COMPILEPROF_ONLY:-softmax,cross_entropy,small_ops,layer_norm_train}" \
-               "--models gpt2 --model-modes training" "workers --models gpt2 --model-modes training"; do
+               "--models gpt2 --model-modes training" "noworkers --models gpt2 --model-modes training"; do
         t=$(phase_timeout 200 "$end")
         ((t < 30)) && return 124
         local env=() args=$run
-        if [[ $run == workers* ]]; then env=(TORCHFUSE_COMPILE_WORKERS=8); args=${run#workers }; fi
+        if [[ $run == noworkers* ]]; then env=(TORCHFUSE_COMPILE_WORKERS=0); args=${run#noworkers }; fi
         log "compile_profile.py --warm $args ${env[*]} (timeout ${t}s)"
         # shellcheck disable=SC2086  # args is a list of words on purpose
         env "${env[@]}" timeout "$t" "$PY" benchmarks/compile_profile.py --warm --device "$dev" \

@@ -83,7 +83,7 @@ def test_workers_compile_what_this_process_then_loads_from_the_cache(sm90):
     assert not fn.device_caches[0][0], "planning compiled nothing"
     pool = cw.WorkerPool(1, env={**os.environ, "TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]})
     try:
-        assert pool.compile([r for _, r in planned]) == [None]
+        assert [r.error for r in pool.compile([r for _, r in planned])] == [None]
     finally:
         pool.close()
     stats = CompileStats()
@@ -99,7 +99,8 @@ def test_a_failing_request_is_reported_not_raised(tmp_path):
     try:
         bad = cw.CompileRequest(str(tmp_path / "missing.py"), "m", "k", "{}", {"backend": "cuda", "arch": 90,
                                                                                "warp_size": 32})
-        (error,) = pool.compile([bad])
+        (result,) = pool.compile([bad])
+        error = result.error
     finally:
         pool.close()
     assert error is not None and "missing.py" in error
@@ -107,9 +108,168 @@ def test_a_failing_request_is_reported_not_raised(tmp_path):
     torch.testing.assert_close(load(program, device="cpu")(x)[0], torch.relu(x * 2.0 + 1.0).sum(dim=1))
 
 
-def test_the_knob_is_off_by_default_and_bounded_by_the_cores():
-    from torchfuse.runtime.config import from_environment
+def test_the_default_uses_workers_on_four_cores_or_more_and_zero_turns_them_off(monkeypatch):
+    from torchfuse.runtime import config as rc
 
-    assert from_environment({}).compile_workers == 0
-    assert from_environment({"TORCHFUSE_COMPILE_WORKERS": "1000"}).compile_workers == (os.cpu_count() or 1) - 1
-    assert from_environment({"TORCHFUSE_COMPILE_WORKERS": "0"}).compile_workers == 0
+    assert [rc.default_compile_workers(n) for n in (1, 2, 3, 4, 8, 16, 64)] == [0, 0, 0, 3, 7, 8, 8]
+    monkeypatch.setattr(rc, "cores", lambda: 16)
+    assert rc.from_environment({}).compile_workers == 8
+    assert rc.from_environment({"TORCHFUSE_COMPILE_WORKERS": "0"}).compile_workers == 0
+    assert rc.from_environment({"TORCHFUSE_COMPILE_WORKERS": "1000"}).compile_workers == 15
+    assert rc.from_environment({}).compile_workers_min == 8
+    assert rc.from_environment({"TORCHFUSE_COMPILE_WORKERS_MIN": "3"}).compile_workers_min == 3
+    monkeypatch.setattr(rc, "cores", lambda: 2)
+    assert rc.from_environment({}).compile_workers == 0
+
+
+def _jobs(tmp_path, fns_by_program):
+    """One warm-up job per (program, kernel), each on a fresh compiling ``JITFunction``."""
+    from torchfuse.runtime.codegen import launch_values
+
+    out = []
+    for tag, (program, args) in fns_by_program.items():
+        (tmp_path / tag).mkdir(parents=True, exist_ok=True)
+        jobs = []
+        for kernel in program.kernels:
+            fn, _ = _real_jit(tmp_path / tag, kernel)
+            cfg = kernel.configs[0] if kernel.configs else None
+            values = launch_values(kernel, cfg, fn, args)
+            kw = (("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)) if cfg else ()
+            jobs.append(WarmupJob(kernel.name, fn, tuple(values), kw))
+        out.append(jobs)
+    return out
+
+
+def _two_programs():
+    a, b = torch.randn(4, 8), torch.randn(16)
+    ga, _ = trace(lambda x: torch.relu(x * 2.0 + 1.0).sum(dim=1), a)
+    gb, _ = trace(lambda y: torch.sigmoid(y) * 3.0 - y, b)
+    pa = compile_graph(ga, options={"cache": False})
+    pb = compile_graph(gb, options={"cache": False})
+    return {"a": (pa, [torch.float32, torch.float32, 4, 8]), "b": (pb, [torch.float32, torch.float32, 16])}
+
+
+def _cubins(jobs):
+    import hashlib
+
+    return [hashlib.sha256(job.fn.warmup(*job.args, grid=(1,), **dict(job.kwargs)).asm["cubin"]).hexdigest()
+            for job in jobs]
+
+
+_SEQUENTIAL = """
+import hashlib, importlib.util, json, sys
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from torchfuse.runtime import compile_workers as cw
+from torchfuse.runtime.kernels import CompileStats, WarmupJob, precompile
+
+driver.set_active(cw._StubDriver(GPUTarget("cuda", 90, 32)))
+jobs = []
+for path, module_name, entry, args, kw in json.loads(sys.argv[1]):
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, entry)
+    args = [getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a for a in args]
+    jobs.append(WarmupJob(entry, fn, tuple(args), tuple(map(tuple, kw))))
+precompile(jobs, CompileStats(), threads=1)  # one after another, in this process
+print(json.dumps([hashlib.sha256(j.fn.warmup(*j.args, grid=(1,), **dict(j.kwargs)).asm["cubin"]).hexdigest()
+                  for j in jobs]))
+"""
+
+
+def _sequential_cubins(jobs, cache):
+    """The binaries of ``jobs`` compiled one after another by Triton in a fresh process (this one
+    runs Triton's interpreter, which cannot compile for a GPU after it is imported)."""
+    import json
+    import subprocess
+
+    spec = [(j.fn.fn.__code__.co_filename, j.fn.fn.__module__, j.fn.fn.__name__, [str(a) if isinstance(a, torch.dtype) else a
+                                                              for a in j.args], list(j.kwargs)) for j in jobs]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache), TORCHFUSE_COMPILE_WORKERS="0")
+    proc = subprocess.run([sys.executable, "-c", _SEQUENTIAL, json.dumps(spec)], capture_output=True,
+                          text=True, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def fresh_pool(monkeypatch):
+    """The process's pool starts empty, and whatever a test starts is closed after it."""
+    import dataclasses
+
+    import torchfuse.runtime.config as rconfig
+    import torchfuse.runtime.kernels as rk
+
+    monkeypatch.setattr(cw, "_pool", None)
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, compile_workers=1,
+                                                               compile_workers_min=1))
+    monkeypatch.setattr(rk, "triton_interpreting", lambda: False)
+    yield
+    if cw._pool is not None:
+        cw._pool.close()
+
+
+@pytest.mark.triton_cpu
+@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
+    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
+    reason="no ptxas to compile with")
+def test_the_pool_makes_the_binaries_sequential_compiles_make_and_is_reused_across_programs(
+        sm90, fresh_pool, monkeypatch):
+    from torchfuse.runtime.kernels import precompile
+
+    programs = _two_programs()
+    seq_a, seq_b = _jobs(sm90 / "kernels", programs)
+    expected = _sequential_cubins(seq_a + seq_b, sm90 / "triton_sequential")
+    assert len(set(expected)) == len(seq_a) + len(seq_b)
+
+    # through the pool, over a fresh cache: the workers compile, this process loads
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(sm90 / "triton_pool"))
+    pool_a, pool_b = _jobs(sm90 / "kernels", programs)  # the same files: Triton's line info names them
+    stats_a, stats_b = CompileStats(), CompileStats()
+    with count_compiles(stats_a):
+        precompile(pool_a, stats_a, threads=1)
+    pool = cw._pool
+    assert pool is not None and pool.started == 1
+    pids = pool.pids()
+    with count_compiles(stats_b):
+        precompile(pool_b, stats_b, threads=1)
+    assert cw._pool is pool and pool.started == 1 and pool.pids() == pids, \
+        "the second Program reused the first one's worker"
+    for stats, jobs in ((stats_a, pool_a), (stats_b, pool_b)):
+        assert stats.worker_compiles == len(jobs)
+        assert (stats.triton_compiles, stats.triton_cache_hits) == (0, len(jobs)), \
+            "every binary came from the workers through the disk cache"
+    assert _cubins(pool_a) + _cubins(pool_b) == expected, "the workers made the same binaries"
+
+    # a warm start: new functions over the filled cache load here, and nothing goes to a worker
+    warm = [job for jobs in _jobs(sm90 / "kernels", programs) for job in jobs]
+    assert cw.plan(warm, lambda f: f.fn.__code__.co_filename) == [], "a binary on disk is not a worker's job"
+    stats = CompileStats()
+    with count_compiles(stats):
+        precompile(warm, stats, threads=1)
+    assert (stats.worker_compiles, stats.triton_compiles) == (0, 0)
+    assert _cubins(warm) == expected
+
+
+def test_a_worker_that_dies_is_replaced_and_a_warning_says_what_was_compiled_here(tmp_path, caplog):
+    dies = tmp_path / "dies.py"
+    dies.write_text("import os\nos._exit(3)\n")
+    target = {"backend": "cuda", "arch": 90, "warp_size": 32}
+    pool = cw.WorkerPool(1)
+    try:
+        with caplog.at_level("WARNING", logger="torchfuse.runtime"):
+            (result,) = pool.compile([cw.CompileRequest(str(dies), "dies", "k", "{}", target)])
+        assert result.lost and not result.ok and "status 3" in result.error
+        assert any("compile worker died" in r.getMessage() and "compiled in this process" in r.getMessage()
+                   for r in caplog.records)
+        missing = cw.CompileRequest(str(tmp_path / "missing.py"), "m", "k", "{}", target)
+        (again,) = pool.compile([missing])
+        assert not again.lost and "missing.py" in again.error, "a new worker answered the next request"
+        assert pool.started == 2 and pool.lost == 1
+    finally:
+        pool.close()

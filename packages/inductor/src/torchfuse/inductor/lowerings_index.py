@@ -275,20 +275,28 @@ def _walk(v: ir.Value):
         yield from _walk(v.arg)
 
 
+def _probed(tv: TensorValue) -> TensorValue:
+    """``tv`` after one load of a generic element: a gather whose source uses its own index
+    as a value (``_indirect``'s Fallback) is declined while its rule runs, so the node becomes
+    an extern call, and not later when a reader or ``maybe_realize`` expands the value."""
+    tv.loader([ir.loop_var("x", i) for i in range(len(tv.sizes))])
+    return tv
+
+
 @register("aten.gather.default")
 def _gather(L, node):
     b = bind(L, node)
     x, index = b["self"], b["index"]
     d = b["dim"] % max(len(x.sizes), 1)
     sizes, out = out_meta(L, node)
-    return TensorValue(
+    return _probed(TensorValue(
         sizes,
         out,
         lambda idx: _indirect(L, x, list(idx), {d: index.loader(list(idx))}, False),
         None,
         ("gather",),
         1 + x.ops + index.ops,
-    )
+    ))
 
 
 @register("aten.index_select.default")
@@ -297,14 +305,14 @@ def _index_select(L, node):
     x, index = b["self"], b["index"]
     d = b["dim"] % max(len(x.sizes), 1)
     sizes, out = out_meta(L, node)
-    return TensorValue(
+    return _probed(TensorValue(
         sizes,
         out,
         lambda idx: _indirect(L, x, list(idx), {d: index.loader([idx[d]])}, False),
         None,
         ("index_select",),
         1 + x.ops + index.ops,
-    )
+    ))
 
 
 @register("aten.embedding.default")
@@ -313,14 +321,14 @@ def _embedding(L, node):
     w, ind = b["weight"], b["indices"]
     sizes, out = out_meta(L, node)
     n = len(ind.sizes)
-    return TensorValue(
+    return _probed(TensorValue(
         sizes,
         out,
         lambda idx: _indirect(L, w, [sympy.Integer(0), idx[n]], {0: ind.loader(list(idx[:n]))}, False),
         None,
         ("embedding",),
         1 + w.ops + ind.ops,
-    )
+    ))
 
 
 @register("aten.index.Tensor")
@@ -352,7 +360,7 @@ def _index(L, node):
                 k += 1
         return _indirect(L, x, coords, positions, True)
 
-    return TensorValue(sizes, out, load, None, ("index",), 1 + x.ops)
+    return _probed(TensorValue(sizes, out, load, None, ("index",), 1 + x.ops))
 
 
 @register("aten.constant_pad_nd.default")

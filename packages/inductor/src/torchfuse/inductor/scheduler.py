@@ -33,6 +33,7 @@ import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import sympy
 from torchfuse.inductor import ir
@@ -195,6 +196,14 @@ class _Builder:
         self.prog = prog
         self.config = config
         self.sizes = size_info(tuple(prog.symbols))
+        # A node's variable map and its indices under that map depend only on (node, role,
+        # domain); `place` checks every candidate kernel again from its first node, so a
+        # model's schedule asked sympy for the same substitution and simplification many
+        # times over (GPT-2 training: the larger part of `schedule`).
+        self._maps: dict[tuple[Any, ...], dict] = {}
+        self._indices: dict[tuple[Any, ...], sympy.Expr] = {}
+        # what a node reads, asked for each candidate kernel of each later node: walked once
+        self._read_memo: dict[int, tuple[ir.Node, list[str], list[ir.Load]]] = {}
         self.producer: dict[str, int] = {}  # buffer -> group index
         self.groups: list[_Group] = []
         self.decisions: list[str] = []
@@ -202,8 +211,23 @@ class _Builder:
         self.readers: dict[str, set[int]] = {}  # buffer -> groups reading it
         self.consumers: dict[str, set[str]] = {}
         for node in prog.nodes:
-            for b in ir.reads(node):
+            for b in self._reads(node):
                 self.consumers.setdefault(b, set()).add(node.name)
+
+    def _walked(self, node: ir.Node) -> tuple[ir.Node, list[str], list[ir.Load]]:
+        found = self._read_memo.get(id(node))
+        if found is None or found[0] is not node:  # the node is kept: its id stays its own
+            loads = ir.loads_of(node.body) if isinstance(node, ir.Pointwise | ir.Reduction) else []
+            found = self._read_memo[id(node)] = (node, ir.reads(node), loads)
+        return found
+
+    def _reads(self, node: ir.Node) -> list[str]:
+        """`ir.reads`, remembered."""
+        return self._walked(node)[1]
+
+    def _loads(self, node: ir.Node) -> list[ir.Load]:
+        """`ir.loads_of` of the node's body, remembered."""
+        return self._walked(node)[2]
 
     def bytes_of(self, buf: str) -> int:
         spec = self.prog.buffers.get(buf)
@@ -221,7 +245,7 @@ class _Builder:
         """Book-keeping after ``node`` joined group ``gi``."""
         for b in ir.writes(node):
             self.producer[b] = gi
-        for b in ir.reads(node):
+        for b in self._reads(node):
             self.readers.setdefault(b, set()).add(gi)
             h = self.producer.get(b)
             if h is not None and h != gi:
@@ -252,15 +276,16 @@ class _Builder:
                 return Reject(f"{n.name} ({nx} x {nr}) fits neither the domain {xnumel} x {rnumel} "
                               "nor its rows")
             roles[n.name] = role
-            maps[n.name] = dict(_varmap(n, role, xnumel, rnumel))
+            maps[n.name] = self._varmap(n, role, xnumel, rnumel)
         bounds = {XI: xnumel, RI: rnumel}
+        at = self._at
         by_name = {n.name: n for n in nodes}
         phase: dict[str, int] = {}
         online: dict[str, str] = {}
         for n in nodes:
             ctx_full = roles[n.name] != Role.ROW
             p = 0 if ctx_full else -1
-            for ld in ir.loads_of(n.body):
+            for ld in self._loads(n):
                 prod = by_name.get(ld.buffer)
                 if prod is None:
                     continue
@@ -268,8 +293,8 @@ class _Builder:
                     return Reject(f"{n.name} reads {prod.name} through an indirect or masked load")
                 if roles[prod.name] == Role.FULL and not ctx_full:
                     return Reject(f"{n.name} (one value per row) reads {prod.name} (one per element)")
-                lhs = ir.simplify_index(ld.index.xreplace(maps[n.name]), bounds)
-                rhs = ir.simplify_index(prod.store_index.xreplace(maps[prod.name]), bounds)
+                lhs = at(ld.index, n.name, roles, maps, bounds)
+                rhs = at(prod.store_index, prod.name, roles, maps, bounds)
                 if lhs != rhs:
                     return Reject(f"{n.name} reads {prod.name} at {lhs}, where it is computed at {rhs}")
                 pp = phase[prod.name]
@@ -290,6 +315,22 @@ class _Builder:
             for n in nodes
         }
 
+    def _varmap(self, node: ir.Node, role: Role, xnumel: sympy.Expr, rnumel: sympy.Expr) -> dict:
+        key = (node.name, node.ranges, getattr(node, "rranges", ()), role, xnumel, rnumel)
+        found = self._maps.get(key)
+        if found is None:
+            found = self._maps[key] = dict(_varmap(node, role, xnumel, rnumel))
+        return found
+
+    def _at(self, index: sympy.Expr, owner: str, roles: dict, maps: dict, bounds: dict) -> sympy.Expr:
+        """``index`` of node ``owner`` in the kernel's variables, simplified (remembered). The
+        map is one of `_varmap`'s, kept alive by its cache: its identity names it."""
+        key = (index, id(maps[owner]), bounds[XI], bounds[RI])
+        found = self._indices.get(key)
+        if found is None:
+            found = self._indices[key] = ir.simplify_index(index.xreplace(maps[owner]), bounds)
+        return found
+
     def _online_partner(self, s_node, nodes, roles, maps, bounds) -> str | None:
         """The max reduction ``m`` when ``s_node`` is ``sum(exp(v - m))`` with ``m = max(v)``."""
         by_name = {n.name: n for n in nodes}
@@ -299,7 +340,7 @@ class _Builder:
                 prod = by_name.get(v.buffer)
                 if prod is not None and isinstance(prod, ir.Pointwise) and roles[prod.name] == Role.FULL:
                     return norm(prod.body, prod.name)
-                idx = ir.simplify_index(v.index.xreplace(maps[owner]), bounds)
+                idx = self._at(v.index, owner, roles, maps, bounds)
                 mask = norm(v.mask, owner) if v.mask is not None else None
                 ind = tuple((k, norm(x, owner)) for k, x in v.indirect)
                 return ir.Load(v.buffer, idx, v.dtype, ind, mask)
@@ -308,7 +349,7 @@ class _Builder:
             if isinstance(v, ir.Call):
                 return ir.Call(v.op, tuple(norm(a, owner) for a in v.args), v.dtype)
             if isinstance(v, ir.IndexValue):
-                return ir.IndexValue(ir.simplify_index(v.index.xreplace(maps[owner]), bounds), v.dtype)
+                return ir.IndexValue(self._at(v.index, owner, roles, maps, bounds), v.dtype)
             return v
 
         body = norm(s_node.body, s_node.name)
@@ -330,13 +371,13 @@ class _Builder:
             return Reject(f"it has max_fusion_size={self.config.max_fusion_size} nodes")
         shared = 0
         produced = {m.name for m in g.nodes}
-        group_reads = {b for m in g.nodes for b in ir.reads(m)}
-        for b in ir.reads(node):
+        group_reads = {b for m in g.nodes for b in self._reads(m)}
+        for b in self._reads(node):
             if b in produced or b in group_reads:
                 shared += self.bytes_of(b)
         if shared == 0:
             return Reject("no bytes are shared")
-        for b in ir.reads(node):
+        for b in self._reads(node):
             h = self.producer.get(b)
             if h is not None and h != gi and self.reaches(h, gi):
                 return Reject(f"{b} comes from {self.label(h)}, which needs this kernel first: a cycle")
@@ -379,7 +420,7 @@ class _Builder:
             if isinstance(node, ir.Pointwise | ir.Reduction):
                 # only kernels that produce or read what this node reads can save traffic
                 cands: set[int] = set()
-                for b in ir.reads(node):
+                for b in self._reads(node):
                     cands.update(self.readers.get(b, ()))
                     if b in self.producer:
                         cands.add(self.producer[b])
@@ -469,10 +510,10 @@ class _Builder:
             return Reject("")
         if len(ga.nodes) + len(gb.nodes) > self.config.max_fusion_size:
             return Reject(f"together over max_fusion_size={self.config.max_fusion_size} nodes")
-        reads_a = {x for m in ga.nodes for x in ir.reads(m)} | {m.name for m in ga.nodes}
+        reads_a = {x for m in ga.nodes for x in self._reads(m)} | {m.name for m in ga.nodes}
         most = self.sizes.upper(X * R)
         small = most is not None and most <= self.config.merge_small_numel
-        if not small and not any(x in reads_a for m in gb.nodes for x in ir.reads(m)):
+        if not small and not any(x in reads_a for m in gb.nodes for x in self._reads(m)):
             return Reject("")  # nothing shared: two kernels cost no more traffic than one
         # merging must not close a cycle through a third kernel
         for src, dst in ((a, b), (b, a)):
@@ -511,14 +552,14 @@ class _Builder:
         done: list[int] = []
         remaining_reads: dict[str, int] = {}
         for i in alive:
-            for b in {b for m in self.groups[i].nodes for b in ir.reads(m)}:
+            for b in {b for m in self.groups[i].nodes for b in self._reads(m)}:
                 remaining_reads[b] = remaining_reads.get(b, 0) + 1
         pending = set(alive)
         while pending:
             ready = [i for i in sorted(pending) if deps[i] <= set(done)]
 
             def gain(i: int) -> int:
-                reads = {b for m in self.groups[i].nodes for b in ir.reads(m)}
+                reads = {b for m in self.groups[i].nodes for b in self._reads(m)}
                 freed = sum(
                     self.bytes_of(b)
                     for b in reads
@@ -530,7 +571,7 @@ class _Builder:
                 return freed - made
 
             pick = max(ready, key=lambda i: (gain(i), -i)) if self.config.memory_order else ready[0]
-            for b in {b for m in self.groups[pick].nodes for b in ir.reads(m)}:
+            for b in {b for m in self.groups[pick].nodes for b in self._reads(m)}:
                 remaining_reads[b] -= 1
             done.append(pick)
             pending.discard(pick)
@@ -589,7 +630,7 @@ class _Builder:
             p = g.placed[m.name]
             if p.role == Role.ROW:
                 continue
-            for ld in ir.loads_of(m.body):
+            for ld in self._loads(m):
                 if ld.buffer in names:
                     continue
                 e = ir.simplify_index(ld.index.xreplace(dict(p.varmap)), bounds)

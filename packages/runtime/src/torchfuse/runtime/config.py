@@ -10,7 +10,8 @@
 | `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not the C launcher; default on |
 | `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs kept per program under reduce-overhead; default 8, `0`: unlimited |
 | `TORCHFUSE_COMPILE_THREADS` | threads compiling kernels ahead of time; default `min(8, cpu count)` |
-| `TORCHFUSE_COMPILE_WORKERS` | processes compiling Triton kernels (GPU); default 0: off; at most cores - 1 |
+| `TORCHFUSE_COMPILE_WORKERS` | compile processes (GPU); default `min(8, cores - 1)` from 4 cores, or 0 |
+| `TORCHFUSE_COMPILE_WORKERS_MIN` | compiles a first call needs before it uses the workers; default 8 |
 | `TORCHFUSE_LOGS` | the torchfuse logging switch; this package owns `runtime` (`+runtime`: DEBUG) |
 | `TRITON_INTERPRET` | read, not owned: whether Triton runs kernels on the CPU |
 
@@ -56,7 +57,13 @@ class Config:
     compile_workers: int = 0
     """Worker processes that compile a first call's Triton kernels concurrently (GPU only;
     [`torchfuse.runtime.compile_workers`][torchfuse.runtime.compile_workers]), started once
-    per process and reused. 0: compile in this process's threads only."""
+    per process and reused. 0: compile in this process's threads only. From the environment
+    the default is `default_compile_workers` (on with 4 or more cores)."""
+    compile_workers_min: int = 8
+    """The fewest Triton compiles (kernel, config, specialization) a first call must need for
+    it to hand them to the workers, and the fewest a GPU Program's kernels and candidates must
+    add up to for its load to start them; below it the threads compile alone, since a worker
+    pays a request's round trip and this process then loads each binary from disk."""
     cudagraph_max: int = 8
     """CUDA graphs one program keeps under ``mode="reduce-overhead"`` (one per input layout:
     with dynamic shapes, one per size seen); past it the least recently replayed is dropped,
@@ -79,6 +86,26 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
+def cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_compile_workers(ncores: int) -> int:
+    """Worker processes by default: ``min(8, cores - 1)`` on 4 or more cores, else none.
+
+    Measured on a shared 2-core host (``benchmarks/compile_pool.py``: GPT-2 training's 88
+    compiles for sm_90): one after another 42 s, two threads 78 s, one worker 51 s, two
+    workers 77 s. With no core to spare, concurrency only adds contention; the workers pay off
+    where cores are free to run Triton's front end (which holds the GIL in threads) side by
+    side. Eight compile a model's distinct kernels in a few rounds.
+    """
+    return min(8, ncores - 1) if ncores >= 4 else 0
+
+
 def from_environment(environ: Mapping[str, str] | None = None) -> Config:
     """The config described by ``environ`` (defaults to ``os.environ``)."""
     env = os.environ if environ is None else environ
@@ -86,6 +113,8 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
     logs = {n.strip() for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()}
     threads = env.get("TORCHFUSE_COMPILE_THREADS")
     workers = env.get("TORCHFUSE_COMPILE_WORKERS")
+    workers_min = env.get("TORCHFUSE_COMPILE_WORKERS_MIN")
+    ncores = cores()
     min_bytes = env.get("TORCHFUSE_AUTOTUNE_MIN_BYTES")
     default_max = env.get("TORCHFUSE_AUTOTUNE_DEFAULT_MAX")
     graphs = env.get("TORCHFUSE_CUDAGRAPH_MAX")
@@ -96,9 +125,11 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         autotune_default_max=max(0, int(default_max)) if default_max else 2,
         fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
-        compile_threads=max(1, int(threads)) if threads else max(1, min(8, os.cpu_count() or 1)),
+        compile_threads=max(1, int(threads)) if threads else max(1, min(8, ncores)),
         # a worker beside every core would slow the process it works for: at most cores - 1
-        compile_workers=max(0, min(int(workers), (os.cpu_count() or 1) - 1)) if workers else 0,
+        compile_workers=(max(0, min(int(workers), ncores - 1)) if workers
+                         else default_compile_workers(ncores)),
+        compile_workers_min=max(1, int(workers_min)) if workers_min else 8,
         cudagraph_max=max(0, int(graphs)) if graphs else 8,
         cxx=env.get("CXX") or None,
         log_runtime=bool(logs & {"runtime", "+runtime", "all"}),

@@ -356,7 +356,7 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             tasks.append((group, None))
     total = sum(len(group) for group in by_fn.values())
     workers = rconfig.config.compile_workers
-    if workers > 0 and total > 1 and not triton_interpreting():
+    if workers > 0 and total >= rconfig.config.compile_workers_min and not triton_interpreting():
         _compile_in_workers([job for group in by_fn.values() for job in group], stats, workers)
     done = [0]
     done_lock = threading.Lock()
@@ -388,11 +388,12 @@ def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers:
     planned = compile_workers.plan(jobs, _source_path)
     if pool is None or not planned:
         return
-    errors = pool.compile([request for _, request in planned])
-    stats.worker_compiles += sum(e is None for e in errors)
-    for (job, _), error in zip(planned, errors, strict=True):
-        if error is not None:  # compiled here instead, by the warm-up that follows
-            logger.debug("compile worker: %s failed (%s); compiling it in this process", job.name, error)
+    results = pool.compile([request for _, request in planned])
+    stats.worker_compiles += sum(r.ok for r in results)
+    for (job, _), result in zip(planned, results, strict=True):
+        if not result.ok:  # compiled here instead, by the warm-up that follows
+            logger.debug("compile worker: %s failed (%s); compiling it in this process", job.name,
+                         result.error)
 
 
 def _source_path(fn: Any) -> Path | None:

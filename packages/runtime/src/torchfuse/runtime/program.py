@@ -179,10 +179,12 @@ class CompiledProgram:
         self.stats.kernels_loaded = len(self.kernels)
         self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
         self._gpu = device_type == "cuda"
-        if self._gpu and triton_kernels and rconfig.config.compile_workers > 0:
+        compiles = sum(max(1, len(k.configs)) for k in triton_kernels)  # kernels and candidates
+        workers = rconfig.config.compile_workers
+        if self._gpu and workers > 0 and compiles >= rconfig.config.compile_workers_min:
             from torchfuse.runtime.compile_workers import get_pool
 
-            get_pool(rconfig.config.compile_workers)  # started now, while the caller works on
+            get_pool(workers)  # started now, while the caller works on
         self._layout = launchers.triton_layout() if self._gpu and rconfig.config.direct_launch else "generic"
         self._variants: dict[tuple[Any, ...], codegen.Generated] = {}
         self._by_key: dict[tuple[int, ...], Any] = {}
