@@ -35,10 +35,12 @@ from torchfuse.capture.backends import Backend, backend_parameters, lookup_backe
 from torchfuse.capture.convert import CaptureResult, capture, make_binder
 from torchfuse.capture.dynamic import (
     DynamicPolicy,
+    ScalarChange,
     SizeChange,
     dynamic_requests,
     mark_dynamic,
     out_of_range,
+    scalar_changes,
     size_changes,
 )
 from torchfuse.capture.entry import Entry, _gather_functions, counts_as_graph
@@ -94,6 +96,8 @@ class CompiledFunction:
         self._warned_kwargs = False
         self.auto_dynamic: dict[str, set[int]] = {}
         """Automatic dynamic: input dims (by source expression) seen changing size."""
+        self.auto_scalars: set[str] = set()
+        """Automatic dynamic: int arguments (by source expression) seen changing value."""
         self.results: list[CaptureResult] = []
         self.root: CompiledFunction = self
         self.resumes: dict[tuple, ResumeFunction] = {}
@@ -113,7 +117,11 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.bound_self is not None:
             args = (self.bound_self, *args)
-        L = self.binder(*args, **kwargs)
+        binder = self.binder
+        if binder.__defaults__ is not self.fn.__defaults__ or \
+                binder.__kwdefaults__ is not self.fn.__kwdefaults__:
+            binder = self.binder = make_binder(self.fn)  # defaults patched since (a new tuple)
+        L = binder(*args, **kwargs)
         out = self._dispatch(L, self.closure, args, kwargs)
         while type(out) is Continue:  # graph breaks: a flat trampoline, loops never nest
             out = out.target._dispatch(out.args, out.cells, out.args, None)
@@ -161,7 +169,7 @@ class CompiledFunction:
         return capture(self.fn, L, self.name, dynamic=self._policy())
 
     def _policy(self) -> DynamicPolicy:
-        return DynamicPolicy(self.dynamic, self.auto_dynamic)
+        return DynamicPolicy(self.dynamic, self.auto_dynamic, frozenset(self.auto_scalars))
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
@@ -274,6 +282,7 @@ class CompiledFunction:
         the recompile limit is reached)."""
         G = self.globals
         changes: list[SizeChange] = []
+        ints: list[ScalarChange] = []
         if self.entries:
             failure = self._failure_reason(L, C_)
             if len(self.entries) >= C.config.recompile_limit:
@@ -286,7 +295,15 @@ class CompiledFunction:
                                         for e in self.entries], L, G, C_)
                 for ch in changes:
                     self.auto_dynamic.setdefault(ch.source, set()).add(ch.dim)
+                ints = scalar_changes([e.result.checks.entries for e in self.entries], L)
+                self.auto_scalars.update(ch.source for ch in ints)
         result = self._capture(L, C_)
+        for ic in ints:
+            symbol = result.scalar_symbols.get(ic.source)
+            how = f"recompiling with it a symbol ({symbol})" if symbol is not None else \
+                "it stays a constant in the new entry (ints below 2 are never symbolic)"
+            C.logger("recompiles").info("%s: %s changed %d -> %d; %s", self.name, ic.display,
+                                        ic.old, ic.new, how)
         for ch in changes:
             symbol = result.dynamic_dims.get((ch.source, ch.dim))
             why = "sizes 0 and 1 are never symbolic" if ch.new < 2 else \
@@ -408,6 +425,7 @@ class CompiledFunction:
         self._logged_breaks.clear()
         self.recompiles = 0
         self.auto_dynamic.clear()
+        self.auto_scalars.clear()
         self._warned = False
         self._warned_eager = False
         self._checked_graphs = False
@@ -462,6 +480,7 @@ class ResumeFunction(CompiledFunction):
         self.name = code.co_qualname
         self.recompiles = 0
         self.auto_dynamic = {}
+        self.auto_scalars = set()
         self.results = []
         self.root = root
         self.resumes = {}

@@ -238,6 +238,16 @@ class GuardSet:
         self._add(("constant", src), rec, f"type({src}) is {self._obj(cls, 'T')} and {src} == {text}",
                   source.is_module_state, source)
 
+    def scalar_symbol(self, source: Source, binding: SymbolBinding) -> None:
+        """An int argument captured as a size symbol: it is an ``int`` in the symbol's range,
+        and the check binds the symbol to it (``2 <= (s0 := L[1])``) for the symbol guards."""
+        src = source.expr()
+        rec = S.ConstantGuard(source=src, value=binding.name, loc=self._loc_of())
+        hi = f" <= {binding.max}" if binding.max is not None else ""
+        self._add(("constant", src), rec,
+                  f"type({src}) is {self._obj(int, 'T')} and {binding.min} <= ({binding.name} := {src}){hi}",
+                  source.is_module_state, source)
+
     def symbol(self, record: S.SymbolGuard) -> None:
         """A relation over size symbols, checked after every tensor guard has bound them."""
         self._add(("symbol", record.expr), record, expr_to_python(record.expr), False)
@@ -246,7 +256,7 @@ class GuardSet:
         src = source.expr()
         rec = S.ConstantGuard(source=src, value=repr(value), loc=self._loc_of())
         cond = f"type({src}) is {self._obj(type(value), 'T')} and {src} == {self._obj(value)}"
-        self._add(("constant", src), rec, cond, source.is_module_state)
+        self._add(("constant", src), rec, cond, source.is_module_state, source)
 
     def keys(self, source: Source, keys: tuple[Any, ...]) -> None:
         src = source.expr()
