@@ -295,7 +295,8 @@ class CompiledFunction:
                                         for e in self.entries], L, G, C_)
                 for ch in changes:
                     self.auto_dynamic.setdefault(ch.source, set()).add(ch.dim)
-                ints = scalar_changes([e.result.checks.entries for e in self.entries], L)
+                ints = [ch for ch in scalar_changes([e.result.checks.entries for e in self.entries], L)
+                        if ch.source not in self.auto_scalars]
                 self.auto_scalars.update(ch.source for ch in ints)
         result = self._capture(L, C_)
         for ic in ints:
