@@ -15,6 +15,7 @@ import torch
 from capture_helpers import assert_same
 from torch import nn
 from torchfuse.capture import compile
+from torchfuse.graph.printer import describe_guard
 
 
 def _calls(cf, fn, args_list):
@@ -155,6 +156,56 @@ def test_recompile_log_names_the_int_that_became_a_symbol(monkeypatch):
     assert any("L['n'] changed 2 -> 3; recompiling with it a symbol (s0)" in s for s in seen), seen
 
 
+# ============================================================ float arguments as graph inputs
+
+
+def _float_ops(x, f):
+    return x * f + f, x - f, f / x, x ** f, x // f, x % f, x > f, f * x.sum()
+
+
+def _float_dtypes(x, f):
+    return x.int() * f, x.bool() + f, x.half() * f, x.to(torch.bfloat16) - f, x.double() / f
+
+
+@pytest.mark.parametrize("fn", [_float_ops, _float_dtypes], ids=["operators", "dtypes"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_float_that_changes_becomes_a_graph_input(fn, backend):
+    cf = compile(fn, backend=backend)
+    x = torch.rand(3, 4) + 0.5
+    _calls(cf, fn, [(x, 0.25), (x, 0.75), (x, 1.5), (x, 3.0)])
+    assert len(cf.entries) == 2  # the constant 0.25, then one entry for every float
+    assert "type(L[1]) is T" in _guards(cf) and "0.75" not in _guards(cf)
+    graph = cf.entries[-1].result.graph
+    assert [i.name for i in graph.inputs][-1] == "f_float"
+    assert graph.values["f_float"].dtype == "float64" and graph.values["f_float"].sizes == ()
+
+
+def test_an_in_place_op_with_a_float_argument():
+    def f(x, g):
+        y = x.clone()
+        y += g
+        y *= g
+        return y
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(5)
+    _calls(cf, f, [(x, 0.5), (x, 2.5), (x, -1.25)])
+    assert len(cf.entries) == 2
+
+
+def test_other_uses_of_a_float_specialize():
+    def f(x, g):
+        if g > 0.5:  # a Python comparison reads the value: a constant guard
+            return torch.clamp(x, min=g)
+        return x * (2 if g.is_integer() else 3)
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(4)
+    _calls(cf, f, [(x, 0.25), (x, 0.75), (x, 1.0), (x, 1.0)])
+    assert len(cf.entries) == 3  # 0.25, then 0.75 and 1.0 specialized again (no 4th)
+    assert "L[1] == 1.0" in [describe_guard(g) for g in cf.entries[-1].result.graph.guards]
+
+
 # ============================================================ defaults patched after compiling
 
 
@@ -246,8 +297,12 @@ def test_python_random_is_never_baked_in():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         random.seed(3)
-        got = [cf(x) for _ in range(3)]
+        got = [cf(x) for _ in range(12)]
         random.seed(3)
-        want = [f(x) for _ in range(3)]
+        want = [f(x) for _ in range(12)]
     assert_same(got, want)
     assert not torch.equal(got[0], got[1])
+    # the draw is a break; the float it returns is a graph input of the resume function
+    # after the second value, not a constant recompiled per value up to the limit
+    (resume,) = cf.resumes.values()
+    assert len(resume.entries) == 2 and resume.recompiles == 1

@@ -301,9 +301,10 @@ class CompiledFunction:
         result = self._capture(L, C_)
         for ic in ints:
             symbol = result.scalar_symbols.get(ic.source)
-            how = f"recompiling with it a symbol ({symbol})" if symbol is not None else \
+            what = "a symbol" if type(ic.new) is int else "a graph input"
+            how = f"recompiling with it {what} ({symbol})" if symbol is not None else \
                 "it stays a constant in the new entry (ints below 2 are never symbolic)"
-            C.logger("recompiles").info("%s: %s changed %d -> %d; %s", self.name, ic.display,
+            C.logger("recompiles").info("%s: %s changed %r -> %r; %s", self.name, ic.display,
                                         ic.old, ic.new, how)
         for ch in changes:
             symbol = result.dynamic_dims.get((ch.source, ch.dim))

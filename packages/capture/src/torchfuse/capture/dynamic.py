@@ -116,10 +116,11 @@ class DynamicPolicy:
     """Automatic dynamic for Python ints: the arguments (``L[1]``) seen changing value."""
 
     def scalar(self, source_expr: str, value: Any) -> bool:
-        """Whether the int argument ``value`` read through ``source_expr`` becomes a symbol:
-        in automatic mode once it changed, with ``dynamic=True`` always, never with
-        ``dynamic=False``; only ints of 2 or more (a symbol's range, as for sizes)."""
-        if type(value) is not int or value < 2 or self.mode is False:
+        """Whether the int or float argument ``value`` read through ``source_expr`` becomes a
+        symbol (an int) or a graph input (a float): in automatic mode once it changed, with
+        ``dynamic=True`` always, never with ``dynamic=False``; ints only from 2 (a symbol's
+        range, as for sizes)."""
+        if self.mode is False or not (type(value) is float or (type(value) is int and value >= 2)):
             return False
         return self.mode is True or source_expr in self.scalars
 
@@ -314,6 +315,9 @@ def bind_scalar_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
         if not ctx.dynamic.scalar(src, var.value):
             continue
         n = var.value
+        if type(n) is float:
+            _float_input(ctx, name, var, local_vars)
+            continue
         k = len(ctx.rec.builder.inputs)  # the graph input the carrier is about to become
         sym = ctx.size_env.symbol(n, source=f"input:{k}.size(1)")
         info = ctx.size_env.symbols[sym.node.expr.name]
@@ -325,6 +329,21 @@ def bind_scalar_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
         ctx.symbol_reads[info.name] = src
         ctx.scalar_symbols[src] = info.name
         local_vars[name] = V.ConstVar(sym)
+
+
+def _float_input(ctx: Any, name: str, var: Any, local_vars: dict[str, Any]) -> None:
+    """A float argument as a 0-d float64 graph input, guarded on its type only."""
+    from torchfuse.capture import variables as V
+    from torchfuse.capture.context import InputSlot
+    from torchfuse.capture.source import FloatCarrierSource
+
+    carrier = torch.tensor(var.value, dtype=torch.float64)
+    fake = ctx.rec.input(carrier, name=f"{name}_float", kind="user_input")
+    ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input", FloatCarrierSource(var.source)))
+    ctx._keep.append(carrier)
+    ctx.guards.type_(var.source, float)
+    ctx.scalar_symbols[var.source.expr()] = ctx.rec.names[id(fake)]
+    local_vars[name] = V.FloatArgVar(var.value, var.source, fake)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -347,14 +366,22 @@ def scalar_changes(entries: list[Any], L: Any) -> list[ScalarChange]:
         for e in guard_entries:
             if not isinstance(e.record, S.ConstantGuard) or not isinstance(e.source, LocalSource):
                 continue
-            try:
-                old = int(e.record.value)
-            except ValueError:
-                continue
+            old = _number(e.record.value)
             new = L[e.source.index] if e.source.index < len(L) else None
-            if e.record.value == repr(old) and type(new) is int and new != old:
+            if old is not None and type(new) is type(old) and new != old:
                 found[e.source.expr()] = ScalarChange(e.source.expr(), f"L[{e.source.name!r}]", old, new)
     return list(found.values())
+
+
+def _number(text: str) -> int | float | None:
+    """The int or float a constant guard's value text is the repr of, else ``None``."""
+    for cls in (int, float):
+        try:
+            value = cls(text)
+        except ValueError:
+            continue
+        return value if repr(value) == text else None
+    return None
 
 
 # ----------------------------------------------------------------------------- automatic dynamic

@@ -37,9 +37,34 @@ UNARY: dict[str, Any] = {"-": operator.neg, "+": operator.pos, "~": operator.inv
                          "not": operator.not_, "abs": abs}
 
 
+_FLOAT_OPS = frozenset({"+", "-", "*", "/", "//", "%", "**", "+=", "-=", "*=", "/=", "//=",
+                        "%=", "**="})
+
+
+def _float_operands(a: V.Var, b: V.Var) -> list[Any] | None:
+    """Operands for a tensor op with a float argument's carrier in place of the float, cast
+    so that the result has the dtype a Python float gives: the tensor's for a floating
+    tensor, the default dtype for an integral one. ``None`` where that cannot be kept."""
+    tensor, flt = (a, b) if isinstance(a, V.TensorVar) else (b, a)
+    if not isinstance(tensor, V.TensorVar) or type(flt) is not V.FloatArgVar:
+        return None
+    dt = tensor.fake.dtype
+    if dt.is_complex:
+        return None
+    carrier = flt.carrier
+    if not dt.is_floating_point:  # int/bool tensor with a float: the default float dtype
+        carrier = current().call_torch(torch.Tensor.to, [carrier, torch.get_default_dtype()], {})
+    elif tensor.fake.dim() == 0 and dt is not torch.float64:  # 0-d vs 0-d: keep the tensor's
+        carrier = current().call_torch(torch.Tensor.to, [carrier, dt], {})
+    return [tensor.fake, carrier] if tensor is a else [carrier, tensor.fake]
+
+
 def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
     fn = BINARY[op]
     if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
+        operands = _float_operands(a, b) if op in _FLOAT_OPS else None
+        if operands is not None:
+            return from_py(current().call_torch(fn, operands, {}, f"operator {op}"))
         return from_py(current().call_torch(fn, [to_py(a), to_py(b)], {}, f"operator {op}"))
     base = op.rstrip("=") if op not in ("==",) else op
     if isinstance(a, V.ListVar) and isinstance(b, V.ListVar) and base == "+":
@@ -98,6 +123,9 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
             other = b if isinstance(a, V.TensorVar) else a
             if not isinstance(other, V.ConstVar) or other.value is None:
                 return V.ConstVar(op == "!=")  # tensor == object: Python falls back to identity
+        operands = _float_operands(a, b)
+        if operands is not None:
+            return from_py(current().call_torch(COMPARE[op], operands, {}, f"operator {op}"))
         return from_py(current().call_torch(COMPARE[op], [to_py(a), to_py(b)], {}, f"operator {op}"))
     structural = V.ConstVar | V.ListVar | V.DictVar | V.SetVar
     if op in ("==", "!=") and not (isinstance(a, structural) and isinstance(b, structural)):

@@ -194,3 +194,14 @@ class ScalarCarrierSource(Source):
 
     def expr(self) -> str:
         return f"sys.modules['torch'].empty(0, {self.base.expr()})"
+
+
+@dataclass(frozen=True, slots=True)
+class FloatCarrierSource(Source):
+    """The graph input that carries a float argument: a 0-d float64 tensor of its value,
+    made anew on each call."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return f"sys.modules['torch'].tensor({self.base.expr()}, dtype=sys.modules['torch'].float64)"

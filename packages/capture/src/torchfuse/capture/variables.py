@@ -102,6 +102,20 @@ class ConstVar(Var):
         return f"constant {self.value!r}"
 
 
+class FloatArgVar(ConstVar):
+    """A ``float`` argument captured as a graph input (automatic dynamic for floats): a 0-d
+    float64 ``carrier`` input made from the argument on each call. Arithmetic and comparisons
+    with tensors use the carrier (`torchfuse.capture.operators.binary`); any other use reads
+    the value, which guards it as a constant (``python()``), i.e. specializes."""
+
+    def __init__(self, value: float, source: Any, carrier: Any) -> None:
+        super().__init__(value, source)
+        self.carrier = carrier
+
+    def describe(self) -> str:
+        return f"float argument {self.value!r} (a graph input)"
+
+
 class TensorVar(Var):
     """A fake tensor recorded in the graph. ``py_type`` is the class the user sees."""
 
