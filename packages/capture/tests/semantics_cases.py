@@ -219,3 +219,73 @@ def np_as_tensor_cast_and_copy(x, a):
     copied = torch.tensor(a)
     copied.mul_(0)  # a copy: the array keeps its values
     return torch.as_tensor(a, dtype=torch.float64) + copied.double() + len(a), a.dtype.name
+
+
+# ============================================================ numpy traced as torch ops
+
+
+def _np():
+    import numpy as np
+
+    return np
+
+
+@case(X34)
+def np_traced_mean_times_ones(x):
+    np = _np()
+    return torch.from_numpy(np.mean(x.numpy()) * np.ones(3))  # float32 scalar * float64 array
+
+
+@case(X34)
+def np_traced_meshgrid_arange(x):
+    np = _np()
+    a, b = np.meshgrid(np.arange(3), np.arange(2))  # int64 grids, "xy" indexing
+    return x.sum() + torch.from_numpy(a + b), a.shape, b.dtype
+
+
+@case(X34)
+def np_traced_ufuncs_and_reductions(x):
+    np = _np()
+    a = x.numpy()
+    e = np.exp(a) + np.sum(a, axis=0) - np.maximum(a, 0.5)
+    return torch.from_numpy(e), a.sum(), a.max(axis=1, keepdims=True), np.sqrt(np.arange(4))
+
+
+@case(X34)
+def np_traced_attributes_and_methods(x):
+    a = (x * 2).numpy()
+    b = a.T.reshape(2, 6).astype("float64")
+    return torch.from_numpy(b.copy()), a.shape, a.ndim, a.dtype, a.size, len(a), b[0, 1:3]
+
+
+@case(X34)
+def np_traced_dtype_rules(x):
+    np = _np()
+    i = np.arange(6).reshape(2, 3)  # int64
+    return i / 2, i // 4, i * 1.5, np.exp(i), (x.int().numpy() + 1).dtype, np.zeros((2,), "int32") + 1
+
+
+@case(X34)
+def np_traced_shares_memory_with_the_tensor(x):
+    y = x.clone()
+    a = y.numpy()
+    a *= 2  # writes y, as in eager
+    return y, np_where_mask(a)
+
+
+def np_where_mask(a):
+    np = _np()
+    return np.where(a > 0, a, 0.0)
+
+
+@case(lambda: (torch.randn(3, 4), torch.randn(3, 4).numpy()))
+def np_traced_array_argument(x, a):
+    np = _np()
+    return x + torch.from_numpy(np.tanh(a) * a.T.T), np.mean(a, axis=1)
+
+
+@case(X34)
+def np_traced_returned_as_ndarray(x):
+    np = _np()
+    a = x.numpy()
+    return np.concatenate([a, a * 2]), np.stack([a[0], a[1]], axis=1), (a > 0).sum()

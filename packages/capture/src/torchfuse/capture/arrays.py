@@ -23,13 +23,15 @@ from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, FromNumpySource
 
 METADATA = ("shape", "ndim", "dtype", "size", "itemsize", "nbytes")
-_TO_TENSOR = {torch.from_numpy: "share", torch.as_tensor: "share", torch.asarray: "share",
+TO_TENSOR = {torch.from_numpy: "share", torch.as_tensor: "share", torch.asarray: "share",
               torch.tensor: "copy"}
 
 
 def array_attr(obj: V.NdarrayVar, name: str) -> V.Var:
-    if name not in METADATA:
-        raise Unsupported(f"attribute {name!r} of a numpy array (numpy is not traced)", current().loc)
+    if name not in METADATA:  # the array as a traced one, over its from_numpy graph input
+        from torchfuse.capture import numpy_trace
+
+        return numpy_trace.attr(V.TracedArrayVar(to_tensor(torch.from_numpy, [obj], {}, None).fake), name)
     return current().wrap(getattr(obj.value, name), AttrSource(obj.source, name))
 
 
@@ -43,7 +45,7 @@ def array_len(obj: V.NdarrayVar) -> V.Var:
 def converts(fn: object, args: list[V.Var]) -> bool:
     """``fn(args…)`` makes a tensor of an ndarray argument."""
     try:
-        return fn in _TO_TENSOR and bool(args) and isinstance(args[0], V.NdarrayVar)
+        return fn in TO_TENSOR and bool(args) and isinstance(args[0], V.NdarrayVar)
     except TypeError:
         return False
 
@@ -69,9 +71,9 @@ def to_tensor(fn: object, args: list[V.Var], kwargs: dict[str, V.Var], cast: obj
         for attr in ("shape", "strides"):
             ctx.guards.constant(AttrSource(arr.source, attr), getattr(arr.value, attr))
         tensor = arr.tensor = ctx.wrap_tensor(real, FromNumpySource(arr.source), guarded=False)
-    if _TO_TENSOR[fn] == "copy":
+    if TO_TENSOR[fn] == "copy":
         kwargs = {**kwargs, "copy": V.ConstVar(True)}
     return cast(tensor, kwargs) if kwargs else tensor
 
 
-__all__ = ["METADATA", "array_attr", "array_len", "converts", "to_tensor"]
+__all__ = ["METADATA", "TO_TENSOR", "array_attr", "array_len", "converts", "to_tensor"]

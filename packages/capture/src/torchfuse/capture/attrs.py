@@ -56,6 +56,10 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         return _container_method(obj, obj.python_type(), name)
     if isinstance(obj, V.PartialVar):
         return _partial_attr(obj, name)
+    if isinstance(obj, V.TracedArrayVar):
+        from torchfuse.capture import numpy_trace
+
+        return numpy_trace.attr(obj, name)
     if isinstance(obj, V.NdarrayVar):
         from torchfuse.capture.arrays import array_attr
 

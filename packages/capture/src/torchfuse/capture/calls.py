@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import sys
 import types
 import weakref
 from typing import Any
@@ -64,6 +65,11 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(fn, V.ModuleVar):
         return call_module(fn, args, kwargs)
     if isinstance(fn, V.UserObjVar):
+        if "numpy" in sys.modules:  # a ufunc (np.exp) is an object with __call__
+            from torchfuse.capture import numpy_trace
+
+            if numpy_trace.handles(fn.value):
+                return numpy_trace.call_function(fn.value, args, kwargs)
         return call(_attr(fn, "__call__"), args, kwargs)
     if isinstance(fn, V.SuperVar | V.NullVar | V.CellVar | V.IteratorVar):
         raise Unsupported(f"call of {fn.describe()}", ctx.loc)
@@ -76,6 +82,11 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(value, CompiledFunction):  # compiled inside compiled: capture it inline
         inner = [ctx.wrap(value.bound_self, None)] if value.bound_self is not None else []
         return inline(V.ObjVar(value.fn), [*inner, *args], kwargs)
+    if "numpy" in sys.modules:
+        from torchfuse.capture import numpy_trace
+
+        if numpy_trace.handles(value):
+            return numpy_trace.call_function(value, args, kwargs)
     handler = B.handler_for(value)
     if handler is not None:
         return handler(args, kwargs)
@@ -166,6 +177,10 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
     name = getattr(value, "__name__", "")
     from torchfuse.capture import arrays
 
+    if args and isinstance(args[0], V.TracedArrayVar) and value in arrays.TO_TENSOR:
+        from torchfuse.capture.numpy_trace import to_tensor
+
+        return to_tensor(value, args[0], kwargs)
     if arrays.converts(value, args):
         from torchfuse.capture.methods import call_method
 

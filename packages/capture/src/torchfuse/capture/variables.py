@@ -195,6 +195,31 @@ class DequeVar(ListVar):
         self.maxlen = maxlen
 
 
+class TracedArrayVar(Var):
+    """An ndarray computed in the graph (``x.numpy()``, ``np.ones(3)``): ``fake`` holds its
+    data; numpy calls on it are traced as torch ops (`torchfuse.capture.numpy_trace`)."""
+
+    def __init__(self, fake: torch.Tensor, scalar: bool = False) -> None:
+        self.fake = fake
+        self.source = None
+        self.scalar = scalar
+        """A numpy scalar (``np.float32``), as numpy's full reductions return, not a 0-d array."""
+
+    @property
+    def np_dtype(self) -> Any:
+        import numpy as np
+
+        return np.dtype(str(self.fake.dtype).removeprefix("torch."))
+
+    def python_type(self) -> type:
+        import numpy as np
+
+        return np.ndarray
+
+    def describe(self) -> str:
+        return f"ndarray {tuple(self.fake.shape)} {self.np_dtype} (traced)"
+
+
 class NdarrayVar(Var):
     """A numpy array read from outside the frame, guarded on its type only: its metadata
     (``shape``, ``dtype`` …) is read through its source (guarded when used), and
