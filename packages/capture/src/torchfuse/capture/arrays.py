@@ -10,8 +10,9 @@ only, so a new array on every call reuses the compiled entry:
   and ``torch.asarray(a)`` are the same input (cast when a ``dtype`` or ``device`` is given),
   ``torch.tensor(a)`` a copy of it.
 
-Everything else done to an array (numpy functions, its methods, indexing) is a graph break
-that hands the real array to Python.
+Other attributes and methods, numpy functions and operators over it are traced as torch ops
+over that graph input (`torchfuse.capture.numpy_trace`); what the tracer does not know is a
+graph break that hands the real array to Python.
 """
 
 from __future__ import annotations
