@@ -306,3 +306,19 @@ def test_python_random_is_never_baked_in():
     # after the second value, not a constant recompiled per value up to the limit
     (resume,) = cf.resumes.values()
     assert len(resume.entries) == 2 and resume.recompiles == 1
+
+
+# ============================================================ tensors of size values
+
+
+def test_torch_tensor_of_symbolic_sizes_and_relations():
+    def f(x):
+        n = x.shape[0]
+        return x + torch.tensor(n > 4), torch.tensor(n * 2), torch.tensor(n, dtype=torch.float32)
+
+    cf = compile(f, backend="eager", dynamic=True)
+    _calls(cf, f, [(torch.randn(6, 4),), (torch.randn(7, 4),), (torch.randn(9, 4),)])
+    assert len(cf.entries) == 1 and cf.graph_count() == 1  # no break: n stays s0, n > 4 a guard
+    assert "s0 > 4" in _guards(cf)
+    _calls(cf, f, [(torch.randn(3, 4),)])  # the relation flips: a new entry
+    assert len(cf.entries) == 2

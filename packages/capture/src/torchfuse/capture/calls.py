@@ -30,6 +30,7 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
 from torchfuse.capture.distributed import is_distributed_runtime
+from torchfuse.capture.dynamic import SYM_TYPES, concrete
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, ItemSource, Source
 from torchfuse.capture.values import from_py, to_py
@@ -169,6 +170,17 @@ def is_torch_callable(value: Any) -> bool:
     return isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch")
 
 
+def _symbolic_scalar_tensor(value: Any, kwargs: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
+    """``torch.tensor(n)`` of a size value: torch cannot infer a dtype from a ``SymInt``. An
+    int stays symbolic (``scalar_tensor(s0)``, int64 as for an int); a ``SymBool`` or
+    ``SymFloat`` is specialized (its relation becomes a guard) and made from the plain value."""
+    if set(kwargs) - {"dtype", "device", "requires_grad"}:
+        raise Unsupported(f"torch.tensor of a size value with {sorted(kwargs)}", current().loc)
+    if isinstance(value, torch.SymInt):
+        return torch.scalar_tensor, [value], {"dtype": torch.int64, **kwargs}
+    return torch.tensor, [concrete(value)], kwargs
+
+
 _UNSUPPORTED_TORCH = {"manual_seed", "set_grad_enabled", "save", "load", "compile"}
 
 
@@ -201,6 +213,8 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
             raise Unsupported(f"{_qualname(value)} with a {a.describe()} argument", ctx.loc)
     pargs = [to_py(a) for a in args]
     pkwargs = {k: to_py(v) for k, v in kwargs.items()}
+    if value in (torch.tensor, torch.as_tensor) and pargs and isinstance(pargs[0], SYM_TYPES):
+        return from_py(ctx.call_torch(*_symbolic_scalar_tensor(pargs[0], pkwargs)))
     if value is SDPA:  # the fused kernel eager would run, not the composite's math fallback
         pargs, pkwargs = without_noop_mask(pargs, pkwargs, ctx.rec.known)
         fused = fused_call(pargs, pkwargs)
