@@ -289,3 +289,26 @@ def np_traced_returned_as_ndarray(x):
     np = _np()
     a = x.numpy()
     return np.concatenate([a, a * 2]), np.stack([a[0], a[1]], axis=1), (a > 0).sum()
+
+
+# ============================================================ functions made in the function
+
+
+@case(X34)
+def fn_functools_wraps_inner_function(x):
+    def inner(t):
+        """Add one."""
+        return t + 1
+
+    @functools.wraps(inner)
+    def outer(t):
+        return inner(t) * 2
+
+    outer.calls = 1
+    return outer(x), outer.__name__, outer.__doc__, outer.__wrapped__ is inner, outer.calls
+
+
+@case(X34)
+def fn_attributes_of_a_lambda(x):
+    f = lambda t: t * 3  # noqa: E731
+    return f(x), f.__name__, f.__module__, f.__defaults__, hasattr(f, "no_such"), f.__dict__

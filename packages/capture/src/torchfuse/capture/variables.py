@@ -368,6 +368,14 @@ class FunctionVar(Var):
         self.kwdefaults = kwdefaults
         self.closure = closure
         self.globals_source_root = globals_source_root
+        self.attrs: DictVar | None = None
+        """The function's ``__dict__``, made when first read or written (``functools.wraps``
+        sets ``__wrapped__``, ``__name__`` … on the wrapper)."""
+
+    def attr_dict(self) -> DictVar:
+        if self.attrs is None:
+            self.attrs = DictVar({})
+        return self.attrs
 
     def python_type(self) -> type:
         return types.FunctionType
