@@ -117,11 +117,7 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.bound_self is not None:
             args = (self.bound_self, *args)
-        binder = self.binder
-        if binder.__defaults__ is not self.fn.__defaults__ or \
-                binder.__kwdefaults__ is not self.fn.__kwdefaults__:
-            binder = self.binder = make_binder(self.fn)  # defaults patched since (a new tuple)
-        L = binder(*args, **kwargs)
+        L = self.binder(*args, **kwargs)
         out = self._dispatch(L, self.closure, args, kwargs)
         while type(out) is Continue:  # graph breaks: a flat trampoline, loops never nest
             out = out.target._dispatch(out.args, out.cells, out.args, None)
@@ -257,6 +253,12 @@ class CompiledFunction:
     # ----------------------------------------------------------------- misses
     def _miss(self, args: tuple[Any, ...], kwargs: Any, L: tuple[Any, ...], C_: Any) -> Any:
         G = self.globals
+        binder = getattr(self, "binder", None)
+        if binder is not None and (binder.__defaults__ is not self.fn.__defaults__ or
+                                   binder.__kwdefaults__ is not self.fn.__kwdefaults__):
+            # fn.__defaults__ was replaced (its entries' guards say so): bind the new ones
+            self.binder = make_binder(self.fn)
+            L = self.binder(*args, **kwargs)
         with self._lock:  # one capture at a time per function: one entry per guard set
             ver = module_version[0]
             # another thread may have made the entry while this one waited

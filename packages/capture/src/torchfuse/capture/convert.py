@@ -121,8 +121,8 @@ def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:
     exec(compile(src, "<torchfuse binder>", "exec"), ns)
     binder = ns["bind"]
     binder.__name__ = binder.__qualname__ = code.co_name  # errors name the user's function
-    # the very tuple and dict of fn: a call compares them by identity with fn's, so patching
-    # ``fn.__defaults__`` / ``__kwdefaults__`` rebinds (and the new defaults reach the guards)
+    # the very tuple and dict of fn: an entry's guards check them by identity, and a miss
+    # with ``fn.__defaults__`` / ``__kwdefaults__`` replaced makes the binder anew
     if binder.__defaults__ == fn.__defaults__:
         binder.__defaults__ = fn.__defaults__
     if binder.__kwdefaults__ == fn.__kwdefaults__:
@@ -178,6 +178,8 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
             ctx.loc = def_location(fn)
             ctx.guards.grad_mode(grad)
             ctx.guards.autocast(autocast_state())
+            if fn.__defaults__ is not None or fn.__kwdefaults__ is not None:
+                ctx.guards.defaults(fn)  # the binder bound these: replacing them recompiles
             try:
                 wrap = ctx.wrap if wrap_arg is None else (lambda v, src, c=ctx: wrap_arg(c, v, src))
                 local_vars = {nm: wrap(v, LocalSource(i, nm))

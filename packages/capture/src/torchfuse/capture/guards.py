@@ -305,6 +305,15 @@ class GuardSet:
         rec = S.LengthGuard(source=src, length=n, loc=self._loc_of())
         self._add(("len", src), rec, f"len({src}) == {n}", source.is_module_state)
 
+    def defaults(self, fn: Any) -> None:
+        """The compiled function's ``__defaults__`` and ``__kwdefaults__`` are the objects its
+        arguments were bound with (replacing them misses, and the miss binds the new ones)."""
+        f = self._obj(fn, "F")
+        rec = S.IdentityGuard(source="fn.__defaults__", loc=self._loc_of(),
+                              description=f"the defaults {fn.__defaults__!r} / {fn.__kwdefaults__!r}")
+        self._add(("defaults", ""), rec, f"{f}.__defaults__ is {self._obj(fn.__defaults__, 'D')} and "
+                  f"{f}.__kwdefaults__ is {self._obj(fn.__kwdefaults__, 'D')}", False)
+
     def grad_mode(self, enabled: bool) -> None:
         rec = S.GlobalStateGuard(name="grad_enabled", value=repr(enabled), loc=self._loc_of())
         self._add(("global", "grad"), rec, f"_grad() is {enabled}", False)
