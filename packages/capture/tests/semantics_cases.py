@@ -310,5 +310,69 @@ def fn_functools_wraps_inner_function(x):
 
 @case(X34)
 def fn_attributes_of_a_lambda(x):
-    f = lambda t: t * 3  # noqa: E731
+    f = lambda t: t * 3
     return f(x), f.__name__, f.__module__, f.__defaults__, hasattr(f, "no_such"), f.__dict__
+
+
+# ============================================================ __new__ and metaclasses
+
+
+class _Tagging(type):
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        obj.tag = cls.__name__
+        return obj
+
+
+class _Tagged(metaclass=_Tagging):
+    def __init__(self, scale):
+        self.scale = scale
+
+
+class _Registry(type):
+    names: list = []
+
+    def __init__(cls, name, bases, ns):
+        super().__init__(name, bases, ns)
+        _Registry.names.append(name)
+
+
+class _Registered(metaclass=_Registry):  # a metaclass without __call__: type.__call__
+    def __init__(self, k):
+        self.k = k
+
+
+class _Doubled:
+    def __new__(cls, v):
+        obj = super().__new__(cls)
+        obj.v = v * 2
+        return obj
+
+    def __init__(self, v):
+        self.seen = v
+
+
+class _NotMine:
+    def __new__(cls, v):
+        return v + 1  # not an instance: __init__ is not called
+
+    def __init__(self, v):
+        raise AssertionError("never")
+
+
+@case(X34)
+def cls_metaclass_call_interpreted(x):
+    t = _Tagged(3)
+    return x * t.scale, t.tag, type(t) is _Tagged
+
+
+@case(X34)
+def cls_metaclass_without_call(x):
+    r = _Registered(4)
+    return x + r.k, isinstance(r, _Registered), "_Registered" in _Registry.names
+
+
+@case(X34)
+def cls_python_new_then_init(x):
+    d = _Doubled(3)
+    return x * d.v + d.seen, _NotMine(4)

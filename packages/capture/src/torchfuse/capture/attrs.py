@@ -369,6 +369,8 @@ def functools_cached_property() -> type:
 def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
     self_type = obj.self_var.python_type() if not isinstance(obj.self_var, V.ObjVar) else obj.self_var.value
     mro = self_type.__mro__
+    if obj.cls not in mro and isinstance(self_type, type):  # a metaclass method: self is a class
+        mro = type(self_type).__mro__
     start = mro.index(obj.cls) + 1
     for klass in mro[start:]:
         if isinstance(obj.self_var, V.DictVar) and name in klass.__dict__ and \
@@ -377,6 +379,10 @@ def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
         if name in klass.__dict__:
             raw = klass.__dict__[name]
             if isinstance(raw, types.FunctionType):
+                return V.BoundMethodVar(V.ObjVar(raw), obj.self_var)
+            if name == "__new__":  # a static method: super().__new__(cls) passes cls itself
+                return V.ObjVar(raw.__func__ if isinstance(raw, staticmethod) else raw)
+            if klass is type and name == "__call__":  # super().__call__ in a metaclass
                 return V.BoundMethodVar(V.ObjVar(raw), obj.self_var)
             return bind_class_attr(obj.self_var, klass, raw, name)
     raise Unsupported(f"super() has no attribute {name!r}", current().loc)
