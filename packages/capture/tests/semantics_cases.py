@@ -376,3 +376,10 @@ def cls_metaclass_without_call(x):
 def cls_python_new_then_init(x):
     d = _Doubled(3)
     return x * d.v + d.seen, _NotMine(4)
+
+
+@case(X34)
+def std_fromkeys_shares_the_value(x):
+    d = collections.defaultdict.fromkeys(["a", "b"], [x])
+    d["a"].append(x * 2)  # one list for every key, as the classmethod binds it
+    return len(d["b"]), d, dict.fromkeys(range(3)), type(d).__name__
