@@ -383,3 +383,14 @@ def std_fromkeys_shares_the_value(x):
     d = collections.defaultdict.fromkeys(["a", "b"], [x])
     d["a"].append(x * 2)  # one list for every key, as the classmethod binds it
     return len(d["b"]), d, dict.fromkeys(range(3)), type(d).__name__
+
+
+@case(X34)
+def np_traced_astype_numpy_type_and_in_place(x):
+    np = _np()
+    a = (x * 10).numpy().astype(np.int32) // 3
+    a //= 2
+    a %= 5
+    b = np.ones(3, dtype=np.float32)
+    b += 0.5
+    return a, b, a.dtype

@@ -128,7 +128,8 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
                 not torch.can_cast(dt, a.fake.dtype)):
             raise Unsupported(f"operator {op}: numpy cannot cast the result in place", current().loc)
         iop = {"+": torch.Tensor.add_, "-": torch.Tensor.sub_, "*": torch.Tensor.mul_,
-               "/": torch.Tensor.div_}.get(base)
+               "/": torch.Tensor.div_, "//": torch.Tensor.floor_divide_,
+               "%": torch.Tensor.remainder_, "**": torch.Tensor.pow_}.get(base)
         if iop is None:
             raise Unsupported(f"operator {op} in place on a traced numpy array", current().loc)
         _torch(iop, a.fake, _operand(b, None))
@@ -252,6 +253,9 @@ def _plain(v: V.Var) -> Any:
         return v
     if isinstance(v, V.ConstVar):
         return v.python()
+    if isinstance(v, V.ObjVar) and (isinstance(v.value, np.dtype) or (
+            isinstance(v.value, type) and issubclass(v.value, np.generic))):
+        return v.value  # a dtype (np.int32, np.dtype("f4")), read off numpy
     if isinstance(v, V.NdarrayVar):  # an array from outside: its from_numpy graph input
         from torchfuse.capture.arrays import to_tensor as input_tensor
 
