@@ -204,4 +204,4 @@ class FloatCarrierSource(Source):
     base: Source
 
     def expr(self) -> str:
-        return f"sys.modules['torch'].tensor({self.base.expr()}, dtype=sys.modules['torch'].float64)"
+        return f"sys.modules['torch'].full((), {self.base.expr()}, dtype=sys.modules['torch'].float64)"
