@@ -29,10 +29,8 @@ TO_TENSOR = {torch.from_numpy: "share", torch.as_tensor: "share", torch.asarray:
 
 
 def array_attr(obj: V.NdarrayVar, name: str) -> V.Var:
-    if name not in METADATA:  # the array as a traced one, over its from_numpy graph input
-        from torchfuse.capture import numpy_trace
-
-        return numpy_trace.attr(V.TracedArrayVar(to_tensor(torch.from_numpy, [obj], {}, None).fake), name)
+    if name not in METADATA:
+        raise Unsupported(f"attribute {name!r} of a numpy array", current().loc)
     return current().wrap(getattr(obj.value, name), AttrSource(obj.source, name))
 
 

@@ -61,7 +61,12 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
 
         return numpy_trace.attr(obj, name)
     if isinstance(obj, V.NdarrayVar):
-        from torchfuse.capture.arrays import array_attr
+        from torchfuse.capture.arrays import METADATA, array_attr
+
+        if name not in METADATA:  # the array as a traced one, over its from_numpy graph input
+            from torchfuse.capture import numpy_trace
+
+            return numpy_trace.attr(numpy_trace.as_traced(obj), name)
 
         return array_attr(obj, name)
     if isinstance(obj, V.ConstVar):

@@ -13,14 +13,16 @@ from __future__ import annotations
 import builtins
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torchfuse.capture.context import InputSlot
-from torchfuse.capture.convert import CaptureResult
 from torchfuse.capture.guards import module_version
 from torchfuse.capture.output import compile_side_effects, compile_spec
 from torchfuse.capture.resume import BreakRunner
+
+if TYPE_CHECKING:
+    from torchfuse.capture.context import InputSlot
+    from torchfuse.capture.convert import CaptureResult
 
 
 class Entry:

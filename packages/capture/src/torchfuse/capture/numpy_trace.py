@@ -111,6 +111,11 @@ _COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operat
             ">": operator.gt, ">=": operator.ge}
 
 
+def as_traced(v: V.NdarrayVar) -> V.Var:
+    """An ndarray from outside as a traced array over its ``from_numpy`` graph input."""
+    return _plain(v)
+
+
 def _traced(v: V.Var) -> V.Var:
     """An ndarray from outside as a traced array (over its from_numpy input); else ``v``."""
     return _plain(v) if isinstance(v, V.NdarrayVar) else v
