@@ -219,3 +219,178 @@ def np_as_tensor_cast_and_copy(x, a):
     copied = torch.tensor(a)
     copied.mul_(0)  # a copy: the array keeps its values
     return torch.as_tensor(a, dtype=torch.float64) + copied.double() + len(a), a.dtype.name
+
+
+# ============================================================ numpy traced as torch ops
+
+
+def _np():
+    import numpy as np
+
+    return np
+
+
+@case(X34)
+def np_traced_mean_times_ones(x):
+    np = _np()
+    return torch.from_numpy(np.mean(x.numpy()) * np.ones(3))  # float32 scalar * float64 array
+
+
+@case(X34)
+def np_traced_meshgrid_arange(x):
+    np = _np()
+    a, b = np.meshgrid(np.arange(3), np.arange(2))  # int64 grids, "xy" indexing
+    return x.sum() + torch.from_numpy(a + b), a.shape, b.dtype
+
+
+@case(X34)
+def np_traced_ufuncs_and_reductions(x):
+    np = _np()
+    a = x.numpy()
+    e = np.exp(a) + np.sum(a, axis=0) - np.maximum(a, 0.5)
+    return torch.from_numpy(e), a.sum(), a.max(axis=1, keepdims=True), np.sqrt(np.arange(4))
+
+
+@case(X34)
+def np_traced_attributes_and_methods(x):
+    a = (x * 2).numpy()
+    b = a.T.reshape(2, 6).astype("float64")
+    return torch.from_numpy(b.copy()), a.shape, a.ndim, a.dtype, a.size, len(a), b[0, 1:3]
+
+
+@case(X34)
+def np_traced_dtype_rules(x):
+    np = _np()
+    i = np.arange(6).reshape(2, 3)  # int64
+    return i / 2, i // 4, i * 1.5, np.exp(i), (x.int().numpy() + 1).dtype, np.zeros((2,), "int32") + 1
+
+
+@case(X34)
+def np_traced_shares_memory_with_the_tensor(x):
+    y = x.clone()
+    a = y.numpy()
+    a *= 2  # writes y, as in eager
+    return y, np_where_mask(a)
+
+
+def np_where_mask(a):
+    np = _np()
+    return np.where(a > 0, a, 0.0)
+
+
+@case(lambda: (torch.randn(3, 4), torch.randn(3, 4).numpy()))
+def np_traced_array_argument(x, a):
+    np = _np()
+    return x + torch.from_numpy(np.tanh(a) * a.T.T), np.mean(a, axis=1)
+
+
+@case(X34)
+def np_traced_returned_as_ndarray(x):
+    np = _np()
+    a = x.numpy()
+    return np.concatenate([a, a * 2]), np.stack([a[0], a[1]], axis=1), (a > 0).sum()
+
+
+# ============================================================ functions made in the function
+
+
+@case(X34)
+def fn_functools_wraps_inner_function(x):
+    def inner(t):
+        """Add one."""
+        return t + 1
+
+    @functools.wraps(inner)
+    def outer(t):
+        return inner(t) * 2
+
+    outer.calls = 1
+    return outer(x), outer.__name__, outer.__doc__, outer.__wrapped__ is inner, outer.calls
+
+
+@case(X34)
+def fn_attributes_of_a_lambda(x):
+    f = lambda t: t * 3
+    return f(x), f.__name__, f.__module__, f.__defaults__, hasattr(f, "no_such"), f.__dict__
+
+
+# ============================================================ __new__ and metaclasses
+
+
+class _Tagging(type):
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        obj.tag = cls.__name__
+        return obj
+
+
+class _Tagged(metaclass=_Tagging):
+    def __init__(self, scale):
+        self.scale = scale
+
+
+class _Registry(type):
+    names: list = []
+
+    def __init__(cls, name, bases, ns):
+        super().__init__(name, bases, ns)
+        _Registry.names.append(name)
+
+
+class _Registered(metaclass=_Registry):  # a metaclass without __call__: type.__call__
+    def __init__(self, k):
+        self.k = k
+
+
+class _Doubled:
+    def __new__(cls, v):
+        obj = super().__new__(cls)
+        obj.v = v * 2
+        return obj
+
+    def __init__(self, v):
+        self.seen = v
+
+
+class _NotMine:
+    def __new__(cls, v):
+        return v + 1  # not an instance: __init__ is not called
+
+    def __init__(self, v):
+        raise AssertionError("never")
+
+
+@case(X34)
+def cls_metaclass_call_interpreted(x):
+    t = _Tagged(3)
+    return x * t.scale, t.tag, type(t) is _Tagged
+
+
+@case(X34)
+def cls_metaclass_without_call(x):
+    r = _Registered(4)
+    return x + r.k, isinstance(r, _Registered), "_Registered" in _Registry.names
+
+
+@case(X34)
+def cls_python_new_then_init(x):
+    d = _Doubled(3)
+    return x * d.v + d.seen, _NotMine(4)
+
+
+@case(X34)
+def std_fromkeys_shares_the_value(x):
+    d = collections.defaultdict.fromkeys(["a", "b"], [x])
+    d["a"].append(x * 2)  # one list for every key, as the classmethod binds it
+    return len(d["b"]), d, dict.fromkeys(range(3)), type(d).__name__
+
+
+@case(X34)
+def np_traced_astype_numpy_type_and_in_place(x):
+    np = _np()
+    a = (x * 10).numpy().astype(np.int32) // 3
+    a //= 2
+    a %= 5
+    b = np.ones(3, dtype=np.float32)
+    b += 0.5
+    return a, b, a.dtype

@@ -133,3 +133,15 @@ def test_guards_to_python_keeps_locations():
     text = guards_to_python(graph.guards)
     assert text.splitlines()[0] == "# model.py:10 in forward: def forward(self, x, bias):"
     assert "s0 >= 2" in text
+
+
+def test_describe_guard_shows_a_value_that_calls_a_constructor():
+    from torchfuse.graph.printer import describe_guard, guard_to_python
+    from torchfuse.graph.schema import ConstantGuard
+    from torchfuse.graph.verify import VerificationError
+
+    for value in ("set()", "np.float64(2.0)"):
+        guard = ConstantGuard(source="L[1]", value=value)
+        assert describe_guard(guard) == f"L[1] == {value}"  # text for a log line
+        with pytest.raises(VerificationError, match="calls"):
+            guard_to_python(guard)  # never made runnable

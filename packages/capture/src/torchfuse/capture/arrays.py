@@ -10,8 +10,9 @@ only, so a new array on every call reuses the compiled entry:
   and ``torch.asarray(a)`` are the same input (cast when a ``dtype`` or ``device`` is given),
   ``torch.tensor(a)`` a copy of it.
 
-Everything else done to an array (numpy functions, its methods, indexing) is a graph break
-that hands the real array to Python.
+Other attributes and methods, numpy functions and operators over it are traced as torch ops
+over that graph input (`torchfuse.capture.numpy_trace`); what the tracer does not know is a
+graph break that hands the real array to Python.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, FromNumpySource
 
 METADATA = ("shape", "ndim", "dtype", "size", "itemsize", "nbytes")
-_TO_TENSOR = {torch.from_numpy: "share", torch.as_tensor: "share", torch.asarray: "share",
+TO_TENSOR = {torch.from_numpy: "share", torch.as_tensor: "share", torch.asarray: "share",
               torch.tensor: "copy"}
 
 
 def array_attr(obj: V.NdarrayVar, name: str) -> V.Var:
     if name not in METADATA:
-        raise Unsupported(f"attribute {name!r} of a numpy array (numpy is not traced)", current().loc)
+        raise Unsupported(f"attribute {name!r} of a numpy array", current().loc)
     return current().wrap(getattr(obj.value, name), AttrSource(obj.source, name))
 
 
@@ -43,7 +44,7 @@ def array_len(obj: V.NdarrayVar) -> V.Var:
 def converts(fn: object, args: list[V.Var]) -> bool:
     """``fn(args…)`` makes a tensor of an ndarray argument."""
     try:
-        return fn in _TO_TENSOR and bool(args) and isinstance(args[0], V.NdarrayVar)
+        return fn in TO_TENSOR and bool(args) and isinstance(args[0], V.NdarrayVar)
     except TypeError:
         return False
 
@@ -69,9 +70,9 @@ def to_tensor(fn: object, args: list[V.Var], kwargs: dict[str, V.Var], cast: obj
         for attr in ("shape", "strides"):
             ctx.guards.constant(AttrSource(arr.source, attr), getattr(arr.value, attr))
         tensor = arr.tensor = ctx.wrap_tensor(real, FromNumpySource(arr.source), guarded=False)
-    if _TO_TENSOR[fn] == "copy":
+    if TO_TENSOR[fn] == "copy":
         kwargs = {**kwargs, "copy": V.ConstVar(True)}
     return cast(tensor, kwargs) if kwargs else tensor
 
 
-__all__ = ["METADATA", "array_attr", "array_len", "converts", "to_tensor"]
+__all__ = ["METADATA", "TO_TENSOR", "array_attr", "array_len", "converts", "to_tensor"]

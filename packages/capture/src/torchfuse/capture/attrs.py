@@ -56,8 +56,17 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         return _container_method(obj, obj.python_type(), name)
     if isinstance(obj, V.PartialVar):
         return _partial_attr(obj, name)
+    if isinstance(obj, V.TracedArrayVar):
+        from torchfuse.capture import numpy_trace
+
+        return numpy_trace.attr(obj, name)
     if isinstance(obj, V.NdarrayVar):
-        from torchfuse.capture.arrays import array_attr
+        from torchfuse.capture.arrays import METADATA, array_attr
+
+        if name not in METADATA:  # the array as a traced one, over its from_numpy graph input
+            from torchfuse.capture import numpy_trace
+
+            return numpy_trace.attr(numpy_trace.as_traced(obj), name)
 
         return array_attr(obj, name)
     if isinstance(obj, V.ConstVar):
@@ -94,11 +103,34 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         if name == "__func__":
             return obj.func
     if isinstance(obj, V.FunctionVar):
-        if name in ("__name__", "__qualname__"):
-            return V.ConstVar(obj.code.co_name)
-        if name == "__code__":
-            return V.ConstVar(obj.code)
+        return _function_attr(obj, name)
     raise Unsupported(f"attribute {name!r} of {obj.describe()}", ctx.loc)
+
+
+def _function_attr(fn: V.FunctionVar, name: str) -> V.Var:
+    """An attribute of a function made during capture, as CPython's function object has it:
+    what was stored on it first (``__name__`` set by ``functools.wraps``, ``__wrapped__``),
+    then the function's own metadata."""
+    if fn.attrs is not None and name in fn.attrs.items:
+        return fn.attrs.items[name]
+    code = fn.code
+    doc = code.co_consts[0] if code.co_consts and isinstance(code.co_consts[0], str) else None
+    own = {"__name__": code.co_name, "__qualname__": getattr(code, "co_qualname", code.co_name),
+           "__code__": code, "__module__": fn.f_globals.get("__name__"), "__doc__": doc,
+           "__type_params__": ()}
+    if name in own:
+        return V.ConstVar(own[name])
+    if name == "__dict__":
+        return fn.attr_dict()
+    if name == "__annotations__":
+        return fn.attr_dict().items.setdefault("__annotations__", V.DictVar({}))
+    if name == "__defaults__":
+        return V.ListVar(list(fn.defaults), tuple) if fn.defaults else V.ConstVar(None)
+    if name == "__kwdefaults__":
+        return V.DictVar(dict(fn.kwdefaults)) if fn.kwdefaults else V.ConstVar(None)
+    if inspect.getattr_static(types.FunctionType, name, _MISSING) is _MISSING:
+        raise UserException(AttributeError(f"'function' object has no attribute {name!r}"), current().loc)
+    raise Unsupported(f"attribute {name!r} of {fn.describe()}", current().loc)
 
 
 def _container_method(obj: V.Var, cls: type, name: str) -> V.Var:
@@ -342,6 +374,8 @@ def functools_cached_property() -> type:
 def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
     self_type = obj.self_var.python_type() if not isinstance(obj.self_var, V.ObjVar) else obj.self_var.value
     mro = self_type.__mro__
+    if obj.cls not in mro and isinstance(self_type, type):  # a metaclass method: self is a class
+        mro = type(self_type).__mro__
     start = mro.index(obj.cls) + 1
     for klass in mro[start:]:
         if isinstance(obj.self_var, V.DictVar) and name in klass.__dict__ and \
@@ -350,6 +384,10 @@ def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
         if name in klass.__dict__:
             raw = klass.__dict__[name]
             if isinstance(raw, types.FunctionType):
+                return V.BoundMethodVar(V.ObjVar(raw), obj.self_var)
+            if name == "__new__":  # a static method: super().__new__(cls) passes cls itself
+                return V.ObjVar(raw.__func__ if isinstance(raw, staticmethod) else raw)
+            if klass is type and name == "__call__":  # super().__call__ in a metaclass
                 return V.BoundMethodVar(V.ObjVar(raw), obj.self_var)
             return bind_class_attr(obj.self_var, klass, raw, name)
     raise Unsupported(f"super() has no attribute {name!r}", current().loc)
@@ -390,5 +428,9 @@ def setattr_var(obj: V.Var, name: str, value: V.Var, plain: bool = False) -> Non
             if obj.source is None:
                 raise Unsupported("attribute write on a module capture cannot name", ctx.loc)
             ctx.side_effects.append(("setattr", obj, name, value, ctx.loc))
+        return
+    if isinstance(obj, V.FunctionVar) and name not in ("__code__", "__defaults__", "__kwdefaults__",
+                                                       "__dict__", "__closure__", "__globals__"):
+        obj.attr_dict().items[name] = value  # made in the frame: nothing outside sees it
         return
     raise Unsupported(f"attribute assignment on {obj.describe()}", ctx.loc)

@@ -77,6 +77,8 @@ def _len(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         from torchfuse.capture.arrays import array_len
 
         return array_len(x)
+    if isinstance(x, V.TracedArrayVar):
+        x = V.TensorVar(x.fake)  # len() of an array is its first size, as for a tensor
     if isinstance(x, V.TensorVar):
         from torchfuse.capture.values import size_of
 

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import sys
 import types
 import weakref
 from typing import Any
@@ -29,6 +30,7 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
 from torchfuse.capture.distributed import is_distributed_runtime
+from torchfuse.capture.dynamic import SYM_TYPES, concrete
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.source import AttrSource, ItemSource, Source
 from torchfuse.capture.values import from_py, to_py
@@ -64,6 +66,11 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(fn, V.ModuleVar):
         return call_module(fn, args, kwargs)
     if isinstance(fn, V.UserObjVar):
+        if "numpy" in sys.modules:  # a ufunc (np.exp) is an object with __call__
+            from torchfuse.capture import numpy_trace
+
+            if numpy_trace.handles(fn.value):
+                return numpy_trace.call_function(fn.value, args, kwargs)
         return call(_attr(fn, "__call__"), args, kwargs)
     if isinstance(fn, V.SuperVar | V.NullVar | V.CellVar | V.IteratorVar):
         raise Unsupported(f"call of {fn.describe()}", ctx.loc)
@@ -76,6 +83,17 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(value, CompiledFunction):  # compiled inside compiled: capture it inline
         inner = [ctx.wrap(value.bound_self, None)] if value.bound_self is not None else []
         return inline(V.ObjVar(value.fn), [*inner, *args], kwargs)
+    if "numpy" in sys.modules:
+        from torchfuse.capture import numpy_trace
+
+        if numpy_trace.handles(value):
+            return numpy_trace.call_function(value, args, kwargs)
+    if value is OBJECT_NEW:
+        made = object_new(args, kwargs)
+        if made is not None:
+            return made
+    if value is TYPE_CALL and args and isinstance(args[0], V.ObjVar) and isinstance(args[0].value, type):
+        return construct_instance(args[0].value, args[1:], kwargs)  # super().__call__ in a metaclass
     handler = B.handler_for(value)
     if handler is not None:
         return handler(args, kwargs)
@@ -158,6 +176,17 @@ def is_torch_callable(value: Any) -> bool:
     return isinstance(self_, types.ModuleType) and self_.__name__.startswith("torch")
 
 
+def _symbolic_scalar_tensor(value: Any, kwargs: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
+    """``torch.tensor(n)`` of a size value: torch cannot infer a dtype from a ``SymInt``. An
+    int stays symbolic (``scalar_tensor(s0)``, int64 as for an int); a ``SymBool`` or
+    ``SymFloat`` is specialized (its relation becomes a guard) and made from the plain value."""
+    if set(kwargs) - {"dtype", "device", "requires_grad"}:
+        raise Unsupported(f"torch.tensor of a size value with {sorted(kwargs)}", current().loc)
+    if isinstance(value, torch.SymInt):
+        return torch.scalar_tensor, [value], {"dtype": torch.int64, **kwargs}
+    return torch.tensor, [concrete(value)], kwargs
+
+
 _UNSUPPORTED_TORCH = {"manual_seed", "set_grad_enabled", "save", "load", "compile"}
 
 
@@ -166,6 +195,10 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
     name = getattr(value, "__name__", "")
     from torchfuse.capture import arrays
 
+    if args and isinstance(args[0], V.TracedArrayVar) and value in arrays.TO_TENSOR:
+        from torchfuse.capture.numpy_trace import to_tensor
+
+        return to_tensor(value, args[0], kwargs)
     if arrays.converts(value, args):
         from torchfuse.capture.methods import call_method
 
@@ -186,6 +219,8 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
             raise Unsupported(f"{_qualname(value)} with a {a.describe()} argument", ctx.loc)
     pargs = [to_py(a) for a in args]
     pkwargs = {k: to_py(v) for k, v in kwargs.items()}
+    if value in (torch.tensor, torch.as_tensor) and pargs and isinstance(pargs[0], SYM_TYPES):
+        return from_py(ctx.call_torch(*_symbolic_scalar_tensor(pargs[0], pkwargs)))
     if value is SDPA:  # the fused kernel eager would run, not the composite's math fallback
         pargs, pkwargs = without_noop_mask(pargs, pkwargs, ctx.rec.known)
         fused = fused_call(pargs, pkwargs)
@@ -352,16 +387,63 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         if all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
             return from_py(cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()}))
         raise Unsupported(f"constructing {cls.__qualname__} from non-constant arguments", ctx.loc)
-    if cls.__new__ is not object.__new__ or type(cls) not in (type, abc.ABCMeta):
-        raise Unsupported(f"class {cls.__qualname__} with a custom __new__ or metaclass", ctx.loc)
-    obj = object.__new__(cls)
-    var = V.UserObjVar(obj, None, is_new=True)
+    meta = type(cls)
+    if meta not in (type, abc.ABCMeta):
+        meta_call = inspect.getattr_static(meta, "__call__", None)
+        if isinstance(meta_call, types.FunctionType):  # the metaclass's __call__, interpreted
+            return call(V.BoundMethodVar(V.ObjVar(meta_call), ctx.wrap(cls, None)), args, kwargs)
+        if meta_call is not TYPE_CALL:
+            raise Unsupported(f"class {cls.__qualname__} with a metaclass whose __call__ is not "
+                              f"Python", ctx.loc)
+    return construct_instance(cls, args, kwargs)
+
+
+TYPE_CALL = type.__dict__["__call__"]
+OBJECT_NEW = object.__new__
+
+
+def construct_instance(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """What ``type.__call__(cls, ...)`` does: ``cls.__new__`` (a Python ``__new__`` is
+    interpreted), then ``__init__`` when the result is an instance of ``cls``."""
+    ctx = current()
+    if cls.__new__ is not object.__new__:
+        new = inspect.getattr_static(cls, "__new__")
+        fn = new.__func__ if isinstance(new, staticmethod) else None
+        if not isinstance(fn, types.FunctionType) or not _plain_instances(cls):
+            raise Unsupported(f"class {cls.__qualname__} with a custom __new__ or metaclass", ctx.loc)
+        made = call(V.ObjVar(fn), [ctx.wrap(cls, None), *args], kwargs)
+        if not isinstance(made, V.UserObjVar) or not isinstance(made.value, cls):
+            if isinstance(made.python_type(), type) and issubclass(made.python_type(), cls):
+                raise Unsupported(f"{cls.__qualname__}.__new__ returned an instance capture "
+                                  f"does not model", ctx.loc)
+            return made  # type.__call__ skips __init__ for what is not an instance of cls
+        if not made.is_new:  # a cached instance (a singleton): __init__ would run on it again
+            raise Unsupported(f"{cls.__qualname__}.__new__ returned an existing object", ctx.loc)
+        var = made
+    else:
+        var = V.UserObjVar(object.__new__(cls), None, is_new=True)
     init = inspect.getattr_static(cls, "__init__")
     if init is not object.__init__:
         call(V.BoundMethodVar(V.ObjVar(init), var), args, kwargs)
-    elif args or kwargs:
+    elif (args or kwargs) and cls.__new__ is object.__new__:
         raise Unsupported(f"{cls.__qualname__}() takes no arguments", ctx.loc)
     return var
+
+
+def _plain_instances(cls: type) -> bool:
+    """Instances are made by ``object.__new__`` (no builtin base such as tuple or dict)."""
+    return all(k is object or k.__module__ != "builtins" for k in cls.__mro__)
+
+
+def object_new(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """``object.__new__(cls)`` (``super().__new__(cls)`` in a Python ``__new__``) of a plain
+    user class: a new object of the interpreter; ``None`` when it is not that."""
+    if not args or kwargs or not isinstance(args[0], V.ObjVar) or not isinstance(args[0].value, type):
+        return None
+    cls = args[0].value
+    if not _plain_instances(cls):
+        return None
+    return V.UserObjVar(object.__new__(cls), None, is_new=True)
 
 
 def _construct_stateless_module(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:

@@ -16,7 +16,6 @@ never. ``mark_dynamic`` requests apply in every mode. See `torchfuse.capture.dyn
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import functools
 import os
@@ -33,16 +32,18 @@ from torchfuse.capture import codegen
 from torchfuse.capture import config as C
 from torchfuse.capture import distributed as D
 from torchfuse.capture.backends import Backend, backend_parameters, lookup_backend
-from torchfuse.capture.context import InputSlot
 from torchfuse.capture.convert import CaptureResult, capture, make_binder
 from torchfuse.capture.dynamic import (
     DynamicPolicy,
+    ScalarChange,
     SizeChange,
     dynamic_requests,
     mark_dynamic,
     out_of_range,
+    scalar_changes,
     size_changes,
 )
+from torchfuse.capture.entry import Entry, _gather_functions, counts_as_graph
 from torchfuse.capture.errors import (
     GraphBreakInFullgraph,
     RecompileLimitExceeded,
@@ -52,9 +53,7 @@ from torchfuse.capture.errors import (
 )
 from torchfuse.capture.guards import module_version, watch_module_attributes
 from torchfuse.capture.hooks import call_with_hooks, python_hooks
-from torchfuse.capture.output import compile_side_effects, compile_spec
 from torchfuse.capture.resume import (
-    BreakRunner,
     Continue,
     is_user_break,
     resume_code_for,
@@ -66,81 +65,6 @@ from torchfuse.graph.printer import describe_guard, to_python
 from torchfuse.graph.torchfuse_ops import SET_GRAD_ENABLED
 
 _ALL: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
-
-
-class Entry:
-    """One compiled specialization of a function (or of a resume function)."""
-
-    def __init__(self, result: CaptureResult, compiled: Callable[..., list[Any]] | None,
-                 owner: CompiledFunction | None = None) -> None:
-        self.result = result
-        self.compiled = compiled
-        self.fast = result.checks.fast
-        self.module_check = result.checks.module
-        self.version = module_version[0]
-        self.eager = result.error is not None and result.plan is None
-        self.params: list[Any] = []
-        self.breaker: BreakRunner | None = None
-        self.routed: types.CodeType | None = None
-        """For an eager entry whose break was inside a call: the frame's code with that call
-        routed through capture (`codegen.routed_eager_code`)."""
-        if not self.eager:
-            ns = dict(result.checks.namespace)
-            self.gather, self.fetch_params = _gather_functions(result.inputs, ns)
-            self.replay = compile_side_effects(result.side_effects, ns)
-            if result.plan is not None:
-                self.breaker = BreakRunner(result.plan, ns, owner)
-                self.single = False
-            else:
-                self.rebuild = compile_spec(result.out_spec, ns)
-                self.single = result.out_spec[0] == "t" and self.replay is None
-
-    def revalidate(self, L: Any, G: Any, C_: Any) -> bool:
-        """Module attributes changed somewhere: check this entry's module guards again."""
-        if not self.module_check(L, G, C_):
-            return False
-        if not self.eager:
-            self.params = self.fetch_params(L, G, C_)
-        self.version = module_version[0]
-        return True
-
-    def run(self, L: Any, G: Any, C_: Any) -> Any:
-        if self.breaker is not None:
-            grad = torch.is_grad_enabled()
-            try:
-                outs = self.compiled(*self.gather(L, G, C_, self.params))
-            except BaseException:
-                torch.set_grad_enabled(grad)
-                raise
-            torch.set_grad_enabled(self.result.plan.grad_enabled)
-            if self.replay is not None:
-                self.replay(outs, L, G, C_)
-            return self.breaker(outs, L, G, C_)
-        outs = self.compiled(*self.gather(L, G, C_, self.params))
-        if self.single:
-            return outs[self.result.out_spec[1]]
-        if self.replay is not None:
-            self.replay(outs, L, G, C_)
-        return self.rebuild(outs, L, G, C_)
-
-
-def _gather_functions(slots: list[InputSlot], ns: dict[str, Any]) -> tuple[Callable, Callable]:
-    """``gather(L, G, C, P)`` -> flat graph inputs; ``fetch(L, G, C)`` -> module tensors P."""
-    items: list[str] = []
-    module_exprs: list[str] = []
-    for n, slot in enumerate(slots):
-        if slot.source is None:
-            ns[f"_c{n}"] = slot.constant
-            items.append(f"_c{n}")
-        elif slot.source.is_module_state:
-            items.append(f"P[{len(module_exprs)}]")
-            module_exprs.append(slot.source.expr())
-        else:
-            items.append(slot.source.expr())
-    src = (f"def gather(L, G, C, P):\n    return ({''.join(i + ', ' for i in items)})\n"
-           f"def fetch(L, G, C):\n    return [{', '.join(module_exprs)}]\n")
-    exec(builtins.compile(src, "<torchfuse inputs>", "exec"), ns)
-    return ns["gather"], ns["fetch"]
 
 
 class CompiledFunction:
@@ -172,6 +96,8 @@ class CompiledFunction:
         self._warned_kwargs = False
         self.auto_dynamic: dict[str, set[int]] = {}
         """Automatic dynamic: input dims (by source expression) seen changing size."""
+        self.auto_scalars: set[str] = set()
+        """Automatic dynamic: int arguments (by source expression) seen changing value."""
         self.results: list[CaptureResult] = []
         self.root: CompiledFunction = self
         self.resumes: dict[tuple, ResumeFunction] = {}
@@ -239,7 +165,7 @@ class CompiledFunction:
         return capture(self.fn, L, self.name, dynamic=self._policy())
 
     def _policy(self) -> DynamicPolicy:
-        return DynamicPolicy(self.dynamic, self.auto_dynamic)
+        return DynamicPolicy(self.dynamic, self.auto_dynamic, frozenset(self.auto_scalars))
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
@@ -327,6 +253,12 @@ class CompiledFunction:
     # ----------------------------------------------------------------- misses
     def _miss(self, args: tuple[Any, ...], kwargs: Any, L: tuple[Any, ...], C_: Any) -> Any:
         G = self.globals
+        binder = getattr(self, "binder", None)
+        if binder is not None and (binder.__defaults__ is not self.fn.__defaults__ or
+                                   binder.__kwdefaults__ is not self.fn.__kwdefaults__):
+            # fn.__defaults__ was replaced (its entries' guards say so): bind the new ones
+            self.binder = make_binder(self.fn)
+            L = self.binder(*args, **kwargs)
         with self._lock:  # one capture at a time per function: one entry per guard set
             ver = module_version[0]
             # another thread may have made the entry while this one waited
@@ -352,6 +284,7 @@ class CompiledFunction:
         the recompile limit is reached)."""
         G = self.globals
         changes: list[SizeChange] = []
+        ints: list[ScalarChange] = []
         if self.entries:
             failure = self._failure_reason(L, C_)
             if len(self.entries) >= C.config.recompile_limit:
@@ -364,7 +297,17 @@ class CompiledFunction:
                                         for e in self.entries], L, G, C_)
                 for ch in changes:
                     self.auto_dynamic.setdefault(ch.source, set()).add(ch.dim)
+                ints = [ch for ch in scalar_changes([e.result.checks.entries for e in self.entries], L)
+                        if ch.source not in self.auto_scalars]
+                self.auto_scalars.update(ch.source for ch in ints)
         result = self._capture(L, C_)
+        for ic in ints:
+            symbol = result.scalar_symbols.get(ic.source)
+            what = "a symbol" if type(ic.new) is int else "a graph input"
+            how = f"recompiling with it {what} ({symbol})" if symbol is not None else \
+                "it stays a constant in the new entry (ints below 2 are never symbolic)"
+            C.logger("recompiles").info("%s: %s changed %r -> %r; %s", self.name, ic.display,
+                                        ic.old, ic.new, how)
         for ch in changes:
             symbol = result.dynamic_dims.get((ch.source, ch.dim))
             why = "sizes 0 and 1 are never symbolic" if ch.new < 2 else \
@@ -486,6 +429,7 @@ class CompiledFunction:
         self._logged_breaks.clear()
         self.recompiles = 0
         self.auto_dynamic.clear()
+        self.auto_scalars.clear()
         self._warned = False
         self._warned_eager = False
         self._checked_graphs = False
@@ -518,14 +462,6 @@ def _has_hooks(mod: torch.nn.Module) -> bool:
                 getattr(hooks, "_global_backward_pre_hooks", None))
 
 
-def counts_as_graph(result: CaptureResult) -> bool:
-    """A graph with ops counts; so does a whole function captured without a break, even
-    with no ops. An empty piece around a break does not (nothing runs there)."""
-    if result.graph is None:
-        return False
-    return bool(result.graph.nodes) or (result.error is None and not result.part)
-
-
 class ResumeFunction(CompiledFunction):
     """The continuation of a function after a graph break, compiled like any function.
 
@@ -548,6 +484,7 @@ class ResumeFunction(CompiledFunction):
         self.name = code.co_qualname
         self.recompiles = 0
         self.auto_dynamic = {}
+        self.auto_scalars = set()
         self.results = []
         self.root = root
         self.resumes = {}

@@ -82,6 +82,8 @@ class Capture:
         """Symbol name -> the Python expression reading it on a call (``L[0].size(1)``)."""
         self.dynamic_dims: dict[tuple[str, int], str] = {}
         """(source expression, dim) -> the symbol made for it."""
+        self.scalar_symbols: dict[str, str] = {}
+        """Int arguments made symbols: source expression (``L[1]``) -> symbol name."""
         self.f_globals = f_globals
         self.closure = closure or ()
         self.loc: S.SourceLoc | None = None

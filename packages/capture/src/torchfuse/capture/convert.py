@@ -23,12 +23,12 @@ import msgspec
 import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import Capture, InputSlot
-from torchfuse.capture.dynamic import DynamicPolicy, bind_size_arguments
+from torchfuse.capture.dynamic import DynamicPolicy, bind_scalar_arguments, bind_size_arguments
 from torchfuse.capture.errors import DynamicShapeError, Unsupported
 from torchfuse.capture.frame import Frame
 from torchfuse.capture.guards import CheckFunctions, autocast_state, storage_groups
 from torchfuse.capture.output import OutputBuilder, Spec
-from torchfuse.capture.source import ClosureSource, FromNumpySource, LocalSource
+from torchfuse.capture.source import ClosureSource, FromNumpySource, LocalSource, ScalarCarrierSource
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import resolve_op
 from torchfuse.graph.symbolic import SpecializationError
@@ -57,6 +57,8 @@ class CaptureResult:
     """Captured from a resume function or a function called at a break (not the whole call)."""
     dynamic_dims: dict[tuple[str, int], str] = dataclasses.field(default_factory=dict)
     """(source expression, dim) -> the size symbol that input dim was captured as."""
+    scalar_symbols: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Int arguments captured as symbols: source expression (``L[1]``) -> symbol name."""
     effect_notes: list[Any] = dataclasses.field(default_factory=list)
     """One [`EffectNote`][torchfuse.capture.output.EffectNote] per entry of ``side_effects`` (the
     whole-function capture only)."""
@@ -119,6 +121,12 @@ def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:
     exec(compile(src, "<torchfuse binder>", "exec"), ns)
     binder = ns["bind"]
     binder.__name__ = binder.__qualname__ = code.co_name  # errors name the user's function
+    # the very tuple and dict of fn: an entry's guards check them by identity, and a miss
+    # with ``fn.__defaults__`` / ``__kwdefaults__`` replaced makes the binder anew
+    if binder.__defaults__ == fn.__defaults__:
+        binder.__defaults__ = fn.__defaults__
+    if binder.__kwdefaults__ == fn.__kwdefaults__:
+        binder.__kwdefaults__ = fn.__kwdefaults__
     return binder
 
 
@@ -170,6 +178,8 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
             ctx.loc = def_location(fn)
             ctx.guards.grad_mode(grad)
             ctx.guards.autocast(autocast_state())
+            if fn.__defaults__ is not None or fn.__kwdefaults__ is not None:
+                ctx.guards.defaults(fn)  # the binder bound these: replacing them recompiles
             try:
                 wrap = ctx.wrap if wrap_arg is None else (lambda v, src, c=ctx: wrap_arg(c, v, src))
                 local_vars = {nm: wrap(v, LocalSource(i, nm))
@@ -178,6 +188,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                     bind_size_arguments(ctx, local_vars)
                 elif varkw_index(code) is not None:  # the binder makes **kwargs anew
                     ctx.fresh_locals.add(varkw_index(code))
+                bind_scalar_arguments(ctx, local_vars)
                 cells = {}
                 for i, (nm, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or (), strict=True)):
                     try:
@@ -228,6 +239,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                          side_effects=effects, checks=ctx.guards.build(), error=error,
                          seconds=time.perf_counter() - t0, uses_modules=ctx.uses_modules,
                          plan=plan, dynamic_dims=dict(ctx.dynamic_dims), effect_notes=notes,
+                         scalar_symbols=dict(ctx.scalar_symbols),
                          grad_entry=ctx.grad_entry)
 
 
@@ -240,7 +252,7 @@ def _finish(ctx: Capture, name: str) -> S.Graph:
         ctx.grad_entry = True
     # a tensor made of an ndarray argument is a new object on every call: never one of these
     tensor_args = [s.source for s in ctx.inputs if s.kind == "user_input" and s.source is not None
-                   and not isinstance(s.source, FromNumpySource)]
+                   and not isinstance(s.source, FromNumpySource | ScalarCarrierSource)]
     if len(tensor_args) > 1:
         ctx.guards.distinct(tensor_args)
     _guard_overlap(ctx)

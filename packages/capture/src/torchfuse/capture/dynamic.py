@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import Any
 
 import torch
@@ -112,6 +112,17 @@ class DynamicPolicy:
 
     mode: bool | None = False
     auto: Mapping[str, set[int]] = dataclasses.field(default_factory=dict)
+    scalars: Set[str] = frozenset()
+    """Automatic dynamic for Python ints: the arguments (``L[1]``) seen changing value."""
+
+    def scalar(self, source_expr: str, value: Any) -> bool:
+        """Whether the int or float argument ``value`` read through ``source_expr`` becomes a
+        symbol (an int) or a graph input (a float): in automatic mode once it changed, with
+        ``dynamic=True`` always, never with ``dynamic=False``; ints only from 2 (a symbol's
+        range, as for sizes)."""
+        if self.mode is False or not (type(value) is float or (type(value) is int and value >= 2)):
+            return False
+        return self.mode is True or source_expr in self.scalars
 
     def dims(self, source_expr: str, t: torch.Tensor) -> dict[int, DimRequest]:
         """The dims of ``t`` (read through ``source_expr``) that should be symbolic."""
@@ -279,6 +290,100 @@ def bind_size_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
         local_vars[name] = V.ConstVar(new)
 
 
+# ----------------------------------------------------------------------------- int arguments
+
+
+def bind_scalar_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
+    """Int arguments the policy makes symbolic (`DynamicPolicy.scalar`) become size symbols:
+    ``g(x, n)`` with ``n = 7`` is captured with ``n`` as ``s0`` (hint 7, range ``[2, inf)``),
+    guarded ``type(L[1]) is int and 2 <= (s0 := L[1])``, so one entry serves every such int.
+    Arithmetic on it stays symbolic (``x * n`` records ``mul(x, s0)``, ``torch.ones(n)`` a
+    symbolic size); a branch on it is a symbol guard (``s0 > 4``); what needs a plain int
+    specializes (``s0 == 7``), as sizes do.
+
+    The graph binds symbols from input sizes only, so each such int gets a *carrier* input,
+    an empty ``(0, n)`` tensor made from the argument on each call (`ScalarCarrierSource`)."""
+    from torchfuse.capture import variables as V
+    from torchfuse.capture.context import InputSlot
+    from torchfuse.capture.guards import SymbolBinding
+    from torchfuse.capture.source import LocalSource, ScalarCarrierSource
+
+    for name, var in local_vars.items():
+        if type(var) is not V.ConstVar or not isinstance(var.source, LocalSource):
+            continue
+        src = var.source.expr()
+        if not ctx.dynamic.scalar(src, var.value):
+            continue
+        n = var.value
+        if type(n) is float:
+            _float_input(ctx, name, var, local_vars)
+            continue
+        k = len(ctx.rec.builder.inputs)  # the graph input the carrier is about to become
+        sym = ctx.size_env.symbol(n, source=f"input:{k}.size(1)")
+        info = ctx.size_env.symbols[sym.node.expr.name]
+        carrier = torch.empty(0, n)
+        fake = ctx.rec.input(carrier, name=f"{name}_int", kind="user_input", sizes=[0, sym])
+        ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input", ScalarCarrierSource(var.source)))
+        ctx._keep.append(carrier)
+        ctx.guards.scalar_symbol(var.source, SymbolBinding(info.name, info.min, info.max))
+        ctx.symbol_reads[info.name] = src
+        ctx.scalar_symbols[src] = info.name
+        local_vars[name] = V.ConstVar(sym)
+
+
+def _float_input(ctx: Any, name: str, var: Any, local_vars: dict[str, Any]) -> None:
+    """A float argument as a 0-d float64 graph input, guarded on its type only."""
+    from torchfuse.capture import variables as V
+    from torchfuse.capture.context import InputSlot
+    from torchfuse.capture.source import FloatCarrierSource
+
+    carrier = torch.tensor(var.value, dtype=torch.float64)
+    fake = ctx.rec.input(carrier, name=f"{name}_float", kind="user_input")
+    ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input", FloatCarrierSource(var.source)))
+    ctx._keep.append(carrier)
+    ctx.guards.type_(var.source, float)
+    ctx.scalar_symbols[var.source.expr()] = ctx.rec.names[id(fake)]
+    local_vars[name] = V.FloatArgVar(var.value, var.source, fake)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScalarChange:
+    """An int argument whose value differs from the constant a compiled entry guarded."""
+
+    source: str
+    display: str
+    old: int
+    new: Any
+
+
+def scalar_changes(entries: list[Any], L: Any) -> list[ScalarChange]:
+    """The int arguments (``L[k]`` itself, not an item of one) whose constant guard in
+    ``entries`` (``GuardEntry`` lists) fails because the call passes another int."""
+    from torchfuse.capture.source import LocalSource
+
+    found: dict[str, ScalarChange] = {}
+    for guard_entries in entries:
+        for e in guard_entries:
+            if not isinstance(e.record, S.ConstantGuard) or not isinstance(e.source, LocalSource):
+                continue
+            old = _number(e.record.value)
+            new = L[e.source.index] if e.source.index < len(L) else None
+            if old is not None and type(new) is type(old) and new != old:
+                found[e.source.expr()] = ScalarChange(e.source.expr(), f"L[{e.source.name!r}]", old, new)
+    return list(found.values())
+
+
+def _number(text: str) -> int | float | None:
+    """The int or float a constant guard's value text is the repr of, else ``None``."""
+    for cls in (int, float):
+        try:
+            value = cls(text)
+        except ValueError:
+            continue
+        return value if repr(value) == text else None
+    return None
+
+
 # ----------------------------------------------------------------------------- automatic dynamic
 
 
@@ -344,5 +449,19 @@ def out_of_range(entry: Any, namespace: Mapping[str, Any], L: Any, G: Any, C: An
     return out
 
 
-__all__ = ["DimRequest", "DynamicPolicy", "SizeChange", "concrete", "dynamic_requests",
-           "mark_dynamic", "out_of_range", "plain", "read_expr", "size_changes", "symbolic_dims"]
+__all__ = [
+    "DimRequest",
+    "DynamicPolicy",
+    "ScalarChange",
+    "SizeChange",
+    "bind_scalar_arguments",
+    "concrete",
+    "dynamic_requests",
+    "mark_dynamic",
+    "out_of_range",
+    "plain",
+    "read_expr",
+    "scalar_changes",
+    "size_changes",
+    "symbolic_dims",
+]

@@ -238,6 +238,16 @@ class GuardSet:
         self._add(("constant", src), rec, f"type({src}) is {self._obj(cls, 'T')} and {src} == {text}",
                   source.is_module_state, source)
 
+    def scalar_symbol(self, source: Source, binding: SymbolBinding) -> None:
+        """An int argument captured as a size symbol: it is an ``int`` in the symbol's range,
+        and the check binds the symbol to it (``2 <= (s0 := L[1])``) for the symbol guards."""
+        src = source.expr()
+        rec = S.ConstantGuard(source=src, value=binding.name, loc=self._loc_of())
+        hi = f" <= {binding.max}" if binding.max is not None else ""
+        self._add(("constant", src), rec,
+                  f"type({src}) is {self._obj(int, 'T')} and {binding.min} <= ({binding.name} := {src}){hi}",
+                  source.is_module_state, source)
+
     def symbol(self, record: S.SymbolGuard) -> None:
         """A relation over size symbols, checked after every tensor guard has bound them."""
         self._add(("symbol", record.expr), record, expr_to_python(record.expr), False)
@@ -246,7 +256,7 @@ class GuardSet:
         src = source.expr()
         rec = S.ConstantGuard(source=src, value=repr(value), loc=self._loc_of())
         cond = f"type({src}) is {self._obj(type(value), 'T')} and {src} == {self._obj(value)}"
-        self._add(("constant", src), rec, cond, source.is_module_state)
+        self._add(("constant", src), rec, cond, source.is_module_state, source)
 
     def keys(self, source: Source, keys: tuple[Any, ...]) -> None:
         src = source.expr()
@@ -294,6 +304,15 @@ class GuardSet:
         src = source.expr()
         rec = S.LengthGuard(source=src, length=n, loc=self._loc_of())
         self._add(("len", src), rec, f"len({src}) == {n}", source.is_module_state)
+
+    def defaults(self, fn: Any) -> None:
+        """The compiled function's ``__defaults__`` and ``__kwdefaults__`` are the objects its
+        arguments were bound with (replacing them misses, and the miss binds the new ones)."""
+        f = self._obj(fn, "F")
+        rec = S.IdentityGuard(source="fn.__defaults__", loc=self._loc_of(),
+                              description=f"the defaults {fn.__defaults__!r} / {fn.__kwdefaults__!r}")
+        self._add(("defaults", ""), rec, f"{f}.__defaults__ is {self._obj(fn.__defaults__, 'D')} and "
+                  f"{f}.__kwdefaults__ is {self._obj(fn.__kwdefaults__, 'D')}", False)
 
     def grad_mode(self, enabled: bool) -> None:
         rec = S.GlobalStateGuard(name="grad_enabled", value=repr(enabled), loc=self._loc_of())

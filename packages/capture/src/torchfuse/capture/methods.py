@@ -24,6 +24,10 @@ def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Va
     ctx = current()
     if isinstance(obj, V.TensorVar):
         return tensor_method(obj, name, args, kwargs)
+    if isinstance(obj, V.TracedArrayVar):
+        from torchfuse.capture import numpy_trace
+
+        return numpy_trace.call_method(obj, name, args, kwargs)
     if isinstance(obj, V.DequeVar):
         from torchfuse.capture.builtins import STDLIB_CORE
         from torchfuse.capture.stdlib import deque_method
@@ -63,6 +67,10 @@ def tensor_method(obj: V.TensorVar, name: str, args: list[V.Var], kwargs: dict[s
         value = ctx.rec.known.get(obj.fake)  # made from constants alone: eager's answer
         if value is not None and (name == "tolist" or value.numel() == 1):
             return from_py(getattr(value, name)())
+    if name == "numpy" and not args and not kwargs:
+        from torchfuse.capture.numpy_trace import from_tensor
+
+        return from_tensor(obj)
     if _DATA_METHODS.get(name):
         raise Unsupported(f"data-dependent: {_DATA_METHODS[name]}", ctx.loc,
                           "keep the value as a tensor, or do this outside the compiled function")

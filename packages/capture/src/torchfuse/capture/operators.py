@@ -37,9 +37,49 @@ UNARY: dict[str, Any] = {"-": operator.neg, "+": operator.pos, "~": operator.inv
                          "not": operator.not_, "abs": abs}
 
 
+_FLOAT_OPS = frozenset({"+", "-", "*", "/", "//", "%", "**", "+=", "-=", "*=", "/=", "//=",
+                        "%=", "**="})
+
+
+def _float_operands(a: V.Var, b: V.Var) -> list[Any] | None:
+    """Operands for a tensor op with a float argument's carrier in place of the float, cast
+    so that the result has the dtype a Python float gives: the tensor's for a floating
+    tensor, the default dtype for an integral one. ``None`` where that cannot be kept."""
+    tensor, flt = (a, b) if isinstance(a, V.TensorVar) else (b, a)
+    if not isinstance(tensor, V.TensorVar) or type(flt) is not V.FloatArgVar:
+        return None
+    dt = tensor.fake.dtype
+    if dt.is_complex:
+        return None
+    carrier = flt.carrier
+    if not dt.is_floating_point:  # int/bool tensor with a float: the default float dtype
+        carrier = current().call_torch(torch.Tensor.to, [carrier, torch.get_default_dtype()], {})
+    elif tensor.fake.dim() == 0 and dt is not torch.float64:  # 0-d vs 0-d: keep the tensor's
+        carrier = current().call_torch(torch.Tensor.to, [carrier, dt], {})
+    return [tensor.fake, carrier] if tensor is a else [carrier, tensor.fake]
+
+
+def _numpy(a: V.Var, b: V.Var | None = None) -> Any:
+    """The numpy tracer, when an operand is a traced ndarray (else ``None``)."""
+    arrays = V.TracedArrayVar | V.NdarrayVar
+    if not (isinstance(a, arrays) or isinstance(b, arrays)):
+        return None
+    if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
+        raise Unsupported("an operator between a numpy array and a tensor", current().loc)
+    from torchfuse.capture import numpy_trace
+
+    return numpy_trace
+
+
 def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
     fn = BINARY[op]
+    np_trace = _numpy(a, b)
+    if np_trace is not None:
+        return np_trace.binary(op, a, b)
     if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
+        operands = _float_operands(a, b) if op in _FLOAT_OPS else None
+        if operands is not None:
+            return from_py(current().call_torch(fn, operands, {}, f"operator {op}"))
         return from_py(current().call_torch(fn, [to_py(a), to_py(b)], {}, f"operator {op}"))
     base = op.rstrip("=") if op not in ("==",) else op
     if isinstance(a, V.ListVar) and isinstance(b, V.ListVar) and base == "+":
@@ -85,6 +125,8 @@ def fold(fn: Any, *vars_: V.Var) -> V.Var:
 
 
 def unary(op: str, a: V.Var) -> V.Var:
+    if isinstance(a, V.TracedArrayVar | V.NdarrayVar) and op != "not":
+        return _numpy(a).unary(op, a)
     if op == "not":
         return V.ConstVar(not truth(a))
     if isinstance(a, V.TensorVar):
@@ -93,11 +135,17 @@ def unary(op: str, a: V.Var) -> V.Var:
 
 
 def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
+    np_trace = _numpy(a, b)
+    if np_trace is not None:
+        return np_trace.compare(op, a, b)
     if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
         if op in ("==", "!=") and not (isinstance(a, V.TensorVar) and isinstance(b, V.TensorVar)):
             other = b if isinstance(a, V.TensorVar) else a
             if not isinstance(other, V.ConstVar) or other.value is None:
                 return V.ConstVar(op == "!=")  # tensor == object: Python falls back to identity
+        operands = _float_operands(a, b)
+        if operands is not None:
+            return from_py(current().call_torch(COMPARE[op], operands, {}, f"operator {op}"))
         return from_py(current().call_torch(COMPARE[op], [to_py(a), to_py(b)], {}, f"operator {op}"))
     structural = V.ConstVar | V.ListVar | V.DictVar | V.SetVar
     if op in ("==", "!=") and not (isinstance(a, structural) and isinstance(b, structural)):
@@ -132,6 +180,8 @@ def is_same(a: V.Var, b: V.Var) -> bool:
 
 def truth(a: V.Var) -> bool:
     """``bool(a)`` at capture time; a tensor's truth is data-dependent."""
+    if isinstance(a, V.TracedArrayVar):
+        raise Unsupported("data-dependent branch: the truth value of a numpy array", current().loc)
     if isinstance(a, V.TensorVar):
         value = current().rec.known.get(a.fake)  # made from constants alone (see known.py)
         if value is not None and value.numel() == 1:
@@ -194,6 +244,8 @@ def mutate(var: V.Var) -> None:
 
 def getitem(obj: V.Var, key: V.Var) -> V.Var:
     ctx = current()
+    if isinstance(obj, V.TracedArrayVar):
+        return _numpy(obj).getitem(obj, key)
     if isinstance(obj, V.TensorVar):
         return from_py(ctx.call_torch(operator.getitem, [obj.fake, to_py(key)], {}, "indexing"))
     if isinstance(obj, V.ListVar):

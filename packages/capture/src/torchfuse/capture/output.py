@@ -8,6 +8,8 @@ in program order.
 Spec grammar::
 
     ("t", i)                       the graph's i-th output
+    ("np", i, scalar)              the graph's i-th output as an ndarray (a traced numpy array),
+                                   or as a numpy scalar (``np.float32``) when ``scalar``
     ("tv", i, expr, detach, cls)   the graph's i-th output as eager returns it: the caller's own
                                    object ``expr`` when the function returns an input (``x.add_(1);
                                    return x``), detached when capture saw it not requiring grad
@@ -52,6 +54,13 @@ class OutputBuilder:
         self.grad_regions = any(n.op == SET_GRAD_ENABLED for n in ctx.rec.builder.nodes)
 
     def spec(self, var: V.Var) -> Spec:
+        if isinstance(var, V.TracedArrayVar):  # an ndarray again at the graph's edge
+            key = id(var.fake)
+            if key not in self.index:
+                self.ctx.rec.output(var.fake)
+                self.index[key] = self.count
+                self.count += 1
+            return ("np", self.index[key], var.scalar)
         if isinstance(var, V.TensorVar):
             key = id(var.fake)
             if key not in self.index:
@@ -178,6 +187,8 @@ def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], 
         tag = s[0]
         if tag == "t":
             return f"O[{s[1]}]"
+        if tag == "np":
+            return f"O[{s[1]}].numpy()" + ("[()]" if s[2] else "")
         if tag == "tv":
             if s[2] is not None:
                 return s[2]

@@ -434,6 +434,11 @@ def build_fn(spec: Spec, ns: dict[str, Any]) -> Builder:
     if tag == "t":
         i = spec[1]
         return lambda o, L, G, C, m: o[i]
+    if tag == "np":  # a traced numpy array live at the break: an ndarray again
+        i, scalar = spec[1], spec[2]
+        if scalar:
+            return lambda o, L, G, C, m: o[i].numpy()[()]
+        return lambda o, L, G, C, m: o[i].numpy()
     if tag == "c":
         value = spec[1]
         return lambda o, L, G, C, m: value

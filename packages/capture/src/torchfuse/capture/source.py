@@ -182,3 +182,26 @@ class FromNumpySource(Source):
     def expr(self) -> str:
         return f"sys.modules['torch'].from_numpy({self.base.expr()})"
 
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarCarrierSource(Source):
+    """The graph input that carries an int argument made a symbol (``n`` → ``s0``): an empty
+    tensor of shape ``(0, n)``, made anew on each call. The format binds symbols from input
+    sizes (``input:<k>.size(1)``), so the int travels as a size; no element is ever read."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return f"sys.modules['torch'].empty(0, {self.base.expr()})"
+
+
+@dataclass(frozen=True, slots=True)
+class FloatCarrierSource(Source):
+    """The graph input that carries a float argument: a 0-d float64 tensor of its value,
+    made anew on each call."""
+
+    base: Source
+
+    def expr(self) -> str:
+        return f"sys.modules['torch'].full((), {self.base.expr()}, dtype=sys.modules['torch'].float64)"

@@ -141,6 +141,25 @@ def _defaultdict(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.V
     return V.DictVar(plain.items, kind=collections.defaultdict, attrs={"default_factory": factory})
 
 
+def _fromkeys(kind: type) -> Handler:
+    """``dict.fromkeys(iterable, value=None)`` (and the subclasses'): every key bound to the
+    very same value, as the classmethod does; a defaultdict gets no factory."""
+    def make(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+        if not args or len(args) > 2 or set(kwargs) - {"value"}:
+            raise Unsupported(f"{kind.__name__}.fromkeys with these arguments", current().loc)
+        value = args[1] if len(args) > 1 else kwargs.get("value", V.ConstVar(None))
+        items: dict[Any, V.Var] = {}
+        for k in core.iterate(args[0]):
+            if not isinstance(k, V.ConstVar):
+                raise Unsupported(f"{kind.__name__}.fromkeys with a non-constant key", current().loc)
+            items[k.python()] = value
+        if kind is dict:
+            return V.DictVar(items)
+        attrs = {"default_factory": V.ConstVar(None)} if kind is collections.defaultdict else None
+        return V.DictVar(items, kind=kind, attrs=attrs)
+    return make
+
+
 def is_defaultdict(var: V.DictVar) -> bool:
     return issubclass(var.kind, collections.defaultdict) and bool(var.attrs) and \
         "default_factory" in var.attrs
@@ -235,6 +254,9 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
     collections.deque: _deque,
+    dict.fromkeys: _fromkeys(dict),
+    collections.OrderedDict.fromkeys: _fromkeys(collections.OrderedDict),
+    collections.defaultdict.fromkeys: _fromkeys(collections.defaultdict),
     itertools.pairwise: lambda core, a, k: _run(itertools.pairwise, core.iterate(a[0])),
 }
 

@@ -102,6 +102,20 @@ class ConstVar(Var):
         return f"constant {self.value!r}"
 
 
+class FloatArgVar(ConstVar):
+    """A ``float`` argument captured as a graph input (automatic dynamic for floats): a 0-d
+    float64 ``carrier`` input made from the argument on each call. Arithmetic and comparisons
+    with tensors use the carrier (`torchfuse.capture.operators.binary`); any other use reads
+    the value, which guards it as a constant (``python()``), i.e. specializes."""
+
+    def __init__(self, value: float, source: Any, carrier: Any) -> None:
+        super().__init__(value, source)
+        self.carrier = carrier
+
+    def describe(self) -> str:
+        return f"float argument {self.value!r} (a graph input)"
+
+
 class TensorVar(Var):
     """A fake tensor recorded in the graph. ``py_type`` is the class the user sees."""
 
@@ -179,6 +193,31 @@ class DequeVar(ListVar):
         keep = items[max(0, len(items) - maxlen):] if maxlen is not None else items
         super().__init__(keep, collections.deque)
         self.maxlen = maxlen
+
+
+class TracedArrayVar(Var):
+    """An ndarray computed in the graph (``x.numpy()``, ``np.ones(3)``): ``fake`` holds its
+    data; numpy calls on it are traced as torch ops (`torchfuse.capture.numpy_trace`)."""
+
+    def __init__(self, fake: torch.Tensor, scalar: bool = False) -> None:
+        self.fake = fake
+        self.source = None
+        self.scalar = scalar
+        """A numpy scalar (``np.float32``), as numpy's full reductions return, not a 0-d array."""
+
+    @property
+    def np_dtype(self) -> Any:
+        import numpy as np
+
+        return np.dtype(str(self.fake.dtype).removeprefix("torch."))
+
+    def python_type(self) -> type:
+        import numpy as np
+
+        return np.ndarray
+
+    def describe(self) -> str:
+        return f"ndarray {tuple(self.fake.shape)} {self.np_dtype} (traced)"
 
 
 class NdarrayVar(Var):
@@ -329,6 +368,14 @@ class FunctionVar(Var):
         self.kwdefaults = kwdefaults
         self.closure = closure
         self.globals_source_root = globals_source_root
+        self.attrs: DictVar | None = None
+        """The function's ``__dict__``, made when first read or written (``functools.wraps``
+        sets ``__wrapped__``, ``__name__`` … on the wrapper)."""
+
+    def attr_dict(self) -> DictVar:
+        if self.attrs is None:
+            self.attrs = DictVar({})
+        return self.attrs
 
     def python_type(self) -> type:
         return types.FunctionType

@@ -459,7 +459,12 @@ def describe_guard(guard: S.Guard) -> str:
     if isinstance(guard, S.SymbolGuard):
         return guard.expr
     if isinstance(guard, S.ConstantGuard | S.LengthGuard):  # already readable as Python
-        return guard_to_python(guard)
+        try:
+            return guard_to_python(guard)
+        except VerificationError:
+            # readable text, never run: a value whose repr calls a constructor (``set()``,
+            # ``np.float64(2.0)``) is shown as written, though `guard_to_python` refuses it
+            return f"{guard.source} == {guard.value}"
     return repr(guard)
 
 

@@ -1,0 +1,324 @@
+"""Python numbers as arguments (issue 20): an int that changes between calls becomes a size
+symbol instead of a constant recompiled per value; defaults patched after compiling are the
+ones a call binds; random numbers are drawn on every call. Each test compares with eager and
+counts entries and graphs."""
+
+from __future__ import annotations
+
+import logging
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from capture_helpers import assert_same
+from torch import nn
+from torchfuse.capture import compile
+from torchfuse.graph.printer import describe_guard
+
+
+def _calls(cf, fn, args_list):
+    for args in args_list:
+        assert_same(cf(*args), fn(*args))
+
+
+def _guards(cf, entry: int = -1) -> str:
+    return cf.entries[entry].result.checks.source
+
+
+def test_an_int_that_changes_becomes_a_symbol():
+    def f(x, n):
+        return x * n + n
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3, 4)
+    _calls(cf, f, [(x, 7), (x, 8), (x, 9), (x, 1000)])
+    assert len(cf.entries) == 2  # the constant 7, then one entry for every int >= 2
+    assert cf.recompiles == 1
+    assert cf.graph_count() == 2
+    assert "2 <= (s0 := L[1])" in _guards(cf)
+    assert cf.entries[-1].result.scalar_symbols == {"L[1]": "s0"}
+
+
+def test_an_int_used_as_a_size_stays_symbolic():
+    def f(x, n):
+        return x.reshape(-1)[: n * 2].softmax(-1), torch.ones(n).sum() + n // 3, n % 5
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(5, 6)
+    _calls(cf, f, [(x, 3), (x, 4), (x, 5), (x, 11)])
+    assert len(cf.entries) == 2
+
+
+def test_a_branch_on_the_int_is_a_guard_on_the_symbol():
+    def f(x, n):
+        if n > 5:
+            return x * 2
+        return x - n
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3)
+    _calls(cf, f, [(x, 3), (x, 6), (x, 7), (x, 9)])
+    assert len(cf.entries) == 2  # 3 (constant), then s0 > 5 serves 6, 7 and 9
+    assert "s0 > 5" in _guards(cf)
+    _calls(cf, f, [(x, 4)])  # the other side of the branch: the guard fails, a new entry
+    assert len(cf.entries) == 3
+    _calls(cf, f, [(x, 6), (x, 3)])
+    assert len(cf.entries) == 3
+
+
+def test_what_needs_a_plain_int_specializes():
+    def f(x, n):
+        return x + sum(range(n)), str(n)
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(2)
+    _calls(cf, f, [(x, 3), (x, 4), (x, 5)])
+    assert len(cf.entries) == 3  # range() and str() need the value: s0 == 4, s0 == 5
+    assert "s0 == 5" in _guards(cf)
+
+
+def test_small_negative_and_bool_ints_stay_constants():
+    def f(x, n):
+        return x * n
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(2)
+    _calls(cf, f, [(x, 0), (x, 1), (x, -3), (x, True)])
+    assert len(cf.entries) == 4
+    assert all(not e.result.scalar_symbols for e in cf.entries)
+
+
+def test_dynamic_false_keeps_specializing_and_dynamic_true_starts_symbolic():
+    def f(x, n):
+        return x * n
+
+    x = torch.randn(2)
+    fixed = compile(f, backend="eager", dynamic=False)
+    _calls(fixed, f, [(x, 2), (x, 3), (x, 4)])
+    assert len(fixed.entries) == 3
+    dyn = compile(f, backend="eager", dynamic=True)
+    _calls(dyn, f, [(x, 2), (x, 3), (x, 4)])
+    assert len(dyn.entries) == 1
+
+
+def test_int_symbol_through_autograd_and_a_module():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, n):
+            return (self.lin(x) * n).sum()
+
+    m = Scale()
+    cm = compile(m, backend="aot_eager")
+    for n in (2, 3, 4):
+        x = torch.randn(3, 4, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        m.zero_grad()
+        got = cm(x, n)
+        got.backward()
+        grads = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        want = m(x2, n)
+        want.backward()
+        assert_same(got, want)
+        assert_same(x.grad, x2.grad)
+        assert_same(grads, [p.grad for p in m.parameters()])
+    assert len(cm._compiled.entries) == 2
+
+
+def test_recompile_log_names_the_int_that_became_a_symbol(monkeypatch):
+    from torchfuse.graph import observe
+
+    seen = []
+
+    class H(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("torchfuse.recompiles")
+    h = H()
+    monkeypatch.setenv("TORCHFUSE_LOGS", "recompiles")
+    observe.reload_config()
+    logger.addHandler(h)
+    try:
+        cf = compile(lambda x, n: x + n, backend="eager")
+        x = torch.randn(2)
+        cf(x, 2)
+        cf(x, 3)
+    finally:
+        logger.removeHandler(h)
+        monkeypatch.delenv("TORCHFUSE_LOGS")
+        observe.reload_config()
+    assert any("L['n'] changed 2 -> 3; recompiling with it a symbol (s0)" in s for s in seen), seen
+
+
+# ============================================================ float arguments as graph inputs
+
+
+def _float_ops(x, f):
+    return x * f + f, x - f, f / x, x ** f, x // f, x % f, x > f, f * x.sum()
+
+
+def _float_dtypes(x, f):
+    return x.int() * f, x.bool() + f, x.half() * f, x.to(torch.bfloat16) - f, x.double() / f
+
+
+@pytest.mark.parametrize("fn", [_float_ops, _float_dtypes], ids=["operators", "dtypes"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_float_that_changes_becomes_a_graph_input(fn, backend):
+    cf = compile(fn, backend=backend)
+    x = torch.rand(3, 4) + 0.5
+    _calls(cf, fn, [(x, 0.25), (x, 0.75), (x, 1.5), (x, 3.0)])
+    assert len(cf.entries) == 2  # the constant 0.25, then one entry for every float
+    assert "type(L[1]) is T" in _guards(cf) and "0.75" not in _guards(cf)
+    graph = cf.entries[-1].result.graph
+    assert [i.name for i in graph.inputs][-1] == "f_float"
+    assert graph.values["f_float"].dtype == "float64" and graph.values["f_float"].sizes == ()
+
+
+def test_an_in_place_op_with_a_float_argument():
+    def f(x, g):
+        y = x.clone()
+        y += g
+        y *= g
+        return y
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(5)
+    _calls(cf, f, [(x, 0.5), (x, 2.5), (x, -1.25)])
+    assert len(cf.entries) == 2
+
+
+def test_other_uses_of_a_float_specialize():
+    def f(x, g):
+        if g > 0.5:  # a Python comparison reads the value: a constant guard
+            return torch.clamp(x, min=g)
+        return x * (2 if g.is_integer() else 3)
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(4)
+    _calls(cf, f, [(x, 0.25), (x, 0.75), (x, 1.0), (x, 1.0)])
+    assert len(cf.entries) == 3  # 0.25, then 0.75 and 1.0 specialized again (no 4th)
+    assert "L[1] == 1.0" in [describe_guard(g) for g in cf.entries[-1].result.graph.guards]
+
+
+# ============================================================ defaults patched after compiling
+
+
+def test_patched_defaults_are_the_ones_bound():
+    def f(x, k=2, *, j=3):
+        return x * k + j
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(2)
+    _calls(cf, f, [(x,)])
+    f.__defaults__ = (5,)
+    _calls(cf, f, [(x,)])
+    f.__kwdefaults__ = {"j": 10}
+    _calls(cf, f, [(x,)])
+    f.__kwdefaults__["j"] = -1  # the same dict, changed in place
+    _calls(cf, f, [(x,)])
+
+
+def test_patched_forward_defaults_recompile():
+    class M(nn.Module):
+        def forward(self, x, k=2):
+            return x * k
+
+    m = M()
+    cm = compile(m, backend="eager")
+    x = torch.randn(3)
+    assert_same(cm(x), m(x))
+    M.forward.__defaults__ = (5,)
+    assert_same(cm(x), x * 5)
+    assert len(cm._compiled.entries) == 2
+
+
+# ============================================================ guards whose value has no literal
+
+
+def test_closure_set_emptied_and_grown_between_calls():
+    s = {1}
+
+    def f(x):
+        return x * len(s)
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(2)
+    _calls(cf, f, [(x,)])
+    s.clear()  # the failing guard's value is ``{1}``, the new contents print as set()
+    _calls(cf, f, [(x,)])
+    s.update({2, 3})
+    _calls(cf, f, [(x,)])
+    assert len(cf.entries) == 3
+
+
+def test_numpy_scalar_arguments_recompile_without_error():
+    def f(s):
+        return torch.ones(3) * s
+
+    cf = compile(f, backend="eager")
+    _calls(cf, f, [(np.float64(2.0),), (np.float64(3.0),), (np.float64(2.0),)])
+    assert len(cf.entries) == 2
+
+
+# ============================================================ random numbers
+
+
+@pytest.mark.parametrize("draw", [lambda x: x + torch.rand(3, 4),
+                                  lambda x: x * torch.randn_like(x),
+                                  lambda x: torch.nn.functional.dropout(x, 0.5, True)],
+                         ids=["rand", "randn_like", "dropout"])
+def test_torch_random_ops_draw_on_every_call_and_follow_the_seed(draw):
+    cf = compile(draw, backend="eager")
+    x = torch.randn(3, 4)
+    torch.manual_seed(1)
+    a, b = cf(x), cf(x)
+    torch.manual_seed(1)
+    want_a, want_b = draw(x), draw(x)  # eager advances the generator the same way
+    torch.manual_seed(1)
+    again = cf(x)
+    assert not torch.equal(a, b)
+    assert_same([a, b], [want_a, want_b])
+    assert_same(again, a)
+    assert cf.graph_count() == 1 and len(cf.entries) == 1
+
+
+def test_python_random_is_never_baked_in():
+    def f(x):
+        return x * random.random()
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        random.seed(3)
+        got = [cf(x) for _ in range(12)]
+        random.seed(3)
+        want = [f(x) for _ in range(12)]
+    assert_same(got, want)
+    assert not torch.equal(got[0], got[1])
+    # the draw is a break; the float it returns is a graph input of the resume function
+    # after the second value, not a constant recompiled per value up to the limit
+    (resume,) = cf.resumes.values()
+    assert len(resume.entries) == 2 and resume.recompiles == 1
+
+
+# ============================================================ tensors of size values
+
+
+def test_torch_tensor_of_symbolic_sizes_and_relations():
+    def f(x):
+        n = x.shape[0]
+        return x + torch.tensor(n > 4), torch.tensor(n * 2), torch.tensor(n, dtype=torch.float32)
+
+    cf = compile(f, backend="eager", dynamic=True)
+    _calls(cf, f, [(torch.randn(6, 4),), (torch.randn(7, 4),), (torch.randn(9, 4),)])
+    assert len(cf.entries) == 1 and cf.graph_count() == 1  # no break: n stays s0, n > 4 a guard
+    assert "s0 > 4" in _guards(cf)
+    _calls(cf, f, [(torch.randn(3, 4),)])  # the relation flips: a new entry
+    assert len(cf.entries) == 2
