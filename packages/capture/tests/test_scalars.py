@@ -322,3 +322,33 @@ def test_torch_tensor_of_symbolic_sizes_and_relations():
     assert "s0 > 4" in _guards(cf)
     _calls(cf, f, [(torch.randn(3, 4),)])  # the relation flips: a new entry
     assert len(cf.entries) == 2
+
+
+def _scaled_rows(x, n, f):
+    return x[:n] * f + f, torch.ones(n, device=x.device) * f
+
+
+def test_carriers_are_made_on_the_frame_tensors_device():
+    from torchfuse.capture.source import FloatCarrierSource, LocalSource, ScalarCarrierSource
+
+    # a CPU frame makes CPU carriers; a GPU frame's carriers must be on its device: a kernel
+    # there reads the float, and a Program on a GPU takes its inputs on that device
+    assert "device" not in ScalarCarrierSource(LocalSource(1, "n")).expr()
+    assert FloatCarrierSource(LocalSource(2, "f"), "cuda:0").expr().endswith("device='cuda:0')")
+    cf = compile(_scaled_rows, backend="aot_eager")
+    x = torch.rand(6, 3)
+    _calls(cf, _scaled_rows, [(x, 4, 0.5), (x, 3, 1.5), (x, 2, 2.5)])
+    graph = cf.entries[-1].result.graph
+    assert {graph.values[i.name].device for i in graph.inputs} == {"cpu"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_int_and_float_arguments_beside_gpu_tensors(backend):
+    cf = compile(_scaled_rows, backend=backend)
+    x = torch.rand(6, 3, device="cuda")
+    _calls(cf, _scaled_rows, [(x, 4, 0.5), (x, 3, 1.5), (x, 2, 2.5), (x, 5, -0.75)])
+    assert len(cf.entries) == 2  # the constants, then one entry for every int and float
+    graph = cf.entries[-1].result.graph
+    assert {graph.values[i.name].device for i in graph.inputs} == {"cuda:0"}

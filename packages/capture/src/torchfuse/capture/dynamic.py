@@ -308,6 +308,7 @@ def bind_scalar_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
     from torchfuse.capture.guards import SymbolBinding
     from torchfuse.capture.source import LocalSource, ScalarCarrierSource
 
+    device = _carrier_device(local_vars)
     for name, var in local_vars.items():
         if type(var) is not V.ConstVar or not isinstance(var.source, LocalSource):
             continue
@@ -316,14 +317,15 @@ def bind_scalar_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
             continue
         n = var.value
         if type(n) is float:
-            _float_input(ctx, name, var, local_vars)
+            _float_input(ctx, name, var, local_vars, device)
             continue
         k = len(ctx.rec.builder.inputs)  # the graph input the carrier is about to become
         sym = ctx.size_env.symbol(n, source=f"input:{k}.size(1)")
         info = ctx.size_env.symbols[sym.node.expr.name]
-        carrier = torch.empty(0, n)
+        carrier = torch.empty(0, n, device=device)
         fake = ctx.rec.input(carrier, name=f"{name}_int", kind="user_input", sizes=[0, sym])
-        ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input", ScalarCarrierSource(var.source)))
+        ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input",
+                                    ScalarCarrierSource(var.source, device)))
         ctx._keep.append(carrier)
         ctx.guards.scalar_symbol(var.source, SymbolBinding(info.name, info.min, info.max))
         ctx.symbol_reads[info.name] = src
@@ -331,15 +333,31 @@ def bind_scalar_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
         local_vars[name] = V.ConstVar(sym)
 
 
-def _float_input(ctx: Any, name: str, var: Any, local_vars: dict[str, Any]) -> None:
+def _carrier_device(local_vars: dict[str, Any]) -> str | None:
+    """Where the carriers of scalar arguments go: the device of the frame's first tensor
+    argument that is not on the CPU (its kernels read a float carrier, and a Program on a GPU
+    takes its inputs there), else None (the CPU). A tensor on another device fails its own
+    guard, so the choice is fixed for the entry."""
+    from torchfuse.capture import variables as V
+
+    for var in local_vars.values():
+        if isinstance(var, V.TensorVar):
+            dev = getattr(var.fake, "fake_device", var.fake.device)
+            if dev.type not in ("cpu", "meta"):
+                return str(dev)
+    return None
+
+
+def _float_input(ctx: Any, name: str, var: Any, local_vars: dict[str, Any], device: str | None) -> None:
     """A float argument as a 0-d float64 graph input, guarded on its type only."""
     from torchfuse.capture import variables as V
     from torchfuse.capture.context import InputSlot
     from torchfuse.capture.source import FloatCarrierSource
 
-    carrier = torch.tensor(var.value, dtype=torch.float64)
+    carrier = torch.tensor(var.value, dtype=torch.float64, device=device)
     fake = ctx.rec.input(carrier, name=f"{name}_float", kind="user_input")
-    ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input", FloatCarrierSource(var.source)))
+    ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input",
+                                FloatCarrierSource(var.source, device)))
     ctx._keep.append(carrier)
     ctx.guards.type_(var.source, float)
     ctx.scalar_symbols[var.source.expr()] = ctx.rec.names[id(fake)]

@@ -191,17 +191,22 @@ class ScalarCarrierSource(Source):
     sizes (``input:<k>.size(1)``), so the int travels as a size; no element is ever read."""
 
     base: Source
+    device: str | None = None  # the frame's accelerator, when its tensors are on one
 
     def expr(self) -> str:
-        return f"sys.modules['torch'].empty(0, {self.base.expr()})"
+        on = f", device={self.device!r}" if self.device else ""
+        return f"sys.modules['torch'].empty(0, {self.base.expr()}{on})"
 
 
 @dataclass(frozen=True, slots=True)
 class FloatCarrierSource(Source):
     """The graph input that carries a float argument: a 0-d float64 tensor of its value,
-    made anew on each call."""
+    made anew on each call, on the frame's accelerator when its tensors are on one (a kernel
+    there reads it; a CPU tensor cannot be read by a GPU kernel)."""
 
     base: Source
+    device: str | None = None
 
     def expr(self) -> str:
-        return f"sys.modules['torch'].full((), {self.base.expr()}, dtype=sys.modules['torch'].float64)"
+        on = f", device={self.device!r}" if self.device else ""
+        return f"sys.modules['torch'].full((), {self.base.expr()}, dtype=sys.modules['torch'].float64{on})"
