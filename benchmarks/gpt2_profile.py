@@ -16,7 +16,7 @@ of ``workloads.py``:
 - the 12 kernels with the most GPU time in one call, per compiler;
 - the lm_head matmul alone: ``[4096, 768] @ [768, 50257]`` in bf16 against the same with N
   padded to 50264 (a multiple of 8), the hypothesis that an unaligned vocab keeps cuBLAS off
-  its fast paths (``benchmarks/NOTES.md``, "GPT-2 gap", cause 2).
+  its fast paths (``benchmarks/notes/2026-11.md``, "GPT-2 gap", cause 2).
 """
 
 from __future__ import annotations

@@ -594,7 +594,7 @@ def _cache_hit_child(rows: list[dict[str, Any]], names: list[str], args: argpars
     note = None
     # The child leads its own process group, killed whole when it ends, so no compile worker
     # it started outlives it into the next child's measurement. (This did not explain the slow
-    # torchfuse hits of full runs: see benchmarks/NOTES.md, "Cache-hit column".)
+    # torchfuse hits of full runs: see benchmarks/notes/2026-11.md, "Cache-hit column".)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE,
                             start_new_session=True)
     try:
