@@ -13,6 +13,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph import trace
 from torchfuse.inductor.backend import compiler
 from torchfuse.inductor.decompositions import (
+    BATCH_NORM_TRAINING,
     DECOMPOSITIONS,
     batch_norm_backward,
     batch_norm_functional,
@@ -32,10 +33,14 @@ def _bn_inputs(dtype, shape=(4, 3, 5, 6)):
     return x, w, b, rm, rv
 
 
-def test_training_batch_norm_ops_are_in_the_table():
+DECOMPOSE = {"cache": False, "batch_norm_training": "decompose"}
+
+
+def test_training_batch_norm_ops_are_in_their_own_table():
+    # opt-in (batch_norm_training="decompose"): not in the default table
     for op in ("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.no_stats",
                "aten.native_batch_norm_backward.default"):
-        assert op in DECOMPOSITIONS
+        assert op in BATCH_NORM_TRAINING and op not in DECOMPOSITIONS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -96,7 +101,7 @@ def test_compiled_training_batch_norm_matches_eager(dtype):
     programs: list[S.Program] = []
 
     def comp(g, inputs):
-        fn = compiler(g, inputs, options={"cache": False})
+        fn = compiler(g, inputs, options=DECOMPOSE)
         programs.append(fn.program)
         return fn
 
@@ -118,3 +123,27 @@ def test_compiled_training_batch_norm_matches_eager(dtype):
     # the normalization, the residual add and the relu are one kernel after the statistics
     names = [k.name for p in programs for k in p.kernels]
     assert any("relu" in k and "add" in k and "rsqrt" in k for k in names), names
+
+
+def test_decomposed_batch_norm_of_a_leaf_without_grad_matches_eager():
+    # the input needs no gradient: the backward's output_mask leaves it out, yet the recorded
+    # node names that output (the rule must still return a tensor for it)
+    x, w, b, rm, rv = _bn_inputs(torch.float32)
+    ours = [x, w.clone().requires_grad_(), b.clone().requires_grad_(), rm.clone(), rv.clone()]
+    theirs = [x, w.clone().requires_grad_(), b.clone().requires_grad_(), rm.clone(), rv.clone()]
+
+    def f(x, w, b, rm, rv):
+        return F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1).relu().sum()
+
+    graph, _ = trace(f, *ours)
+    fn = aot(graph, lambda g, i: compiler(g, i, options=DECOMPOSE), lambda g, i: compiler(g, i, options=DECOMPOSE))
+    out = fn(*ours)
+    out = out[0] if isinstance(out, list | tuple) else out
+    want = f(*theirs)
+    torch.testing.assert_close(out, want, **TOL[torch.float32])
+    out.backward()
+    want.backward()
+    for a, e in zip(ours[1:3], theirs[1:3], strict=True):
+        torch.testing.assert_close(a.grad, e.grad, **TOL[torch.float32])
+    torch.testing.assert_close(ours[3], theirs[3])
+    torch.testing.assert_close(ours[4], theirs[4])

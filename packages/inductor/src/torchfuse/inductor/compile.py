@@ -31,7 +31,8 @@ from torchfuse.inductor.config import InductorConfig, cpu_kernels
 from torchfuse.inductor.config import config as default_config
 from torchfuse.inductor.conv import rewrite_convolution_graphs
 from torchfuse.inductor.cpp_codegen import generate_kernel as cpp_kernel
-from torchfuse.inductor.decompositions import DECOMPOSITIONS
+from torchfuse.inductor.decompositions import DECOMPOSITIONS, DECOMPOSITIONS_BN_TRAINING
+from torchfuse.inductor.inplace import write_in_place
 from torchfuse.inductor.layout import layout_pass
 from torchfuse.inductor.lowering import lower
 from torchfuse.inductor.pad_mm import pad_matmuls
@@ -89,10 +90,11 @@ def _decompose(graph: S.Graph, cfg: InductorConfig) -> S.Graph:
     if not cfg.decompose:
         return graph
     # autograd owns the one retracing decompose(); the table of inductor's primitives is ours
+    table = DECOMPOSITIONS_BN_TRAINING if cfg.batch_norm_training == "decompose" else DECOMPOSITIONS
     if not _is_symbolic(graph):
-        return decompose(graph, DECOMPOSITIONS)
+        return decompose(graph, table)
     try:
-        out = decompose(graph, DECOMPOSITIONS)
+        out = decompose(graph, table)
     except DecompositionError as e:  # the graph as captured is a correct fallback (see below)
         why = f"decompose failed on symbolic sizes ({type(e).__name__}: {e})"
     else:
@@ -188,6 +190,11 @@ PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("codegen", lambda st, cfg: _codegen(st["schedule"], st["dead_code"], cfg)),
     ("plan", lambda st, cfg: build_program(st["dead_code"], st["schedule"], st["codegen"])),
     ("user_kernels", lambda st, cfg: launch_user_kernels(st["plan"])),  # needs the plan's frees
+    # an ATen training batch norm's running statistics updated in the inputs themselves (needs
+    # the graph's output kinds: which outputs are the new values of which inputs); not under
+    # reduce-overhead, whose CUDA graphs cannot replay a Program that writes its inputs
+    ("in_place", lambda st, cfg: st["user_kernels"] if st["mode"] == "reduce-overhead"
+     else write_in_place(st["user_kernels"], st["graph"])),
 )
 """The pipeline, in order. Each entry reads earlier artifacts by pass name."""
 
@@ -209,7 +216,7 @@ def compile_graph_stages(
         t0 = time.perf_counter()
         state[name] = fn(state, cfg)
         stages.append(Stage(name, time.perf_counter() - t0, state[name]))
-    program: S.Program = state["user_kernels"]
+    program: S.Program = state["in_place"]
     pre = ir.format_program(state["dead_code"])
     post = format_schedule(state["schedule"])
     code = standalone_source(program)  # the runtime's own call function: what prints is what runs

@@ -14,8 +14,10 @@ Environment variables (all optional):
   C++ with OpenMP (`torchfuse.inductor.cpp_codegen`), Triton (run by its interpreter), or
   ``auto`` (the default): Triton when ``TRITON_INTERPRET=1``, else C++.
 * ``TORCHFUSE_CHANNELS_LAST=auto|always|never`` -- run convolution graphs channels-last
-  (`torchfuse.inductor.layout`; default ``auto``: CUDA graphs with a 2-d convolution of at
-  least 64 output channels).
+  (`torchfuse.inductor.layout`; default ``never``; ``auto``: CUDA graphs with a 2-d
+  convolution of at least 64 output channels).
+* ``TORCHFUSE_BATCH_NORM_TRAINING=aten|decompose`` -- training batch norms as ATen calls (the
+  default) or as our reductions (`torchfuse.inductor.decompositions.BATCH_NORM_TRAINING`).
 * ``TRITON_INTERPRET`` -- read, not owned: whether Triton runs its kernels on the CPU.
 * ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
   Programs and autograd plans (`torchfuse.inductor.cache`; default on). Where they live
@@ -31,6 +33,8 @@ CPU_BACKENDS = ("auto", "cpp", "triton")
 """The values of ``cpu_backend``."""
 CHANNELS_LAST = ("auto", "always", "never")
 """The values of ``channels_last``."""
+BATCH_NORM_TRAINING = ("aten", "decompose")
+"""The values of ``batch_norm_training``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +89,17 @@ class InductorConfig:
     """Fold inference batch norms into the convolutions before them, write the others as
     pointwise ops, and keep a float16/bfloat16 bias inside its extern matmul
     ([`torchfuse.inductor.conv`][torchfuse.inductor.conv]). ``TORCHFUSE_CONV_REWRITES=0``."""
-    channels_last: str = "auto"
+    channels_last: str = "never"
     """Channels-last per graph ([`torchfuse.inductor.layout`][torchfuse.inductor.layout]): the
     graph's 2-d convolutions (and the kernels between them) run on NHWC data, converted once at
     the graph's edges; outputs keep eager's strides. ``"auto"``: CUDA graphs with a 2-d
     convolution of at least 64 output channels; ``"always"``: any graph with a 2-d convolution
-    (CPU tests); ``"never"``. ``TORCHFUSE_CHANNELS_LAST``."""
+    (CPU tests); ``"never"`` (the default until ``"auto"`` is measured faster: see
+    docs/inductor.md, "Channels-last per graph"). ``TORCHFUSE_CHANNELS_LAST``."""
+    batch_norm_training: str = "aten"
+    """Training batch norms: ``"aten"`` (the default: ATen's kernels, cuDNN's on a GPU, their
+    activation and residual add fused after them) or ``"decompose"`` (our per-channel
+    reductions and pointwise ops, `BATCH_NORM_TRAINING`). ``TORCHFUSE_BATCH_NORM_TRAINING``."""
     mm_templates: str = "auto"
     """``mode="max-autotune"`` only: ``"auto"`` (the Triton matmul template against cuBLAS,
     benchmarked per shape and cached in ``<cache dir>/mm_choices.json``), ``"always"`` (the
@@ -114,6 +123,9 @@ class InductorConfig:
         if self.cpu_backend not in CPU_BACKENDS:
             choices = ", ".join(map(repr, CPU_BACKENDS))
             raise ValueError(f"cpu_backend={self.cpu_backend!r}: use one of {choices}")
+        if self.batch_norm_training not in BATCH_NORM_TRAINING:
+            choices = ", ".join(map(repr, BATCH_NORM_TRAINING))
+            raise ValueError(f"batch_norm_training={self.batch_norm_training!r}: use one of {choices}")
         if self.channels_last not in CHANNELS_LAST:
             choices = ", ".join(map(repr, CHANNELS_LAST))
             raise ValueError(f"channels_last={self.channels_last!r}: use one of {choices}")
@@ -156,7 +168,8 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         pad_mm=env.get("TORCHFUSE_PAD_MM", "1").strip().lower() not in ("0", "false", "no", "off"),
         conv_rewrites=env.get("TORCHFUSE_CONV_REWRITES", "1").strip().lower() not in ("0", "false", "no",
                                                                                     "off"),
-        channels_last=env.get("TORCHFUSE_CHANNELS_LAST", "auto").strip().lower() or "auto",
+        channels_last=env.get("TORCHFUSE_CHANNELS_LAST", "never").strip().lower() or "never",
+        batch_norm_training=env.get("TORCHFUSE_BATCH_NORM_TRAINING", "aten").strip().lower() or "aten",
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
         cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "auto").strip().lower() or "auto",
         triton_interpret=_on(env.get("TRITON_INTERPRET", "")),

@@ -358,19 +358,27 @@ RULES: Mapping[str, Callable[..., Any]] = {
     "aten.max.default": _max_all,
     "aten.min.default": _min_all,
     "aten._native_multi_head_attention.default": native_multi_head_attention,
-    # training batch norms (the inference ones are the conv pass's: folded or pointwise)
+}
+"""Inductor's own rules: ops autograd's table leaves alone that inductor's primitive set does
+not have. None of them is in autograd's table (a test checks it)."""
+
+BATCH_NORM_TRAINING: Mapping[str, Callable[..., Any]] = {
     "aten._native_batch_norm_legit_functional.default": batch_norm_functional,
     "aten._native_batch_norm_legit.no_stats": batch_norm_no_stats,
     "aten.native_batch_norm_backward.default": batch_norm_backward,
 }
-"""Inductor's own rules: ops autograd's table leaves alone that inductor's primitive set does
-not have. None of them is in autograd's table (a test checks it)."""
+"""Training batch norms as our reductions and pointwise ops, used under
+``batch_norm_training="decompose"`` (the inference ones are the conv pass's: folded or
+pointwise). Not the default: on the H200 (run ``models_gpu_20261202_0738``, with channels-last
+on as well) ResNet-18/50 training steps took 2-3x longer than with ATen's batch norm."""
 
 DECOMPOSITIONS: Mapping[str, Callable[..., Any]] = {
     **{op: rule for op, rule in DEFAULT_TABLE.items() if op not in LOWERED_DIRECTLY},
     **OVERRIDES,
     **RULES,
 }
+DECOMPOSITIONS_BN_TRAINING: Mapping[str, Callable[..., Any]] = {**DECOMPOSITIONS, **BATCH_NORM_TRAINING}
+"""`DECOMPOSITIONS` with `BATCH_NORM_TRAINING`."""
 """op name -> decomposition function: autograd's table (one rule per op for both packages:
 ``gelu``, ``softmax``, ``layer_norm`` … are written once, there), less
 `LOWERED_DIRECTLY`, plus `RULES`."""
