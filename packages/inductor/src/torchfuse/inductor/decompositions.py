@@ -377,8 +377,9 @@ DECOMPOSITIONS: Mapping[str, Callable[..., Any]] = {
     **OVERRIDES,
     **RULES,
 }
-DECOMPOSITIONS_BN_TRAINING: Mapping[str, Callable[..., Any]] = {**DECOMPOSITIONS, **BATCH_NORM_TRAINING}
-"""`DECOMPOSITIONS` with `BATCH_NORM_TRAINING`."""
 """op name -> decomposition function: autograd's table (one rule per op for both packages:
 ``gelu``, ``softmax``, ``layer_norm`` … are written once, there), less
 `LOWERED_DIRECTLY`, plus `RULES`."""
+
+DECOMPOSITIONS_BN_TRAINING: Mapping[str, Callable[..., Any]] = {**DECOMPOSITIONS, **BATCH_NORM_TRAINING}
+"""`DECOMPOSITIONS` with `BATCH_NORM_TRAINING` (``batch_norm_training="decompose"``)."""
