@@ -6,7 +6,6 @@ interpreter) runs symbolic graphs at any size, and a counting backend counts com
 
 from __future__ import annotations
 
-import logging
 import warnings
 
 import pytest
@@ -23,7 +22,6 @@ from torchfuse.capture import (
     export,
     mark_dynamic,
 )
-from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.interpreter import Interpreter
 from torchfuse.graph.printer import describe_guard, guard_to_python, to_python
@@ -65,25 +63,6 @@ def _sym_args(graph: S.Graph) -> list[str]:
         for a in [*n.args, *n.kwargs.values()]:
             walk(a)
     return out
-
-
-@pytest.fixture
-def recompile_log(monkeypatch):
-    records: list[str] = []
-
-    class H(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    logger = logging.getLogger("torchfuse.recompiles")
-    h = H()
-    monkeypatch.setenv("TORCHFUSE_LOGS", "recompiles")
-    observe.reload_config()
-    logger.addHandler(h)
-    yield records
-    logger.removeHandler(h)
-    monkeypatch.delenv("TORCHFUSE_LOGS")
-    observe.reload_config()
 
 
 # ----------------------------------------------------------------------------- the issue

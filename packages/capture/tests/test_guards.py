@@ -232,28 +232,11 @@ def test_recompile_limit_can_raise():
             cf(x, 1)
 
 
-def test_recompile_is_logged_with_the_failing_guard(monkeypatch):
-    from torchfuse.graph import observe
-
-    records = []
-
-    class H(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    logger = logging.getLogger("torchfuse.recompiles")
-    h = H()
-    monkeypatch.setenv("TORCHFUSE_LOGS", "recompiles")
-    observe.reload_config()
-    logger.addHandler(h)
-    try:
-        cf = compile(lambda x: x + 1, backend="eager")
-        cf(torch.randn(2))
-        cf(torch.randn(3))
-    finally:
-        logger.removeHandler(h)
-        monkeypatch.delenv("TORCHFUSE_LOGS")
-        observe.reload_config()
+def test_recompile_is_logged_with_the_failing_guard(recompile_log):
+    cf = compile(lambda x: x + 1, backend="eager")
+    cf(torch.randn(2))
+    cf(torch.randn(3))
+    records = recompile_log
     assert any("L[0]" in r and "size=[2]" in r for r in records), records
 
 

@@ -5,7 +5,6 @@ counts entries and graphs."""
 
 from __future__ import annotations
 
-import logging
 import random
 import warnings
 
@@ -130,29 +129,12 @@ def test_int_symbol_through_autograd_and_a_module():
     assert len(cm._compiled.entries) == 2
 
 
-def test_recompile_log_names_the_int_that_became_a_symbol(monkeypatch):
-    from torchfuse.graph import observe
-
-    seen = []
-
-    class H(logging.Handler):
-        def emit(self, record):
-            seen.append(record.getMessage())
-
-    logger = logging.getLogger("torchfuse.recompiles")
-    h = H()
-    monkeypatch.setenv("TORCHFUSE_LOGS", "recompiles")
-    observe.reload_config()
-    logger.addHandler(h)
-    try:
-        cf = compile(lambda x, n: x + n, backend="eager")
-        x = torch.randn(2)
-        cf(x, 2)
-        cf(x, 3)
-    finally:
-        logger.removeHandler(h)
-        monkeypatch.delenv("TORCHFUSE_LOGS")
-        observe.reload_config()
+def test_recompile_log_names_the_int_that_became_a_symbol(recompile_log):
+    cf = compile(lambda x, n: x + n, backend="eager")
+    x = torch.randn(2)
+    cf(x, 2)
+    cf(x, 3)
+    seen = recompile_log
     assert any("L['n'] changed 2 -> 3; recompiling with it a symbol (s0)" in s for s in seen), seen
 
 
