@@ -49,6 +49,7 @@ from torchfuse.autograd.common import (
     where,
 )
 from torchfuse.graph import schema as S
+from torchfuse.graph.layouts import dense_strides, is_dense
 from torchfuse.graph.ops import encode_arg, flatten_result, op_name, resolve_op, to_dtype
 
 Rule = Callable[..., Any]
@@ -448,10 +449,10 @@ def _in_recorded_order(value: torch.Tensor, meta: S.TensorMeta) -> torch.Tensor:
     have = value.stride()
     if all(have[d] == st for d, (n, st) in enumerate(zip(sizes, strides, strict=True)) if n > 1):
         return value
-    if not _dense(value.shape, have):
+    if not is_dense(value.shape, have):
         return value  # a view a rule made on purpose (pad_mm's padded product): its own business
     for fmt, order in _FORMATS.get(len(sizes), _FORMATS[0]):
-        dense = _dense_strides(sizes, order)
+        dense = dense_strides(sizes, order)
         if all(dense[d] == st for d, (n, st) in enumerate(zip(sizes, strides, strict=True)) if n > 1):
             return value.contiguous(memory_format=fmt)
     return value  # an order no memory format names: left to the consumers
@@ -464,26 +465,6 @@ _FORMATS: dict[int, list[tuple[torch.memory_format, tuple[int, ...] | None]]] = 
 }
 """Memory formats by rank, with the order of dims from the fastest varying (``None``: the last
 dim fastest)."""
-
-
-def _dense(sizes: Any, strides: Any) -> bool:
-    """Whether a tensor covers its storage exactly once, in some order of its dims."""
-    dims = sorted((st, n) for n, st in zip(sizes, strides, strict=True) if n > 1)
-    step = 1
-    for st, n in dims:
-        if st != step:
-            return False
-        step *= n
-    return True
-
-
-def _dense_strides(sizes: tuple[int, ...], order: tuple[int, ...] | None) -> list[int]:
-    order = order or tuple(reversed(range(len(sizes))))
-    strides, step = [0] * len(sizes), 1
-    for d in order:
-        strides[d] = step
-        step *= max(sizes[d], 1)
-    return strides
 
 
 def _decompose_once(graph: S.Graph, rules: dict[str, Rule]) -> S.Graph:

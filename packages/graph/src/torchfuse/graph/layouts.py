@@ -21,17 +21,34 @@ from typing import Any
 import torch
 
 
-def channels_last_strides(sizes: Sequence[int]) -> tuple[int, ...] | None:
-    """Dense strides of a 4-d (channels-last) or 5-d (channels-last-3d) tensor with the
-    channels (dim 1) fastest, or None for other ranks."""
-    if len(sizes) not in (4, 5):
-        return None
-    order = [1, *range(len(sizes) - 1, 1, -1), 0]  # fastest first: C, W, H, (D,) N
+def dense_strides(sizes: Sequence[int], order: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Strides laying ``sizes`` out densely with the dims in ``order``, fastest first
+    (None: the last dim fastest, i.e. contiguous)."""
+    order = tuple(order) if order is not None else tuple(reversed(range(len(sizes))))
     strides, step = [0] * len(sizes), 1
     for d in order:
         strides[d] = step
         step *= max(int(sizes[d]), 1)
     return tuple(strides)
+
+
+def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a layout covers its storage exactly once, in some order of its dims (dims of
+    size 0 or 1 ignored)."""
+    step = 1
+    for st, n in sorted((st, n) for n, st in zip(sizes, strides, strict=True) if n > 1):
+        if st != step:
+            return False
+        step *= n
+    return True
+
+
+def channels_last_strides(sizes: Sequence[int]) -> tuple[int, ...] | None:
+    """Dense strides of a 4-d (channels-last) or 5-d (channels-last-3d) tensor with the
+    channels (dim 1) fastest, or None for other ranks."""
+    if len(sizes) not in (4, 5):
+        return None
+    return dense_strides(sizes, [1, *range(len(sizes) - 1, 1, -1), 0])  # C, W, H, (D,) N
 
 
 def strides_like_channels_last(sizes: Sequence[int], strides: Sequence[int]) -> bool:

@@ -47,7 +47,7 @@ from torchfuse.autograd.common import (
     where,
 )
 from torchfuse.graph import schema as S
-from torchfuse.graph.layouts import channels_last_strides
+from torchfuse.graph.layouts import channels_last_strides, is_dense
 from torchfuse.graph.ops import encode_arg, flatten_result, resolve_op
 from torchfuse.inductor.config import CHANNELS_LAST as CHANNELS_LAST_POLICIES
 
@@ -110,20 +110,11 @@ def _same_layout(t: torch.Tensor, meta: S.TensorMeta) -> bool:
     return all(n == 1 or a == b for n, a, b in zip(meta.sizes, t.stride(), meta.strides, strict=True))
 
 
-def _dense(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    step = 1
-    for st, n in sorted((st, n) for n, st in zip(sizes, strides, strict=True) if n > 1):
-        if st != step:
-            return False
-        step *= n
-    return True
-
-
 def _as_recorded(t: torch.Tensor, meta: S.TensorMeta) -> torch.Tensor:
     """``t`` copied into the dense layout ``meta`` records (contiguous, channels-last, or any
     dim order: permute, copy, permute back); ``t`` itself when it has it already, or when the
     recorded layout is not dense (a view: nothing to copy into)."""
-    if _same_layout(t, meta) or not _dense(tuple(meta.sizes), tuple(meta.strides)):
+    if _same_layout(t, meta) or not is_dense(meta.sizes, meta.strides):
         return t
     sizes, strides = tuple(meta.sizes), tuple(meta.strides)
     if strides == channels_last_strides(sizes) and t.dim() == 4:

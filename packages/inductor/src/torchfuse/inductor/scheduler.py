@@ -293,8 +293,8 @@ class _Builder:
                     return Reject(f"{n.name} reads {prod.name} through an indirect or masked load")
                 if roles[prod.name] == Role.FULL and not ctx_full:
                     return Reject(f"{n.name} (one value per row) reads {prod.name} (one per element)")
-                lhs = at(ld.index, n.name, roles, maps, bounds)
-                rhs = at(prod.store_index, prod.name, roles, maps, bounds)
+                lhs = at(ld.index, n.name, maps, bounds)
+                rhs = at(prod.store_index, prod.name, maps, bounds)
                 if lhs != rhs:
                     return Reject(f"{n.name} reads {prod.name} at {lhs}, where it is computed at {rhs}")
                 pp = phase[prod.name]
@@ -322,7 +322,7 @@ class _Builder:
             found = self._maps[key] = dict(_varmap(node, role, xnumel, rnumel))
         return found
 
-    def _at(self, index: sympy.Expr, owner: str, roles: dict, maps: dict, bounds: dict) -> sympy.Expr:
+    def _at(self, index: sympy.Expr, owner: str, maps: dict, bounds: dict) -> sympy.Expr:
         """``index`` of node ``owner`` in the kernel's variables, simplified (remembered). The
         map is one of `_varmap`'s, kept alive by its cache: its identity names it."""
         key = (index, id(maps[owner]), bounds[XI], bounds[RI])
@@ -340,7 +340,7 @@ class _Builder:
                 prod = by_name.get(v.buffer)
                 if prod is not None and isinstance(prod, ir.Pointwise) and roles[prod.name] == Role.FULL:
                     return norm(prod.body, prod.name)
-                idx = self._at(v.index, owner, roles, maps, bounds)
+                idx = self._at(v.index, owner, maps, bounds)
                 mask = norm(v.mask, owner) if v.mask is not None else None
                 ind = tuple((k, norm(x, owner)) for k, x in v.indirect)
                 return ir.Load(v.buffer, idx, v.dtype, ind, mask)
@@ -349,7 +349,7 @@ class _Builder:
             if isinstance(v, ir.Call):
                 return ir.Call(v.op, tuple(norm(a, owner) for a in v.args), v.dtype)
             if isinstance(v, ir.IndexValue):
-                return ir.IndexValue(self._at(v.index, owner, roles, maps, bounds), v.dtype)
+                return ir.IndexValue(self._at(v.index, owner, maps, bounds), v.dtype)
             return v
 
         body = norm(s_node.body, s_node.name)
