@@ -66,11 +66,9 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(fn, V.ModuleVar):
         return call_module(fn, args, kwargs)
     if isinstance(fn, V.UserObjVar):
-        if "numpy" in sys.modules:  # a ufunc (np.exp) is an object with __call__
-            from torchfuse.capture import numpy_trace
-
-            if numpy_trace.handles(fn.value):
-                return numpy_trace.call_function(fn.value, args, kwargs)
+        traced = _numpy_call(fn.value, args, kwargs)  # a ufunc (np.exp) is an object with __call__
+        if traced is not None:
+            return traced
         return call(_attr(fn, "__call__"), args, kwargs)
     if isinstance(fn, V.SuperVar | V.NullVar | V.CellVar | V.IteratorVar):
         raise Unsupported(f"call of {fn.describe()}", ctx.loc)
@@ -83,11 +81,9 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(value, CompiledFunction):  # compiled inside compiled: capture it inline
         inner = [ctx.wrap(value.bound_self, None)] if value.bound_self is not None else []
         return inline(V.ObjVar(value.fn), [*inner, *args], kwargs)
-    if "numpy" in sys.modules:
-        from torchfuse.capture import numpy_trace
-
-        if numpy_trace.handles(value):
-            return numpy_trace.call_function(value, args, kwargs)
+    traced = _numpy_call(value, args, kwargs)
+    if traced is not None:
+        return traced
     if value is OBJECT_NEW:
         made = object_new(args, kwargs)
         if made is not None:
@@ -158,6 +154,16 @@ def _qualname(value: Any) -> str:
 
 
 _TORCH_PREFIXES = ("torch.", "torch")
+
+
+def _numpy_call(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """A numpy function traced as torch ops (`torchfuse.capture.numpy_trace`), or None when
+    ``value`` is not one it handles (or numpy was never imported)."""
+    if "numpy" not in sys.modules:
+        return None
+    from torchfuse.capture import numpy_trace
+
+    return numpy_trace.call_function(value, args, kwargs) if numpy_trace.handles(value) else None
 
 
 def is_torch_callable(value: Any) -> bool:
