@@ -20,7 +20,7 @@
 # produced, so a run cut short still leaves its logs; at most 8 files),
 # PYTHON, TORCHFUSE_SITE, WHEEL_DIR, FORCE_WHEELS=1 (install the wheels even when the module
 # imports), GPU_RUN_BUDGET_S (whole run, default 540), BENCH_ARGS (extra run.py arguments),
-# MODELS_ARGS (extra benchmarks/models.py arguments), MODELS_TIMEOUT_S (the models phase's cap, 420),
+# MODELS_ARGS (extra benchmarks/models.py arguments; ";;" separates several runs), MODELS_TIMEOUT_S (the models phase's cap, 420),
 # DIST_MODELS (default gpt2; or llama, or "gpt2 llama"), DIST_ARGS (extra benchmarks/distributed.py
 # arguments).
 set -uo pipefail
@@ -353,22 +353,32 @@ phase_autotune() {
 
 # Real transformers models, eager / torch.compile / torchfuse side by side, inference and training
 # (benchmarks/models.py). The whole table takes longer than one call: split it with MODELS_ARGS
-# ("--mode inference", "--mode training --only gpt2,llama").
+# ("--mode inference", "--mode training --only gpt2,llama"). Several runs in one phase: separate
+# their argument lists with ';;' (e.g. "--only resnet50 ;; --only resnet50 --options {...}");
+# run i writes models_${TAG}_r<i>.*, and they share the phase's time cap in order.
 phase_models() {
-    local t extra=() rc
-    t=$(phase_timeout "${MODELS_TIMEOUT_S:-420}")
-    ((t < 60)) && return 124
+    local t extra=() rc=0 r end i=0 args tag
+    end=$((SECONDS + $(phase_timeout "${MODELS_TIMEOUT_S:-420}")))
     if ! have_cuda; then
         log "no CUDA device: models smoke run with tiny configs on the CPU"
         extra=(--small --device cpu --only gpt2,bert --backend aot_eager --rep-ms 20)
     fi
-    # Start no row in the last 75 s, so the one running and the report still fit.
-    local budget=$((t - 75))
-    log "benchmarks/models.py --tag $TAG (timeout ${t}s, rows started within ${budget}s)"
-    # shellcheck disable=SC2086  # MODELS_ARGS is a list of words on purpose
-    timeout "$t" "$PY" benchmarks/models.py --tag "$TAG" --out "$DEST" --budget-s "$budget" \
-        --variant-timeout-s 120 "${extra[@]}" ${MODELS_ARGS:-} 2>&1 | tee -a "$BENCH_LOG"
-    rc=${PIPESTATUS[0]}
+    local runs=()
+    mapfile -t runs < <(printf '%s\n' "${MODELS_ARGS:-}" | sed 's/;;/\n/g')
+    for args in "${runs[@]}"; do
+        i=$((i + 1))
+        tag=$TAG
+        ((${#runs[@]} > 1)) && tag=${TAG}_r$i
+        t=$(phase_timeout 100000 "$end")
+        ((t < 60)) && return 124
+        # Start no row in the last 75 s, so the one running and the report still fit.
+        log "benchmarks/models.py --tag $tag $args (timeout ${t}s, rows started within $((t - 75))s)"
+        # shellcheck disable=SC2086  # args is a list of words on purpose
+        timeout "$t" "$PY" benchmarks/models.py --tag "$tag" --out "$DEST" --budget-s $((t - 75)) \
+            --variant-timeout-s 120 "${extra[@]}" $args 2>&1 | tee -a "$BENCH_LOG"
+        r=${PIPESTATUS[0]}
+        ((r != 0)) && rc=$r
+    done
     return "$rc"
 }
 
