@@ -120,6 +120,9 @@ def detail_lines(doc: dict[str, Any]) -> list[str]:
                 lines.append(f"error {where}/{SHORT[v]}: {cell['error']}")
             if _mismatch(cell):
                 lines.append(f"!!! {where}/{SHORT[v]}: {cell['check']}")
+            if cell.get("check_vs_eager"):  # judged against the float32 step (models.judge_by_reference)
+                lines.append(f"{where}/{SHORT[v]}: not within tolerance of eager's bf16 result "
+                             f"({cell['check_vs_eager'][:160]}); against the float32 step: {cell['check']}")
             if cell.get("explain_error"):
                 lines.append(f"explain {where}: {cell['explain_error']}")
             for b in cell.get("break_reasons", [])[:3]:

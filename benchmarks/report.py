@@ -106,7 +106,10 @@ def _check(row: dict[str, Any]) -> str:
     bad = [SHORT[v] for v in COMPILED if _mismatch(_cell(row, v))]
     if bad:
         return "MISMATCH " + ",".join(bad)
-    return "ok" if any(_cell(row, v).get("check") == "ok" for v in COMPILED) else ""
+    checks = [str(_cell(row, v).get("check", "")) for v in COMPILED]
+    if any(c.startswith("ok (vs float32") for c in checks):
+        return "ok (fp32 ref)"  # within eager's own bf16 error of the float32 step (models.py)
+    return "ok" if "ok" in checks else ""
 
 
 def _throughput(row: dict[str, Any], variant: str) -> str:

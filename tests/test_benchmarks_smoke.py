@@ -254,3 +254,32 @@ def test_models_report_flags_eager_fallback() -> None:
     assert summary["inference"]["torch_compile"]["geomean_speedup"] == pytest.approx(2.0)
     text = "\n".join(models_report.table(doc, "inference"))
     assert "| b |" in text and "0/1 EAGER FALLBACK" in text and "eager fallback (0 graphs captured)" in text
+
+
+def test_models_check_against_the_float32_step() -> None:
+    """A bf16 training step that differs from eager's bf16 step passes when it is no further
+    from the float32 step than twice eager's own error, and fails when one gradient is."""
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import models
+    finally:
+        sys.path.remove(str(BENCH))
+    g = torch.Generator().manual_seed(0)
+
+    def noisy(t: torch.Tensor, rel: float) -> torch.Tensor:
+        return t + rel * t.norm() / t.numel() ** 0.5 * torch.randn(t.shape, generator=g)
+
+    ref = (torch.tensor(2.0), torch.randn(4, 10, generator=g),
+           (torch.randn(16, 8, generator=g), torch.randn(8, generator=g)))
+    eager = (ref[0] * 1.01, noisy(ref[1], 0.05), tuple(noisy(t, 0.4) for t in ref[2]))
+    close = (ref[0] * 0.99, noisy(ref[1], 0.06), tuple(noisy(t, 0.5) for t in ref[2]))
+    verdict = models.judge_by_reference(ref, eager, close, True, ["w", "b"])
+    assert verdict.startswith("ok (vs float32"), verdict
+    wrong = (close[0], close[1], (close[2][0], -ref[2][1]))  # one gradient with its sign flipped
+    verdict = models.judge_by_reference(ref, eager, wrong, True, ["w", "b"])
+    assert verdict.startswith("MISMATCH: gradient of b"), verdict
+    # inference: the logits alone
+    assert models.judge_by_reference(ref[1], eager[1], close[1], False, []).startswith("ok")
+    assert models.judge_by_reference(ref[1], eager[1], ref[1] + 1.0, False, []).startswith("MISMATCH: logits")

@@ -12,6 +12,8 @@ from torchfuse.autograd import aot
 from torchfuse.graph import schema as S
 from torchfuse.graph import trace
 from torchfuse.inductor.backend import compiler
+from torchfuse.inductor.compile import decomposes_batch_norm
+from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.decompositions import (
     BATCH_NORM_TRAINING,
     DECOMPOSITIONS,
@@ -37,7 +39,7 @@ DECOMPOSE = {"cache": False, "batch_norm_training": "decompose"}
 
 
 def test_training_batch_norm_ops_are_in_their_own_table():
-    # opt-in (batch_norm_training="decompose"): not in the default table
+    # chosen per graph (batch_norm_training, "auto" by default): not in the default table
     for op in ("aten._native_batch_norm_legit_functional.default", "aten._native_batch_norm_legit.no_stats",
                "aten.native_batch_norm_backward.default"):
         assert op in BATCH_NORM_TRAINING and op not in DECOMPOSITIONS
@@ -147,3 +149,21 @@ def test_decomposed_batch_norm_of_a_leaf_without_grad_matches_eager():
         torch.testing.assert_close(a.grad, e.grad, **TOL[torch.float32])
     torch.testing.assert_close(ours[3], theirs[3])
     torch.testing.assert_close(ours[4], theirs[4])
+
+
+@pytest.mark.parametrize(("policy", "device", "want"), [
+    ("auto", "cpu", False), ("auto", "cuda:0", True), ("aten", "cuda:0", False), ("decompose", "cpu", True)])
+def test_batch_norm_policy_per_graph(policy, device, want):
+    # "auto" (the default) decomposes the batch norms of a CUDA graph, keeps ATen's on the CPU
+    assert InductorConfig().batch_norm_training == "auto"
+    x, w, b, rm, rv = _bn_inputs(torch.float32)
+    graph, _ = trace(lambda x, w, b, rm, rv: F.batch_norm(x, rm, rv, w, b, training=True), x, w, b, rm, rv)
+    values = {k: S.TensorMeta(**{**{f: getattr(v, f) for f in v.__struct_fields__}, "device": device})
+              for k, v in graph.values.items()}
+    graph = S.Graph(**{**{f: getattr(graph, f) for f in graph.__struct_fields__}, "values": values})
+    assert decomposes_batch_norm(graph, InductorConfig(batch_norm_training=policy)) is want
+
+
+def test_batch_norm_policy_rejects_unknown_values():
+    with pytest.raises(ValueError, match="batch_norm_training='cudnn'"):
+        InductorConfig(batch_norm_training="cudnn")

@@ -136,10 +136,12 @@ def test_a_second_process_compiles_nothing(tmp_path, cache_dir):
     assert sum(s["autotuned"] for s in cold["stats"]) == 1
     if cold["stats"][0]["triton_compiles"] is not None:
         assert sum(s["triton_compiles"] for s in cold["stats"]) > 0
-        # the scale kernel's three candidates compile once each (two of them on clones, whose
-        # binaries the kernel then loads from Triton's disk cache), and the launches after
-        # tuning compile nothing more (the warm-ups had the launches' specializations)
-        assert cold["stats"][1]["triton_compiles"] == 3, cold["stats"][1]
+        # the scale kernel's three candidates are built once each: compiled, or (a candidate
+        # whose binary a clone compiled first) loaded from Triton's disk cache; the launches
+        # after tuning build nothing more (the warm-ups had the launches' specializations)
+        scale = cold["stats"][1]
+        assert scale["triton_compiles"] >= 1, scale
+        assert scale["triton_compiles"] + scale["triton_cache_hits"] == 3, scale
 
 
 def test_reduce_overhead_replays_a_cuda_graph():
@@ -168,7 +170,7 @@ def test_reduce_overhead_falls_back_for_programs_that_mutate_inputs():
         torch.testing.assert_close(out, 2 * before)
         torch.testing.assert_close(x, 2 * before)
     assert fn.stats.graph_captures == 0
-    assert any("CopyStep" in r for r in fn.stats.fallback_reasons)
+    assert any("writes into its inputs ['x']" in r for r in fn.stats.fallback_reasons), fn.stats.fallback_reasons
 
 
 def test_reduce_overhead_with_a_tuned_kernel():

@@ -86,11 +86,19 @@ DECOMPOSE_NOTE = "inductor.decompose"
 undecomposed (it ends up in ``fallbacks.txt``)."""
 
 
+def decomposes_batch_norm(graph: S.Graph, cfg: InductorConfig) -> bool:
+    """Whether ``graph``'s training batch norms become our reductions
+    (``InductorConfig.batch_norm_training``; ``"auto"``: when the graph runs on a CUDA device)."""
+    if cfg.batch_norm_training != "auto":
+        return cfg.batch_norm_training == "decompose"
+    return any(str(getattr(v, "device", "")).startswith("cuda") for v in graph.values.values())
+
+
 def _decompose(graph: S.Graph, cfg: InductorConfig) -> S.Graph:
     if not cfg.decompose:
         return graph
     # autograd owns the one retracing decompose(); the table of inductor's primitives is ours
-    table = DECOMPOSITIONS_BN_TRAINING if cfg.batch_norm_training == "decompose" else DECOMPOSITIONS
+    table = DECOMPOSITIONS_BN_TRAINING if decomposes_batch_norm(graph, cfg) else DECOMPOSITIONS
     if not _is_symbolic(graph):
         return decompose(graph, table)
     try:

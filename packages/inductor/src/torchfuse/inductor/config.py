@@ -16,8 +16,9 @@ Environment variables (all optional):
 * ``TORCHFUSE_CHANNELS_LAST=auto|always|never`` -- run convolution graphs channels-last
   (`torchfuse.inductor.layout`; default ``never``; ``auto``: CUDA graphs with a 2-d
   convolution of at least 64 output channels).
-* ``TORCHFUSE_BATCH_NORM_TRAINING=aten|decompose`` -- training batch norms as ATen calls (the
-  default) or as our reductions (`torchfuse.inductor.decompositions.BATCH_NORM_TRAINING`).
+* ``TORCHFUSE_BATCH_NORM_TRAINING=auto|aten|decompose`` -- training batch norms as ATen calls
+  or as our reductions (`torchfuse.inductor.decompositions.BATCH_NORM_TRAINING`); ``auto`` (the
+  default): our reductions in CUDA graphs, ATen's kernels on the CPU.
 * ``TRITON_INTERPRET`` -- read, not owned: whether Triton runs its kernels on the CPU.
 * ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
   Programs and autograd plans (`torchfuse.inductor.cache`; default on). Where they live
@@ -33,7 +34,7 @@ CPU_BACKENDS = ("auto", "cpp", "triton")
 """The values of ``cpu_backend``."""
 CHANNELS_LAST = ("auto", "always", "never")
 """The values of ``channels_last``."""
-BATCH_NORM_TRAINING = ("aten", "decompose")
+BATCH_NORM_TRAINING = ("auto", "aten", "decompose")
 """The values of ``batch_norm_training``."""
 
 
@@ -96,10 +97,13 @@ class InductorConfig:
     convolution of at least 64 output channels; ``"always"``: any graph with a 2-d convolution
     (CPU tests); ``"never"`` (the default until ``"auto"`` is measured faster: see
     docs/inductor.md, "Channels-last per graph"). ``TORCHFUSE_CHANNELS_LAST``."""
-    batch_norm_training: str = "aten"
-    """Training batch norms: ``"aten"`` (the default: ATen's kernels, cuDNN's on a GPU, their
-    activation and residual add fused after them) or ``"decompose"`` (our per-channel
-    reductions and pointwise ops, `BATCH_NORM_TRAINING`). ``TORCHFUSE_BATCH_NORM_TRAINING``."""
+    batch_norm_training: str = "auto"
+    """Training batch norms: ``"decompose"`` (our per-channel reductions and pointwise ops,
+    `BATCH_NORM_TRAINING`, fused with the activation and residual add around them), ``"aten"``
+    (ATen's kernels, cuDNN's on a GPU, the activation and residual add fused after them), or
+    ``"auto"`` (the default): ``"decompose"`` for a graph on a CUDA device, ``"aten"`` for one
+    on the CPU, where ATen's batch norm is the faster (docs/inductor.md, "Training batch
+    norms"). ``TORCHFUSE_BATCH_NORM_TRAINING``."""
     mm_templates: str = "auto"
     """``mode="max-autotune"`` only: ``"auto"`` (the Triton matmul template against cuBLAS,
     benchmarked per shape and cached in ``<cache dir>/mm_choices.json``), ``"always"`` (the
@@ -169,7 +173,7 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         conv_rewrites=env.get("TORCHFUSE_CONV_REWRITES", "1").strip().lower() not in ("0", "false", "no",
                                                                                     "off"),
         channels_last=env.get("TORCHFUSE_CHANNELS_LAST", "never").strip().lower() or "never",
-        batch_norm_training=env.get("TORCHFUSE_BATCH_NORM_TRAINING", "aten").strip().lower() or "aten",
+        batch_norm_training=env.get("TORCHFUSE_BATCH_NORM_TRAINING", "auto").strip().lower() or "auto",
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
         cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "auto").strip().lower() or "auto",
         triton_interpret=_on(env.get("TRITON_INTERPRET", "")),
