@@ -78,6 +78,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # run.py and report.py beside this file, however it is started
     sys.path.insert(0, str(HERE))
 
+from models_isolate import run_row_isolated  # noqa: E402
 from models_report import MODES, markdown, progress_line, summarize, write_all  # noqa: E402
 from run import (  # noqa: E402
     Compilers,
@@ -198,6 +199,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warmup")
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time")
     p.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    p.add_argument("--isolate", action="store_true",
+                   help="time each compiler of a row in a fresh process of its own, with eager "
+                        "beside it there (models_isolate.py)")
     return p.parse_args(argv)
 
 
@@ -645,9 +649,9 @@ def main(argv: list[str] | None = None) -> int:
         "schema": SCHEMA, "tag": tag, "environment": environment(dev, None),
         "config": vars(args) | {"cache_root": cache_root, "variants": compilers.variants(),
                                 "models": [m.name for m in specs]},
-        "prewarm_failures": compilers.prewarm(dev), "rows": [], "notes": [],
+        "prewarm_failures": {} if args.isolate else compilers.prewarm(dev), "rows": [], "notes": [],
     }
-    if "torch_compile" in compilers.variants():
+    if "torch_compile" in compilers.variants() and not args.isolate:
         settle_compile_workers()
     if compilers.torchfuse_import_error:
         doc["notes"].append(f"torchfuse.capture does not import: {compilers.torchfuse_import_error}")
@@ -665,7 +669,11 @@ def main(argv: list[str] | None = None) -> int:
                 doc["rows"].append({"name": spec.name, "mode": mode, "skipped": skipped})
                 continue
             t0 = time.perf_counter()
-            row = run_row(spec, mode == "training", dev, compilers, args)
+            if args.isolate:
+                compiled = [v for v in compilers.variants() if v != "eager"]
+                row = run_row_isolated(spec.name, mode, compiled, args, cache_root)
+            else:
+                row = run_row(spec, mode == "training", dev, compilers, args)
             doc["rows"].append(row)
             print(progress_line(row, time.perf_counter() - t0), flush=True)
             doc["summary"] = summarize(doc["rows"])
