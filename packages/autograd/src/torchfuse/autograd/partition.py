@@ -38,7 +38,7 @@ from typing import Literal
 
 import msgspec
 import networkx as nx
-from torchfuse.autograd.common import AutogradError, nbytes, symbol_hints
+from torchfuse.autograd.common import AutogradError, gc_paused, nbytes, symbol_hints
 from torchfuse.autograd.joint import num_fwd_outputs as _num_fwd_outputs
 from torchfuse.autograd.opclass import CHEAP, RECOMPUTE_TIERS, OpClass, classify, recomputable
 from torchfuse.graph import schema as S
@@ -163,6 +163,7 @@ def partition(
     return best
 
 
+@gc_paused()  # networkx builds a flow graph of dicts: collections walked the whole process
 def _min_cut(info: _Joint, size: dict[str, int], tier: frozenset[OpClass],
              free: frozenset[str] = frozenset()) -> list[str]:
     g = info.graph

@@ -1,0 +1,144 @@
+"""The metadata an op's meta kernel computed, remembered by what it was computed from.
+
+Every pass of this package re-runs a graph on fake tensors, and every op it meets runs its
+meta kernel: half of a pass's time on a transformer, most of it in torch's Python reference
+kernels (``aten.mul.Tensor``'s broadcasting and type promotion: 0.1-0.25 ms a call). A model
+repeats its layers, and the passes re-run the same graph one after the other
+(functionalize, the joint graph's forward, decompose, inductor's decompose), so most calls
+ask again what an earlier one answered: the same op, with arguments of the same metadata.
+
+A meta kernel's answer depends only on the op and its arguments: the dtype, sizes, strides,
+offset and device of each tensor, and the value and Python type of everything else
+(``mul(x, 2)`` and ``mul(x, 2.0)`` promote an integer ``x`` differently). `key` builds that
+from a call; `MetaMemo` maps it to the metadata of the outputs, and the
+[`PassRecorder`][torchfuse.autograd.common.PassRecorder] records a call found there as it would
+have recorded its meta kernel's answer (the same node, the same names) with fresh fakes of
+that metadata.
+
+Only calls whose outputs are new tensors are remembered: an op whose schema lets an output
+alias an argument (views, in-place and ``out=`` ops) must return a tensor sharing the
+argument's storage, which a fake made from metadata does not. Nor calls on symbolic sizes
+(``SymInt``s: the size environment decides relations as they are asked), on real tensors, or
+of ops the recorder treats specially (metadata queries, ``prim`` ops, ``lift_fresh``).
+``TORCHFUSE_META_MEMO=0`` turns the memo off (`torchfuse.autograd.config`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+from torchfuse.graph import schema as S
+from torchfuse.graph.ops import op_name, to_dtype
+from torchfuse.graph.tracing import FakeTensor
+
+Key = tuple[Any, ...]
+
+_SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout,
+            torch.memory_format)
+
+
+class _Uncacheable(Exception):
+    """An argument the key cannot describe exactly (a real tensor, a ``SymInt``...)."""
+
+
+def _arg_key(a: Any) -> Any:
+    if isinstance(a, FakeTensor):
+        # not the fake's requires_grad: autograd runs above the dispatcher, meta kernels never see it
+        return (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.fake_device)
+    kind = type(a)
+    if kind is list or kind is tuple:
+        return (kind, *map(_arg_key, a))
+    if kind is float:
+        return (float, a.hex())  # exact: 0.0 == -0.0
+    if isinstance(a, _SCALARS):
+        return (kind, a)  # the type as well: True == 1 == 1.0, but they promote differently
+    raise _Uncacheable
+
+
+def _cacheable(func: torch._ops.OpOverload, special: Callable[[str], bool]) -> bool:
+    schema = func._schema
+    if special(op_name(func)):
+        return False
+    return all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
+
+
+class Entry:
+    """The outputs of one call: their format metadata, device and kind of container."""
+
+    __slots__ = ("container", "devices", "metas")
+
+    def __init__(self, metas: tuple[S.TensorMeta, ...], devices: tuple[torch.device, ...],
+                 container: type | None) -> None:
+        self.metas = metas
+        self.devices = devices
+        self.container = container
+        """``tuple`` or ``list`` for a call returning several tensors; None for one tensor."""
+
+    def fakes(self) -> list[FakeTensor]:
+        """New fake tensors with the remembered metadata (sizes and strides are plain ints)."""
+        out = []
+        with _disable_current_modes():
+            for m, device in zip(self.metas, self.devices, strict=True):
+                elem = torch.empty_strided(m.sizes, m.strides, dtype=to_dtype(m.dtype), device="meta")
+                out.append(FakeTensor(elem, device))
+        return out
+
+
+class MetaMemo:
+    """A bounded map from `key` to `Entry` (cleared when full: a process compiling many
+    models keeps only the recent ones)."""
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self.capacity = capacity
+        self._entries: dict[Key, Entry] = {}
+        self._cacheable: dict[torch._ops.OpOverload, bool] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def key(self, func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any],
+            special: Callable[[str], bool]) -> Key | None:
+        """What ``func(*args, **kwargs)``'s output metadata depends on, or None when the call
+        is not one the memo may answer."""
+        ok = self._cacheable.get(func)
+        if ok is None:
+            ok = self._cacheable[func] = _cacheable(func, special)
+        if not ok:
+            return None
+        try:
+            return (func, tuple(map(_arg_key, args)),
+                    tuple((k, _arg_key(v)) for k, v in kwargs.items()))
+        except _Uncacheable:
+            return None
+
+    def get(self, key: Key) -> Entry | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return entry
+
+    def put(self, key: Key, out: Any, metas: Sequence[S.TensorMeta | None]) -> None:
+        """Remember ``out`` (what the call returned; ``metas``: as recorded) when it is new
+        tensors with plain sizes, in a tuple or list or alone."""
+        flat = list(out) if isinstance(out, tuple | list) else [out]
+        if not flat or not all(type(o) is FakeTensor for o in flat) or any(m is None for m in metas):
+            return
+        if any(not isinstance(x, int) for m in metas for x in (*m.sizes, *m.strides)) or \
+                any(m.storage_offset != 0 for m in metas):
+            return
+        if len(self._entries) >= self.capacity:
+            self._entries.clear()
+        container = type(out) if isinstance(out, tuple | list) else None
+        self._entries[key] = Entry(tuple(metas), tuple(o.fake_device for o in flat), container)  # type: ignore[arg-type]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.hits = self.misses = 0
+
+
+MEMO = MetaMemo()
+"""The process's memo, shared by every pass (they re-run the same ops one after the other)."""
