@@ -180,6 +180,51 @@ def std_deque_as_a_queue(x):
     return out
 
 
+@case(X34)
+def std_itertools_count_next_and_zip(x):
+    c = itertools.count(1)
+    out = x * next(c)
+    for i, t in zip(c, [x, x * 2]):  # zip pulls count a third time before the list ends
+        out = out + t * i
+    return out + next(c), next(itertools.count(2.5, 0.5))
+
+
+@case(X34)
+def std_itertools_count_of_a_tensor(x):
+    steps = itertools.count(x.sum(), x.mean())  # items made by adding, as count adds them
+    return [next(steps) for _ in range(3)], list(itertools.islice(itertools.count(), 2, 5))
+
+
+@case(X34)
+def std_itertools_cycle_and_repeat(x):
+    signs = itertools.cycle([1.0, -1.0])
+    alternating = sum(s * t for s, t in zip(signs, [x, x * 2, x * 3]))
+    return alternating, next(signs), list(zip(itertools.repeat(x), "ab"))
+
+
+@case(X34)
+def std_itertools_cycle_pulls_a_live_iterator_lazily(x):
+    it = iter([x, x + 1, x + 2])
+    c = itertools.cycle(it)
+    first = next(c)
+    return first, next(it), next(c), next(c), next(c)  # the cycle saw only what it pulled
+
+
+@case(X34)
+def std_enumerate_map_over_count(x):
+    scaled = map(lambda i, t: t * i, itertools.count(1), [x, x])
+    return [(i, v) for i, v in enumerate(scaled, 10)]
+
+
+@case(X34)
+def std_itertools_count_in_a_for_that_breaks_out(x):
+    for i in itertools.count():
+        x = x + i
+        if i == 3:
+            break
+    return x
+
+
 # ============================================================ builtins over tensors
 
 

@@ -13,9 +13,12 @@ make them as user objects; instead each constructor here builds what capture alr
   class; a ``defaultdict`` keeps its ``default_factory`` among the DictVar's ``attrs`` and a
   missing key calls it (`missing_item`).
 
-Infinite iterators (``count``, ``cycle``, ``repeat`` without ``times``) and those that call
-back into user code lazily (``starmap``, ``groupby``, ``accumulate`` with a function) are not
-modelled: calling them is an ordinary unsupported call, a graph break.
+The endless iterators (``count``, ``cycle``, ``repeat`` without ``times``) are *lazy*
+``IteratorVar`` s: each item is made when it is pulled (``next``, a ``for`` that breaks out,
+``zip``/``map``/``enumerate``/``islice`` over them, which are lazy too), so nothing runs
+ahead of Python. Consuming one whole (``list(count())``) is a graph break. Those that call
+back into user code lazily (``starmap``, ``groupby``) are not modelled: calling them is an
+ordinary unsupported call, a graph break.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import collections
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchfuse.capture import variables as V
@@ -40,6 +43,7 @@ class Core:
     this module, never the reverse (no import cycle through the stdlib models)."""
 
     iterate: Callable[[V.Var], list[V.Var]]
+    pull: Callable[[V.Var], Iterator[V.Var]]
     binary: Callable[[str, V.Var, V.Var], V.Var]
     mutate: Callable[[V.Var], None]
     call: Callable[[V.Var, list[V.Var], dict[str, V.Var]], V.Var]
@@ -108,9 +112,47 @@ def _zip_longest(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.V
 
 def _repeat(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     times = args[1] if len(args) > 1 else kwargs.get("times")
+    obj = args[0] if args else kwargs["object"]
     if times is None:
-        raise Unsupported("itertools.repeat without times (an infinite iterator)", current().loc)
-    return V.IteratorVar([args[0]] * max(0, _const(times)))
+        return V.IteratorVar([], iter(lambda: obj, None), bounded=False)
+    return V.IteratorVar([obj] * max(0, _const(times)))
+
+
+def _number(v: V.Var, what: str) -> None:
+    if isinstance(v, V.ConstVar) and not isinstance(v.value, int | float | complex):
+        raise UserException(TypeError(f"a number is required, not {type(v.value).__name__} ({what})"),
+                            current().loc)
+
+
+def _count(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``count(start, step)``: ``start``, then each item plus ``step`` (as CPython adds them,
+    so a float step accumulates as in eager); Vars of any kind, made as they are pulled."""
+    start = args[0] if args else kwargs.get("start", V.ConstVar(0))
+    step = args[1] if len(args) > 1 else kwargs.get("step", V.ConstVar(1))
+    _number(start, "start")
+    _number(step, "step")
+
+    def gen() -> Any:
+        v = start
+        while True:
+            yield v
+            v = core.binary("+", v, step)
+    return V.IteratorVar([], gen(), bounded=False)
+
+
+def _cycle(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``cycle(iterable)``: the first round pulls from the iterable (lazily, as Python does),
+    saving what it yields; later rounds repeat the saved Vars."""
+    src = core.pull(args[0])
+
+    def gen() -> Any:
+        saved = []
+        for v in src:
+            saved.append(v)
+            yield v
+        while saved:
+            yield from saved
+    return V.IteratorVar([], gen(), bounded=False)
 
 
 def _accumulate(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -250,6 +292,8 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     itertools.islice: _islice,
     itertools.zip_longest: _zip_longest,
     itertools.repeat: _repeat,
+    itertools.count: _count,
+    itertools.cycle: _cycle,
     itertools.accumulate: _accumulate,
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,

@@ -23,6 +23,7 @@ its value installs a guard), and carries enough to be computed on symbolically:
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -417,22 +418,52 @@ class PartialVar(Var):
 
 
 class IteratorVar(Var):
-    """An iterator over a list of Vars fixed when it was made (loops are unrolled)."""
+    """An iterator over Vars. Most are a list fixed when the iterator was made (loops over them
+    are unrolled); a *lazy* one (``gen``: a Python generator of Vars) makes its items only as
+    they are asked for, as ``itertools.count``/``cycle`` and ``zip`` over them do. A lazy
+    iterator that may never end (``bounded=False``) refuses to be drained whole (`rest`).
 
-    def __init__(self, items: list[Var]) -> None:
+    ``zip(itertools.count(2), [x, y])``, pulled row by row, is the Vars ``(2, x), (3, y)``:
+    the third ``next`` of ``count`` happens (as in Python) before zip sees the list end."""
+
+    def __init__(self, items: list[Var], gen: Iterator[Var] | None = None, bounded: bool = True) -> None:
         self.items = items
         self.pos = 0
+        self.gen = gen
+        self.bounded = bounded
 
     def next(self) -> Var | None:
         if self.pos >= len(self.items):
-            return None
+            if self.gen is None:
+                return None
+            v = next(self.gen, None)
+            if v is None:
+                self.gen = None
+                return None
+            self.items.append(v)
         self.pos += 1
         return self.items[self.pos - 1]
 
     def rest(self) -> list[Var]:
+        if self.gen is not None:
+            if not self.bounded:
+                from torchfuse.capture.context import current
+
+                raise Unsupported("an infinite iterator consumed to its end", current().loc)
+            self.items.extend(self.gen)
+            self.gen = None
         out = self.items[self.pos:]
         self.pos = len(self.items)
         return out
+
+    def drained(self) -> list[Var] | None:
+        """The items still to come, or None for an endless one: without moving it."""
+        if self.gen is not None:
+            if not self.bounded:
+                return None
+            self.items.extend(self.gen)
+            self.gen = None
+        return self.items[self.pos:]
 
 
 class SuperVar(Var):
