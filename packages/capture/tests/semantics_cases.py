@@ -359,6 +359,52 @@ def fn_attributes_of_a_lambda(x):
     return f(x), f.__name__, f.__module__, f.__defaults__, hasattr(f, "no_such"), f.__dict__
 
 
+@case(X34)
+def fn_lru_cache_made_in_the_function(x):
+    calls = []
+
+    @functools.lru_cache(maxsize=2)
+    def scale(n):
+        calls.append(n)
+        return [n * 2]  # a hit returns this very list
+
+    a, b = scale(1), scale(1)
+    scale(2), scale(3), scale(1)  # maxsize 2: 1 was evicted by 3, computed again
+    return x * a[0], a is b, calls, scale.cache_info(), scale.__name__, scale.__wrapped__(5)
+
+
+@case(X34)
+def fn_cache_keys_and_clear(x):
+    @functools.cache
+    def double(t, k=1):
+        return t * 2 * k
+
+    first = double(x)
+    same = double(x) is first  # a tensor is a key by identity
+    double(x, k=3), double(1), double(1.0), double(True)  # 1 alone is its own key; 1.0 == True
+    info = double.cache_info()
+    double.cache_clear()
+    typed = functools.lru_cache(typed=True)(lambda n: n)
+    typed(1), typed(1.0)
+    return first, same, info, double.cache_info(), typed.cache_info(), callable(double)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_split(n: int) -> tuple[int, int]:
+    return n // 2, n - n // 2
+
+
+@functools.cache
+def _cached_ones(n: int) -> torch.Tensor:
+    return torch.ones(n)
+
+
+@case(X34)
+def fn_module_level_lru_cache_is_traced(x):
+    rows, cols = _cached_split(12)
+    return x.reshape(rows, -1).sum(1) + _cached_ones(rows), x.reshape(_cached_split(7)[::-1])
+
+
 # ============================================================ __new__ and metaclasses
 
 

@@ -380,7 +380,8 @@ def _id(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 
 def _callable(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     v = args[0]
-    if isinstance(v, V.FunctionVar | V.BoundMethodVar | V.PartialVar | V.ModuleVar | V.MethodVar):
+    if isinstance(v, V.FunctionVar | V.CachedFunctionVar | V.BoundMethodVar | V.PartialVar | V.ModuleVar
+                  | V.MethodVar):
         return V.ConstVar(True)
     if isinstance(v, V.TensorVar | V.ListVar | V.DictVar | V.SetVar):
         return V.ConstVar(False)

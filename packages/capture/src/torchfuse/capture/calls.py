@@ -59,6 +59,10 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         return M.call_method(fn.obj, fn.name, args, kwargs)
     if isinstance(fn, V.FunctionVar):
         return inline(fn, args, kwargs)
+    if isinstance(fn, V.CachedFunctionVar):
+        from torchfuse.capture import stdlib
+
+        return stdlib.cached_call(B.STDLIB_CORE, fn, args, kwargs)
     if isinstance(fn, V.ExitVar):
         return B.exit_context(fn.ctx)
     if isinstance(fn, V.UserExitVar):
@@ -97,6 +101,11 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         # the referent, as an object the capture already knows when it is one (identity
         # checks such as ``ref() is weight`` then fold)
         return ctx.wrap(value(), None)
+    if isinstance(value, functools._lru_cache_wrapper):
+        # a cache that lives outside the frame: its function is traced, the cache ignored
+        # (as TorchDynamo does), so the graph computes what a miss would
+        src = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
+        return call(ctx.wrap(value.__wrapped__, src), args, kwargs)
     if isinstance(value, functools.partial):
         pv = V.PartialVar(ctx.wrap(value.func, None), [ctx.wrap(a, None) for a in value.args],
                           {k: ctx.wrap(v, None) for k, v in value.keywords.items()})

@@ -282,6 +282,68 @@ def rebuild_sequence_kind(var: V.ListVar) -> Any:
     return var.kind
 
 
+# ----------------------------------------------------------------------------- functools
+
+
+def _lru_cache_wrapper(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``functools._lru_cache_wrapper(func, maxsize, typed, CacheInfo)``, which
+    ``lru_cache``'s Python code calls (then ``update_wrapper`` copies the metadata)."""
+    if len(args) != 4 or kwargs:
+        raise Unsupported("functools._lru_cache_wrapper with these arguments", current().loc)
+    maxsize = _const(args[1])
+    return V.CachedFunctionVar(args[0], None if maxsize is None else max(0, maxsize), bool(_const(args[2])))
+
+
+def _cache_key(v: V.Var, typed: bool) -> Any:
+    """What ``functools._make_key`` hashes: constants by value (with their type when typed),
+    tuples by their items, any other object by identity."""
+    if isinstance(v, V.ConstVar):
+        value = v.python()
+        try:
+            hash(value)
+        except TypeError as e:
+            raise UserException(e, current().loc) from e
+        return (value, type(value)) if typed else value
+    if isinstance(v, V.ListVar) and v.is_tuple:
+        return ("tuple", tuple(_cache_key(i, typed) for i in v.items))
+    if isinstance(v, V.ListVar | V.DictVar | V.SetVar):  # a list, deque, dict or set
+        raise UserException(TypeError(f"unhashable type: {v.python_type().__name__!r}"), current().loc)
+    return ("id", id(v))
+
+
+def cached_call(core: Core, fn: V.CachedFunctionVar, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """A call of an lru_cache wrapper made in the frame: a hit returns the very Var the first
+    call returned (the same object, as eager's cache returns it); a miss calls the function
+    and stores its result, evicting the least recently used past ``maxsize``."""
+    key: Any = (tuple(_cache_key(a, fn.typed) for a in args),
+                tuple((k, _cache_key(v, fn.typed)) for k, v in kwargs.items()))
+    if not fn.typed and not kwargs and len(args) == 1 and isinstance(args[0], V.ConstVar) and \
+            type(args[0].value) in (int, str):
+        key = ("fast", args[0].value)  # _make_key's fast path: f(1) and f(1.0) are two keys
+    if key in fn.cache:
+        fn.hits += 1
+        fn.cache.move_to_end(key)
+        return fn.cache[key]
+    fn.misses += 1
+    result = core.call(fn.func, args, kwargs)
+    if fn.maxsize != 0:
+        fn.cache[key] = result
+        if fn.maxsize is not None and len(fn.cache) > fn.maxsize:
+            fn.cache.popitem(last=False)
+    return result
+
+
+def cached_method(fn: V.CachedFunctionVar, name: str, args: list[V.Var]) -> V.Var:
+    """``cache_info()`` and ``cache_clear()`` of a wrapper made in the frame."""
+    if name == "cache_info" and not args:
+        return V.ConstVar(functools._CacheInfo(fn.hits, fn.misses, fn.maxsize, len(fn.cache)))
+    if name == "cache_clear" and not args:
+        fn.cache.clear()
+        fn.hits = fn.misses = 0
+        return V.ConstVar(None)
+    raise Unsupported(f"{name}() of {fn.describe()}", current().loc)
+
+
 _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     itertools.chain: _chain,
     itertools.chain.from_iterable: _chain_from_iterable,
@@ -302,6 +364,7 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     collections.OrderedDict.fromkeys: _fromkeys(collections.OrderedDict),
     collections.defaultdict.fromkeys: _fromkeys(collections.defaultdict),
     itertools.pairwise: lambda core, a, k: _run(itertools.pairwise, core.iterate(a[0])),
+    functools._lru_cache_wrapper: _lru_cache_wrapper,
 }
 
 
@@ -312,6 +375,8 @@ def handlers(core: Core) -> dict[Any, Handler]:
 
 __all__ = [
     "Core",
+    "cached_call",
+    "cached_method",
     "deque_method",
     "handlers",
     "is_defaultdict",

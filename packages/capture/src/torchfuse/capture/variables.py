@@ -417,6 +417,33 @@ class PartialVar(Var):
         return functools.partial
 
 
+class CachedFunctionVar(Var):
+    """``functools.lru_cache(maxsize, typed)(func)`` (and ``functools.cache``) made in the
+    frame. Its cache starts empty on every call of the compiled function, so capture keeps
+    it exactly: ``cache`` maps a call's key (constants by value, other Vars by identity) to
+    the Var it returned, least recently used first; ``hits``/``misses`` are
+    ``cache_info()``'s counts. ``attrs`` is its ``__dict__`` (``update_wrapper`` fills it)."""
+
+    def __init__(self, func: Var, maxsize: int | None, typed: bool) -> None:
+        import collections
+
+        self.func = func
+        self.maxsize = maxsize
+        self.typed = typed
+        self.cache: collections.OrderedDict[Any, Var] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.attrs = DictVar({})
+
+    def python_type(self) -> type:
+        import functools
+
+        return functools._lru_cache_wrapper
+
+    def describe(self) -> str:
+        return "an lru_cache wrapper made in the function"
+
+
 class IteratorVar(Var):
     """An iterator over Vars. Most are a list fixed when the iterator was made (loops over them
     are unrolled); a *lazy* one (``gen``: a Python generator of Vars) makes its items only as
