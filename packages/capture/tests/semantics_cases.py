@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import typing
 
 import torch
 from capture_cases import X34, case
@@ -485,3 +486,65 @@ def np_traced_astype_numpy_type_and_in_place(x):
     b = np.ones(3, dtype=np.float32)
     b += 0.5
     return a, b, a.dtype
+
+
+# ============================================================ tuple subclasses
+
+
+class _Pair(tuple):
+    def __new__(cls, a, b):
+        return super().__new__(cls, (a, b))
+
+    @property
+    def first(self):
+        return self[0]
+
+    def swapped(self):
+        return _Pair(self[1], self[0])
+
+
+class _Dims(tuple):  # torch.Size-like: ints from any iterable, with methods
+    def __new__(cls, dims=()):
+        return tuple.__new__(cls, [int(d) for d in dims])
+
+    def numel(self):
+        n = 1
+        for d in self:
+            n *= d
+        return n
+
+
+class _Plain(tuple):  # tuple's own __new__
+    def total(self):
+        return sum(self)
+
+
+class _Point(typing.NamedTuple):
+    x: torch.Tensor
+    scale: int = 2
+
+    def scaled(self):
+        return self.x * self.scale
+
+    @property
+    def doubled_scale(self):
+        return self.scale * 2
+
+
+@case(X34)
+def tup_subclass_with_python_new(x):
+    p = _Pair(x, 3)
+    q = p.swapped()
+    return p.first * p[1] + len(p), isinstance(p, tuple), type(q) is _Pair, q, p + (1,)
+
+
+@case(X34)
+def tup_size_like_subclass(x):
+    s = _Dims(x.shape)
+    return x.reshape(s.numel()), s, _Dims(), _Plain([x, x * 2]).total(), _Plain()
+
+
+@case(X34)
+def tup_namedtuple_class_methods_and_properties(x):
+    p = _Point(x)
+    return p.scaled() + p.doubled_scale, p._replace(scale=3), p._asdict(), p

@@ -49,6 +49,10 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         fields = obj.fields
         if fields and name in fields:
             return obj.items[fields.index(name)]
+        if V.is_tuple_subclass(obj.kind) and not (name in _NAMEDTUPLE_NATIVE and hasattr(obj.kind, "_fields")):
+            raw = python_override(obj.kind, name, tuple)  # a method or property of the subclass
+            if raw is not None:
+                return bind_class_attr(obj, obj.kind, raw, name)
         return _container_method(obj, obj.kind, name)
     if isinstance(obj, V.DictVar) and obj.kind is not dict:
         return _dict_subclass_attr(obj, name)
@@ -149,6 +153,10 @@ def _function_attr(fn: V.FunctionVar, name: str) -> V.Var:
     if inspect.getattr_static(types.FunctionType, name, _MISSING) is _MISSING:
         raise UserException(AttributeError(f"'function' object has no attribute {name!r}"), current().loc)
     raise Unsupported(f"attribute {name!r} of {fn.describe()}", current().loc)
+
+
+_NAMEDTUPLE_NATIVE = frozenset({"_asdict", "_replace"})
+"""Methods ``namedtuple`` writes that the sequence Var answers itself (`methods.list_method`)."""
 
 
 def _container_method(obj: V.Var, cls: type, name: str) -> V.Var:

@@ -240,11 +240,24 @@ class NdarrayVar(Var):
         return f"ndarray {self.value.shape} {self.value.dtype}"
 
 
+HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement made it, not C code
+
+
+def is_tuple_subclass(kind: Any) -> bool:
+    """A tuple subclass written in Python (``class Pair(tuple)``, a namedtuple)."""
+    return isinstance(kind, type) and issubclass(kind, tuple) and kind is not tuple and \
+        bool(kind.__flags__ & HEAPTYPE)
+
+
 def make_sequence(kind: type, vals: list[Any]) -> Any:
+    """The object a sequence Var stands for. A Python tuple subclass is made as
+    ``tuple.__new__`` made it inside its ``__new__``, without running that again."""
     if kind is list or kind is tuple:
         return kind(vals)
     if hasattr(kind, "_make"):
         return kind._make(vals)
+    if is_tuple_subclass(kind):
+        return tuple.__new__(kind, vals)
     return kind(vals)
 
 
