@@ -390,7 +390,7 @@ def fn_cache_keys_and_clear(x):
     return first, same, info, double.cache_info(), typed.cache_info(), callable(double)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # noqa: UP033  (lru_cache's own path)
 def _cached_split(n: int) -> tuple[int, int]:
     return n // 2, n - n // 2
 
@@ -402,7 +402,7 @@ def _cached_ones(n: int) -> torch.Tensor:
 
 @case(X34)
 def fn_module_level_lru_cache_is_traced(x):
-    rows, cols = _cached_split(12)
+    rows, _ = _cached_split(12)
     return x.reshape(rows, -1).sum(1) + _cached_ones(rows), x.reshape(_cached_split(7)[::-1])
 
 
@@ -535,7 +535,7 @@ class _Point(typing.NamedTuple):
 def tup_subclass_with_python_new(x):
     p = _Pair(x, 3)
     q = p.swapped()
-    return p.first * p[1] + len(p), isinstance(p, tuple), type(q) is _Pair, q, p + (1,)
+    return p.first * p[1] + len(p), isinstance(p, tuple), type(q) is _Pair, q, p + (1,)  # noqa: RUF005
 
 
 @case(X34)

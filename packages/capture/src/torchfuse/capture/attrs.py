@@ -49,7 +49,8 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         fields = obj.fields
         if fields and name in fields:
             return obj.items[fields.index(name)]
-        if V.is_tuple_subclass(obj.kind) and not (name in _NAMEDTUPLE_NATIVE and hasattr(obj.kind, "_fields")):
+        native = name in _NAMEDTUPLE_NATIVE and hasattr(obj.kind, "_fields")
+        if V.is_tuple_subclass(obj.kind) and not native:
             raw = python_override(obj.kind, name, tuple)  # a method or property of the subclass
             if raw is not None:
                 return bind_class_attr(obj, obj.kind, raw, name)

@@ -487,7 +487,11 @@ def _construct_stateless_module(cls: type, args: list[V.Var], kwargs: dict[str, 
     ctx = current()
     if cls.__module__.startswith("torch.nn.modules") and \
             all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
-        mod = cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()})
+        # a trial build: a module with parameters initializes them from the global generator,
+        # which must be left as it was, since Python then builds it again after the break
+        cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):
+            mod = cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()})
         if not any(True for _ in mod.parameters()) and all(b is None for b in mod._buffers.values()) \
                 and not any(True for _ in mod.children()):
             return V.ModuleVar(mod, None)
