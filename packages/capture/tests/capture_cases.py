@@ -24,6 +24,7 @@ class Case:
     fn: object
     make: object
     graphs: int = 1
+    breaks: int | None = None  # graph breaks; unset: none when the case is one graph
 
     @property
     def name(self) -> str:
@@ -33,9 +34,9 @@ class Case:
 CASES: list[Case] = []
 
 
-def case(make, graphs: int = 1):
+def case(make, graphs: int = 1, breaks: int | None = None):
     def deco(fn):
-        CASES.append(Case(fn, make, graphs))
+        CASES.append(Case(fn, make, graphs, 0 if breaks is None and graphs == 1 else breaks))
         return fn
     return deco
 
@@ -1548,7 +1549,7 @@ def mod_functional_on_param(x): return F.linear(x, LIN.weight, LIN.bias).softmax
 # ============================================================ expected graph breaks (resumed)
 
 
-@case(X34, graphs=1)
+@case(X34, graphs=1, breaks=1)
 def brk_print(x):
     print("hello from a compiled function")
     return x + 1
@@ -1569,7 +1570,7 @@ def brk_if_tensor(x):
     return x - 1
 
 
-@case(X34, graphs=1)
+@case(X34, graphs=1, breaks=1)
 def brk_nonzero(x): return torch.nonzero(x > 0)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import typing
 
 import torch
 from capture_cases import X34, case
@@ -180,6 +181,51 @@ def std_deque_as_a_queue(x):
     return out
 
 
+@case(X34)
+def std_itertools_count_next_and_zip(x):
+    c = itertools.count(1)
+    out = x * next(c)
+    for i, t in zip(c, [x, x * 2]):  # zip pulls count a third time before the list ends
+        out = out + t * i
+    return out + next(c), next(itertools.count(2.5, 0.5))
+
+
+@case(X34)
+def std_itertools_count_of_a_tensor(x):
+    steps = itertools.count(x.sum(), x.mean())  # items made by adding, as count adds them
+    return [next(steps) for _ in range(3)], list(itertools.islice(itertools.count(), 2, 5))
+
+
+@case(X34)
+def std_itertools_cycle_and_repeat(x):
+    signs = itertools.cycle([1.0, -1.0])
+    alternating = sum(s * t for s, t in zip(signs, [x, x * 2, x * 3]))
+    return alternating, next(signs), list(zip(itertools.repeat(x), "ab"))
+
+
+@case(X34)
+def std_itertools_cycle_pulls_a_live_iterator_lazily(x):
+    it = iter([x, x + 1, x + 2])
+    c = itertools.cycle(it)
+    first = next(c)
+    return first, next(it), next(c), next(c), next(c)  # the cycle saw only what it pulled
+
+
+@case(X34)
+def std_enumerate_map_over_count(x):
+    scaled = map(lambda i, t: t * i, itertools.count(1), [x, x])
+    return [(i, v) for i, v in enumerate(scaled, 10)]
+
+
+@case(X34)
+def std_itertools_count_in_a_for_that_breaks_out(x):
+    for i in itertools.count():
+        x = x + i
+        if i == 3:
+            break
+    return x
+
+
 # ============================================================ builtins over tensors
 
 
@@ -314,6 +360,52 @@ def fn_attributes_of_a_lambda(x):
     return f(x), f.__name__, f.__module__, f.__defaults__, hasattr(f, "no_such"), f.__dict__
 
 
+@case(X34)
+def fn_lru_cache_made_in_the_function(x):
+    calls = []
+
+    @functools.lru_cache(maxsize=2)
+    def scale(n):
+        calls.append(n)
+        return [n * 2]  # a hit returns this very list
+
+    a, b = scale(1), scale(1)
+    scale(2), scale(3), scale(1)  # maxsize 2: 1 was evicted by 3, computed again
+    return x * a[0], a is b, calls, scale.cache_info(), scale.__name__, scale.__wrapped__(5)
+
+
+@case(X34)
+def fn_cache_keys_and_clear(x):
+    @functools.cache
+    def double(t, k=1):
+        return t * 2 * k
+
+    first = double(x)
+    same = double(x) is first  # a tensor is a key by identity
+    double(x, k=3), double(1), double(1.0), double(True)  # 1 alone is its own key; 1.0 == True
+    info = double.cache_info()
+    double.cache_clear()
+    typed = functools.lru_cache(typed=True)(lambda n: n)
+    typed(1), typed(1.0)
+    return first, same, info, double.cache_info(), typed.cache_info(), callable(double)
+
+
+@functools.lru_cache(maxsize=None)  # noqa: UP033  (lru_cache's own path)
+def _cached_split(n: int) -> tuple[int, int]:
+    return n // 2, n - n // 2
+
+
+@functools.cache
+def _cached_ones(n: int) -> torch.Tensor:
+    return torch.ones(n)
+
+
+@case(X34)
+def fn_module_level_lru_cache_is_traced(x):
+    rows, _ = _cached_split(12)
+    return x.reshape(rows, -1).sum(1) + _cached_ones(rows), x.reshape(_cached_split(7)[::-1])
+
+
 # ============================================================ __new__ and metaclasses
 
 
@@ -394,3 +486,65 @@ def np_traced_astype_numpy_type_and_in_place(x):
     b = np.ones(3, dtype=np.float32)
     b += 0.5
     return a, b, a.dtype
+
+
+# ============================================================ tuple subclasses
+
+
+class _Pair(tuple):
+    def __new__(cls, a, b):
+        return super().__new__(cls, (a, b))
+
+    @property
+    def first(self):
+        return self[0]
+
+    def swapped(self):
+        return _Pair(self[1], self[0])
+
+
+class _Dims(tuple):  # torch.Size-like: ints from any iterable, with methods
+    def __new__(cls, dims=()):
+        return tuple.__new__(cls, [int(d) for d in dims])
+
+    def numel(self):
+        n = 1
+        for d in self:
+            n *= d
+        return n
+
+
+class _Plain(tuple):  # tuple's own __new__
+    def total(self):
+        return sum(self)
+
+
+class _Point(typing.NamedTuple):
+    x: torch.Tensor
+    scale: int = 2
+
+    def scaled(self):
+        return self.x * self.scale
+
+    @property
+    def doubled_scale(self):
+        return self.scale * 2
+
+
+@case(X34)
+def tup_subclass_with_python_new(x):
+    p = _Pair(x, 3)
+    q = p.swapped()
+    return p.first * p[1] + len(p), isinstance(p, tuple), type(q) is _Pair, q, p + (1,)  # noqa: RUF005
+
+
+@case(X34)
+def tup_size_like_subclass(x):
+    s = _Dims(x.shape)
+    return x.reshape(s.numel()), s, _Dims(), _Plain([x, x * 2]).total(), _Plain()
+
+
+@case(X34)
+def tup_namedtuple_class_methods_and_properties(x):
+    p = _Point(x)
+    return p.scaled() + p.doubled_scale, p._replace(scale=3), p._asdict(), p

@@ -49,6 +49,11 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
         fields = obj.fields
         if fields and name in fields:
             return obj.items[fields.index(name)]
+        native = name in _NAMEDTUPLE_NATIVE and hasattr(obj.kind, "_fields")
+        if V.is_tuple_subclass(obj.kind) and not native:
+            raw = python_override(obj.kind, name, tuple)  # a method or property of the subclass
+            if raw is not None:
+                return bind_class_attr(obj, obj.kind, raw, name)
         return _container_method(obj, obj.kind, name)
     if isinstance(obj, V.DictVar) and obj.kind is not dict:
         return _dict_subclass_attr(obj, name)
@@ -104,7 +109,25 @@ def getattr_var(obj: V.Var, name: str) -> V.Var:
             return obj.func
     if isinstance(obj, V.FunctionVar):
         return _function_attr(obj, name)
+    if isinstance(obj, V.CachedFunctionVar):
+        return _cached_function_attr(obj, name)
     raise Unsupported(f"attribute {name!r} of {obj.describe()}", ctx.loc)
+
+
+def _cached_function_attr(fn: V.CachedFunctionVar, name: str) -> V.Var:
+    """What ``update_wrapper`` stored (``__wrapped__``, ``__name__`` …), its ``__dict__``,
+    and the methods ``cache_info``/``cache_clear``."""
+    if name in fn.attrs.items:
+        return fn.attrs.items[name]
+    if name == "__dict__":
+        return fn.attrs
+    if name in ("cache_info", "cache_clear"):
+        return V.MethodVar(fn, name)
+    cls = fn.python_type()
+    if inspect.getattr_static(cls, name, _MISSING) is _MISSING:
+        raise UserException(AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}"),
+                            current().loc)
+    raise Unsupported(f"attribute {name!r} of {fn.describe()}", current().loc)
 
 
 def _function_attr(fn: V.FunctionVar, name: str) -> V.Var:
@@ -131,6 +154,10 @@ def _function_attr(fn: V.FunctionVar, name: str) -> V.Var:
     if inspect.getattr_static(types.FunctionType, name, _MISSING) is _MISSING:
         raise UserException(AttributeError(f"'function' object has no attribute {name!r}"), current().loc)
     raise Unsupported(f"attribute {name!r} of {fn.describe()}", current().loc)
+
+
+_NAMEDTUPLE_NATIVE = frozenset({"_asdict", "_replace"})
+"""Methods ``namedtuple`` writes that the sequence Var answers itself (`methods.list_method`)."""
 
 
 def _container_method(obj: V.Var, cls: type, name: str) -> V.Var:
@@ -432,5 +459,8 @@ def setattr_var(obj: V.Var, name: str, value: V.Var, plain: bool = False) -> Non
     if isinstance(obj, V.FunctionVar) and name not in ("__code__", "__defaults__", "__kwdefaults__",
                                                        "__dict__", "__closure__", "__globals__"):
         obj.attr_dict().items[name] = value  # made in the frame: nothing outside sees it
+        return
+    if isinstance(obj, V.CachedFunctionVar) and name != "__dict__":
+        obj.attrs.items[name] = value
         return
     raise Unsupported(f"attribute assignment on {obj.describe()}", ctx.loc)

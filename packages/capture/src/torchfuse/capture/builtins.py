@@ -258,26 +258,47 @@ def _reversed(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     return V.IteratorVar(list(reversed(O.iterate(args[0]))))
 
 
+def _lazy(args: list[V.Var]) -> bool:
+    """Over an iterator Var the result is lazy too, so that it pulls from it only as far as
+    it is itself pulled (Python's order); over containers it is made now (loops unroll)."""
+    return any(isinstance(a, V.IteratorVar) for a in args)
+
+
+def _rows(make: Any, args: list[V.Var], bounded: bool) -> V.Var:
+    """An iterator Var over what ``make(*pulls)`` (real zip/map/enumerate over Python iterators
+    of the Vars) yields; eager's ValueError (``zip(strict=True)``) raised where it is pulled."""
+    def gen() -> Any:
+        it = make(*[O.pull(a) for a in args])
+        while True:
+            try:
+                row = next(it)
+            except StopIteration:
+                return
+            except ValueError as e:
+                raise UserException(e, current().loc) from e
+            yield row
+    if _lazy(args):
+        return V.IteratorVar([], gen(), bounded=bounded)
+    return V.IteratorVar(list(gen()))
+
+
 def _enumerate(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     start = (args[1] if len(args) > 1 else kwargs.get("start", V.ConstVar(0))).python()
-    return V.IteratorVar([V.ListVar([V.ConstVar(i + start), v], tuple)
-                          for i, v in enumerate(O.iterate(args[0]))])
+    return _rows(lambda it: (V.ListVar([V.ConstVar(i), v], tuple) for i, v in enumerate(it, start)),
+                 args[:1], not O.is_endless(args[0]))
 
 
 def _zip(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
-    cols = [O.iterate(a) for a in args]
     strict = kwargs.get("strict")
-    try:  # zip itself, over the lists of Vars: eager's ValueError when strict lengths differ
-        rows = list(zip(*cols, strict=strict is not None and bool(strict.python())))
-    except ValueError as e:
-        raise UserException(e, current().loc) from e
-    return V.IteratorVar([V.ListVar(list(row), tuple) for row in rows])
+    strict = strict is not None and bool(strict.python())
+    return _rows(lambda *its: (V.ListVar(list(row), tuple) for row in zip(*its, strict=strict)),
+                 args, not args or not all(O.is_endless(a) for a in args))
 
 
 def _map(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     fn, *its = args
-    cols = [O.iterate(a) for a in its]
-    return V.IteratorVar([_call(fn, *row) for row in zip(*cols, strict=False)])
+    return _rows(lambda *cols: (_call(fn, *row) for row in zip(*cols, strict=False)),
+                 its, not all(O.is_endless(a) for a in its))
 
 
 def _filter(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -359,7 +380,8 @@ def _id(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 
 def _callable(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     v = args[0]
-    if isinstance(v, V.FunctionVar | V.BoundMethodVar | V.PartialVar | V.ModuleVar | V.MethodVar):
+    if isinstance(v, V.FunctionVar | V.CachedFunctionVar | V.BoundMethodVar | V.PartialVar | V.ModuleVar
+                  | V.MethodVar):
         return V.ConstVar(True)
     if isinstance(v, V.TensorVar | V.ListVar | V.DictVar | V.SetVar):
         return V.ConstVar(False)
@@ -560,7 +582,7 @@ def _core_list_method(obj: V.ListVar, name: str, args: list[V.Var], kwargs: dict
     return list_method(obj, name, args, kwargs)
 
 
-STDLIB_CORE = stdlib.Core(iterate=O.iterate, binary=O.binary, mutate=O.mutate, call=_core_call,
+STDLIB_CORE = stdlib.Core(iterate=O.iterate, pull=O.pull, binary=O.binary, mutate=O.mutate, call=_core_call,
                           make_dict=_dict, list_method=_core_list_method)
 """The interpreter functions the stdlib models (`torchfuse.capture.stdlib`) are handed."""
 

@@ -59,6 +59,10 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         return M.call_method(fn.obj, fn.name, args, kwargs)
     if isinstance(fn, V.FunctionVar):
         return inline(fn, args, kwargs)
+    if isinstance(fn, V.CachedFunctionVar):
+        from torchfuse.capture import stdlib
+
+        return stdlib.cached_call(B.STDLIB_CORE, fn, args, kwargs)
     if isinstance(fn, V.ExitVar):
         return B.exit_context(fn.ctx)
     if isinstance(fn, V.UserExitVar):
@@ -84,8 +88,8 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     traced = _numpy_call(value, args, kwargs)
     if traced is not None:
         return traced
-    if value is OBJECT_NEW:
-        made = object_new(args, kwargs)
+    if value is OBJECT_NEW or value is TUPLE_NEW:
+        made = (object_new if value is OBJECT_NEW else tuple_new)(args, kwargs)
         if made is not None:
             return made
     if value is TYPE_CALL and args and isinstance(args[0], V.ObjVar) and isinstance(args[0].value, type):
@@ -97,6 +101,11 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         # the referent, as an object the capture already knows when it is one (identity
         # checks such as ``ref() is weight`` then fold)
         return ctx.wrap(value(), None)
+    if isinstance(value, functools._lru_cache_wrapper):
+        # a cache that lives outside the frame: its function is traced, the cache ignored
+        # (as TorchDynamo does), so the graph computes what a miss would
+        src = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
+        return call(ctx.wrap(value.__wrapped__, src), args, kwargs)
     if isinstance(value, functools.partial):
         pv = V.PartialVar(ctx.wrap(value.func, None), [ctx.wrap(a, None) for a in value.args],
                           {k: ctx.wrap(v, None) for k, v in value.keywords.items()})
@@ -406,6 +415,19 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 
 TYPE_CALL = type.__dict__["__call__"]
 OBJECT_NEW = object.__new__
+TUPLE_NEW = tuple.__new__
+
+
+def tuple_new(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """``tuple.__new__(cls, iterable=())`` of a tuple subclass written in Python (what its
+    own ``__new__`` ends with): a sequence Var of that class over the iterable's items; None
+    when it is not that."""
+    from torchfuse.capture.operators import iterate
+
+    if kwargs or not 1 <= len(args) <= 2 or not isinstance(args[0], V.ObjVar) or \
+            not V.is_tuple_subclass(args[0].value):
+        return None
+    return V.ListVar(iterate(args[1]) if len(args) > 1 else [], args[0].value)
 
 
 def construct_instance(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -415,15 +437,21 @@ def construct_instance(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -
     if cls.__new__ is not object.__new__:
         new = inspect.getattr_static(cls, "__new__")
         fn = new.__func__ if isinstance(new, staticmethod) else None
-        if not isinstance(fn, types.FunctionType) or not _plain_instances(cls):
+        modelled = _plain_instances(cls) or V.is_tuple_subclass(cls)
+        if new is TUPLE_NEW and V.is_tuple_subclass(cls):
+            made = tuple_new([ctx.wrap(cls, None), *args], kwargs)
+        elif not isinstance(fn, types.FunctionType) or not modelled:
             raise Unsupported(f"class {cls.__qualname__} with a custom __new__ or metaclass", ctx.loc)
-        made = call(V.ObjVar(fn), [ctx.wrap(cls, None), *args], kwargs)
-        if not isinstance(made, V.UserObjVar) or not isinstance(made.value, cls):
+        else:
+            made = call(V.ObjVar(fn), [ctx.wrap(cls, None), *args], kwargs)
+        if isinstance(made, V.ListVar) and made.kind is cls:
+            pass  # a tuple subclass's instance, made by tuple.__new__
+        elif not isinstance(made, V.UserObjVar) or not isinstance(made.value, cls):
             if isinstance(made.python_type(), type) and issubclass(made.python_type(), cls):
                 raise Unsupported(f"{cls.__qualname__}.__new__ returned an instance capture "
                                   f"does not model", ctx.loc)
             return made  # type.__call__ skips __init__ for what is not an instance of cls
-        if not made.is_new:  # a cached instance (a singleton): __init__ would run on it again
+        elif not made.is_new:  # a cached instance (a singleton): __init__ would run on it again
             raise Unsupported(f"{cls.__qualname__}.__new__ returned an existing object", ctx.loc)
         var = made
     else:
@@ -459,7 +487,11 @@ def _construct_stateless_module(cls: type, args: list[V.Var], kwargs: dict[str, 
     ctx = current()
     if cls.__module__.startswith("torch.nn.modules") and \
             all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
-        mod = cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()})
+        # a trial build: a module with parameters initializes them from the global generator,
+        # which must be left as it was, since Python then builds it again after the break
+        cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):
+            mod = cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()})
         if not any(True for _ in mod.parameters()) and all(b is None for b in mod._buffers.values()) \
                 and not any(True for _ in mod.children()):
             return V.ModuleVar(mod, None)

@@ -33,6 +33,10 @@ def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Va
         from torchfuse.capture.stdlib import deque_method
 
         return deque_method(STDLIB_CORE, obj, name, args, kwargs)
+    if isinstance(obj, V.CachedFunctionVar):
+        from torchfuse.capture.stdlib import cached_method
+
+        return cached_method(obj, name, args)
     if isinstance(obj, V.ListVar):
         return list_method(obj, name, args, kwargs)
     if isinstance(obj, V.DictVar):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import operator
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -352,6 +353,18 @@ def delitem(obj: V.Var, key: V.Var) -> None:
         del obj.items[key.python()]
         return
     raise Unsupported(f"del on {obj.describe()}", current().loc)
+
+
+def pull(var: V.Var) -> Iterator[V.Var]:
+    """The items of ``var`` one at a time, as Python's ``iter(var)`` hands them out: an
+    iterator Var advances only as far as it is pulled (``zip`` over ``itertools.count``)."""
+    if isinstance(var, V.IteratorVar):
+        return iter(var.next, None)
+    return iter(iterate(var))  # a container's items are read now, as iter() reads them
+
+
+def is_endless(var: V.Var) -> bool:
+    return isinstance(var, V.IteratorVar) and not var.bounded
 
 
 def iterate(var: V.Var) -> list[V.Var]:

@@ -26,6 +26,7 @@ Spec grammar::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -213,6 +214,8 @@ def compile_spec(spec: Spec, namespace: dict[str, Any]) -> Callable[[list[Any], 
             consts.append(s[1])
             if hasattr(s[1], "_make"):
                 return f"_K[{len(consts) - 1}]._make(({items}{',' if len(s[2]) == 1 else ''}))"
+            if V.is_tuple_subclass(s[1]):  # made as tuple.__new__ made it, not by calling it again
+                consts[-1] = functools.partial(tuple.__new__, s[1])
             return f"_K[{len(consts) - 1}](({items}{',' if len(s[2]) == 1 else ''}))"
         if tag == "dict":
             consts.append(s[2])

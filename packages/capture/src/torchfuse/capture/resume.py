@@ -173,7 +173,11 @@ class LiveBuilder(OutputBuilder):
         if isinstance(var, OpaqueVar) or (isinstance(var, V.ConstVar) and var.source is not None):
             return ("s", var.source.expr())  # read again on each call: no guard needed
         if isinstance(var, V.IteratorVar):
-            return ("iter", [self.spec(v) for v in var.items[var.pos:]])
+            rest = var.drained()
+            if rest is None:
+                raise Fallback("an endless iterator (itertools.count, cycle) is live at the break",
+                               self.ctx.loc)
+            return ("iter", [self.spec(v) for v in rest])
         if isinstance(var, V.MethodVar):
             return ("method", self.spec(var.obj), var.name)
         if isinstance(var, V.BoundMethodVar):

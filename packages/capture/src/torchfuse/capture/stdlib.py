@@ -13,9 +13,12 @@ make them as user objects; instead each constructor here builds what capture alr
   class; a ``defaultdict`` keeps its ``default_factory`` among the DictVar's ``attrs`` and a
   missing key calls it (`missing_item`).
 
-Infinite iterators (``count``, ``cycle``, ``repeat`` without ``times``) and those that call
-back into user code lazily (``starmap``, ``groupby``, ``accumulate`` with a function) are not
-modelled: calling them is an ordinary unsupported call, a graph break.
+The endless iterators (``count``, ``cycle``, ``repeat`` without ``times``) are *lazy*
+``IteratorVar`` s: each item is made when it is pulled (``next``, a ``for`` that breaks out,
+``zip``/``map``/``enumerate``/``islice`` over them, which are lazy too), so nothing runs
+ahead of Python. Consuming one whole (``list(count())``) is a graph break. Those that call
+back into user code lazily (``starmap``, ``groupby``) are not modelled: calling them is an
+ordinary unsupported call, a graph break.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import collections
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchfuse.capture import variables as V
@@ -40,6 +43,7 @@ class Core:
     this module, never the reverse (no import cycle through the stdlib models)."""
 
     iterate: Callable[[V.Var], list[V.Var]]
+    pull: Callable[[V.Var], Iterator[V.Var]]
     binary: Callable[[str, V.Var, V.Var], V.Var]
     mutate: Callable[[V.Var], None]
     call: Callable[[V.Var, list[V.Var], dict[str, V.Var]], V.Var]
@@ -108,9 +112,47 @@ def _zip_longest(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.V
 
 def _repeat(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     times = args[1] if len(args) > 1 else kwargs.get("times")
+    obj = args[0] if args else kwargs["object"]
     if times is None:
-        raise Unsupported("itertools.repeat without times (an infinite iterator)", current().loc)
-    return V.IteratorVar([args[0]] * max(0, _const(times)))
+        return V.IteratorVar([], iter(lambda: obj, None), bounded=False)
+    return V.IteratorVar([obj] * max(0, _const(times)))
+
+
+def _number(v: V.Var, what: str) -> None:
+    if isinstance(v, V.ConstVar) and not isinstance(v.value, int | float | complex):
+        raise UserException(TypeError(f"a number is required, not {type(v.value).__name__} ({what})"),
+                            current().loc)
+
+
+def _count(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``count(start, step)``: ``start``, then each item plus ``step`` (as CPython adds them,
+    so a float step accumulates as in eager); Vars of any kind, made as they are pulled."""
+    start = args[0] if args else kwargs.get("start", V.ConstVar(0))
+    step = args[1] if len(args) > 1 else kwargs.get("step", V.ConstVar(1))
+    _number(start, "start")
+    _number(step, "step")
+
+    def gen() -> Any:
+        v = start
+        while True:
+            yield v
+            v = core.binary("+", v, step)
+    return V.IteratorVar([], gen(), bounded=False)
+
+
+def _cycle(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``cycle(iterable)``: the first round pulls from the iterable (lazily, as Python does),
+    saving what it yields; later rounds repeat the saved Vars."""
+    src = core.pull(args[0])
+
+    def gen() -> Any:
+        saved = []
+        for v in src:
+            saved.append(v)
+            yield v
+        while saved:
+            yield from saved
+    return V.IteratorVar([], gen(), bounded=False)
 
 
 def _accumulate(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -240,6 +282,68 @@ def rebuild_sequence_kind(var: V.ListVar) -> Any:
     return var.kind
 
 
+# ----------------------------------------------------------------------------- functools
+
+
+def _lru_cache_wrapper(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``functools._lru_cache_wrapper(func, maxsize, typed, CacheInfo)``, which
+    ``lru_cache``'s Python code calls (then ``update_wrapper`` copies the metadata)."""
+    if len(args) != 4 or kwargs:
+        raise Unsupported("functools._lru_cache_wrapper with these arguments", current().loc)
+    maxsize = _const(args[1])
+    return V.CachedFunctionVar(args[0], None if maxsize is None else max(0, maxsize), bool(_const(args[2])))
+
+
+def _cache_key(v: V.Var, typed: bool) -> Any:
+    """What ``functools._make_key`` hashes: constants by value (with their type when typed),
+    tuples by their items, any other object by identity."""
+    if isinstance(v, V.ConstVar):
+        value = v.python()
+        try:
+            hash(value)
+        except TypeError as e:
+            raise UserException(e, current().loc) from e
+        return (value, type(value)) if typed else value
+    if isinstance(v, V.ListVar) and v.is_tuple:
+        return ("tuple", tuple(_cache_key(i, typed) for i in v.items))
+    if isinstance(v, V.ListVar | V.DictVar | V.SetVar):  # a list, deque, dict or set
+        raise UserException(TypeError(f"unhashable type: {v.python_type().__name__!r}"), current().loc)
+    return ("id", id(v))
+
+
+def cached_call(core: Core, fn: V.CachedFunctionVar, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """A call of an lru_cache wrapper made in the frame: a hit returns the very Var the first
+    call returned (the same object, as eager's cache returns it); a miss calls the function
+    and stores its result, evicting the least recently used past ``maxsize``."""
+    key: Any = (tuple(_cache_key(a, fn.typed) for a in args),
+                tuple((k, _cache_key(v, fn.typed)) for k, v in kwargs.items()))
+    if not fn.typed and not kwargs and len(args) == 1 and isinstance(args[0], V.ConstVar) and \
+            type(args[0].value) in (int, str):
+        key = ("fast", args[0].value)  # _make_key's fast path: f(1) and f(1.0) are two keys
+    if key in fn.cache:
+        fn.hits += 1
+        fn.cache.move_to_end(key)
+        return fn.cache[key]
+    fn.misses += 1
+    result = core.call(fn.func, args, kwargs)
+    if fn.maxsize != 0:
+        fn.cache[key] = result
+        if fn.maxsize is not None and len(fn.cache) > fn.maxsize:
+            fn.cache.popitem(last=False)
+    return result
+
+
+def cached_method(fn: V.CachedFunctionVar, name: str, args: list[V.Var]) -> V.Var:
+    """``cache_info()`` and ``cache_clear()`` of a wrapper made in the frame."""
+    if name == "cache_info" and not args:
+        return V.ConstVar(functools._CacheInfo(fn.hits, fn.misses, fn.maxsize, len(fn.cache)))
+    if name == "cache_clear" and not args:
+        fn.cache.clear()
+        fn.hits = fn.misses = 0
+        return V.ConstVar(None)
+    raise Unsupported(f"{name}() of {fn.describe()}", current().loc)
+
+
 _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     itertools.chain: _chain,
     itertools.chain.from_iterable: _chain_from_iterable,
@@ -250,6 +354,8 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     itertools.islice: _islice,
     itertools.zip_longest: _zip_longest,
     itertools.repeat: _repeat,
+    itertools.count: _count,
+    itertools.cycle: _cycle,
     itertools.accumulate: _accumulate,
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
@@ -258,6 +364,7 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     collections.OrderedDict.fromkeys: _fromkeys(collections.OrderedDict),
     collections.defaultdict.fromkeys: _fromkeys(collections.defaultdict),
     itertools.pairwise: lambda core, a, k: _run(itertools.pairwise, core.iterate(a[0])),
+    functools._lru_cache_wrapper: _lru_cache_wrapper,
 }
 
 
@@ -268,6 +375,8 @@ def handlers(core: Core) -> dict[Any, Handler]:
 
 __all__ = [
     "Core",
+    "cached_call",
+    "cached_method",
     "deque_method",
     "handlers",
     "is_defaultdict",

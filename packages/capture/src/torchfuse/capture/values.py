@@ -78,7 +78,7 @@ def contains_tensor(var: V.Var) -> bool:
 
 
 
-HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement made it, not C code
+HEAPTYPE = V.HEAPTYPE
 
 
 def python_override(cls: type, name: str, base: type) -> Any:

@@ -23,6 +23,7 @@ its value installs a guard), and carries enough to be computed on symbolically:
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -239,11 +240,24 @@ class NdarrayVar(Var):
         return f"ndarray {self.value.shape} {self.value.dtype}"
 
 
+HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement made it, not C code
+
+
+def is_tuple_subclass(kind: Any) -> bool:
+    """A tuple subclass written in Python (``class Pair(tuple)``, a namedtuple)."""
+    return isinstance(kind, type) and issubclass(kind, tuple) and kind is not tuple and \
+        bool(kind.__flags__ & HEAPTYPE)
+
+
 def make_sequence(kind: type, vals: list[Any]) -> Any:
+    """The object a sequence Var stands for. A Python tuple subclass is made as
+    ``tuple.__new__`` made it inside its ``__new__``, without running that again."""
     if kind is list or kind is tuple:
         return kind(vals)
     if hasattr(kind, "_make"):
         return kind._make(vals)
+    if is_tuple_subclass(kind):
+        return tuple.__new__(kind, vals)
     return kind(vals)
 
 
@@ -416,23 +430,80 @@ class PartialVar(Var):
         return functools.partial
 
 
-class IteratorVar(Var):
-    """An iterator over a list of Vars fixed when it was made (loops are unrolled)."""
+class CachedFunctionVar(Var):
+    """``functools.lru_cache(maxsize, typed)(func)`` (and ``functools.cache``) made in the
+    frame. Its cache starts empty on every call of the compiled function, so capture keeps
+    it exactly: ``cache`` maps a call's key (constants by value, other Vars by identity) to
+    the Var it returned, least recently used first; ``hits``/``misses`` are
+    ``cache_info()``'s counts. ``attrs`` is its ``__dict__`` (``update_wrapper`` fills it)."""
 
-    def __init__(self, items: list[Var]) -> None:
+    def __init__(self, func: Var, maxsize: int | None, typed: bool) -> None:
+        import collections
+
+        self.func = func
+        self.maxsize = maxsize
+        self.typed = typed
+        self.cache: collections.OrderedDict[Any, Var] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.attrs = DictVar({})
+
+    def python_type(self) -> type:
+        import functools
+
+        return functools._lru_cache_wrapper
+
+    def describe(self) -> str:
+        return "an lru_cache wrapper made in the function"
+
+
+class IteratorVar(Var):
+    """An iterator over Vars. Most are a list fixed when the iterator was made (loops over them
+    are unrolled); a *lazy* one (``gen``: a Python generator of Vars) makes its items only as
+    they are asked for, as ``itertools.count``/``cycle`` and ``zip`` over them do. A lazy
+    iterator that may never end (``bounded=False``) refuses to be drained whole (`rest`).
+
+    ``zip(itertools.count(2), [x, y])``, pulled row by row, is the Vars ``(2, x), (3, y)``:
+    the third ``next`` of ``count`` happens (as in Python) before zip sees the list end."""
+
+    def __init__(self, items: list[Var], gen: Iterator[Var] | None = None, bounded: bool = True) -> None:
         self.items = items
         self.pos = 0
+        self.gen = gen
+        self.bounded = bounded
 
     def next(self) -> Var | None:
         if self.pos >= len(self.items):
-            return None
+            if self.gen is None:
+                return None
+            v = next(self.gen, None)
+            if v is None:
+                self.gen = None
+                return None
+            self.items.append(v)
         self.pos += 1
         return self.items[self.pos - 1]
 
     def rest(self) -> list[Var]:
+        if self.gen is not None:
+            if not self.bounded:
+                from torchfuse.capture.context import current
+
+                raise Unsupported("an infinite iterator consumed to its end", current().loc)
+            self.items.extend(self.gen)
+            self.gen = None
         out = self.items[self.pos:]
         self.pos = len(self.items)
         return out
+
+    def drained(self) -> list[Var] | None:
+        """The items still to come, or None for an endless one: without moving it."""
+        if self.gen is not None:
+            if not self.bounded:
+                return None
+            self.items.extend(self.gen)
+            self.gen = None
+        return self.items[self.pos:]
 
 
 class SuperVar(Var):

@@ -47,6 +47,9 @@ def for_iter(frame, inst) -> None:
     it = frame.stack[-1]
     if not isinstance(it, V.IteratorVar):
         raise Unsupported(f"FOR_ITER over {it.describe()}")
+    if frame.yields is not None and not it.bounded:
+        # a generator is collected whole: over an endless iterator it would never end
+        raise Unsupported("a generator looping over an endless iterator (itertools.count, cycle)")
     v = it.next()
     if v is None:
         frame.pop()
