@@ -627,8 +627,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not args.device.startswith("cuda"):
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+    # On the CPU torchfuse runs C++ kernels, as for any CPU user; TRITON_INTERPRET=1 (set
+    # before this started) would put every kernel through Triton's interpreter instead, at
+    # seconds a step (a 2-image ResNet-18 forward: 7.3 s against 12 ms in eager).
     import vision_models
 
     vision_models.ensure_importable()  # before transformers imports torchvision
