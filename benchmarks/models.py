@@ -67,7 +67,6 @@ import datetime as dt
 import gc
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
