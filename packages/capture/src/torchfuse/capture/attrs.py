@@ -423,9 +423,9 @@ def _super_attr(obj: V.SuperVar, name: str) -> V.Var:
 def setattr_var(obj: V.Var, name: str, value: V.Var, plain: bool = False) -> None:
     """``obj.<name> = value``; ``plain``: as ``object.__setattr__`` stores it."""
     ctx = current()
-    if not plain and isinstance(obj, V.UserObjVar) and obj.is_new:
+    if not plain and isinstance(obj, V.UserObjVar):
         custom = inspect.getattr_static(type(obj.value), "__setattr__", None)
-        if isinstance(custom, types.FunctionType):  # made during capture: interpret it
+        if isinstance(custom, types.FunctionType):  # the class's own (a frozen dataclass's): interpret it
             from torchfuse.capture.calls import call
 
             call(V.BoundMethodVar(V.ObjVar(custom), obj), [V.ConstVar(name), value], {})

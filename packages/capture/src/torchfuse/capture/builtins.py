@@ -59,6 +59,7 @@ def _fold(fn: Callable[..., Any]) -> Handler:
 
 
 _NEEDS_NUMBERS = {str, repr, format, hash, chr, bin, hex, oct}
+_HASH = _fold(hash)
 
 
 def _call(fn: V.Var, *args: V.Var) -> V.Var:
@@ -95,6 +96,22 @@ def _len(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
                 raise Unsupported(f"__len__ of {x.describe()} gave {n.describe()}", current().loc)
             return V.ConstVar(n.value)
     return V.ConstVar(len(x.python()))
+
+
+def _hash(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``hash(x)``; a user class's own ``__hash__`` (a frozen dataclass's) is interpreted."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], V.UserObjVar):
+        x = args[0]
+        if inspect.getattr_static(x.python_type(), "__hash__", None) is None:
+            raise UserException(TypeError(f"unhashable type: {x.python_type().__name__!r}"),
+                                current().loc)
+        h = O.python_dunder(x, "__hash__", [])
+        if h is not None and h is not NotImplemented:
+            if not isinstance(h, V.ConstVar) or type(h.value) not in (int, bool):
+                raise UserException(TypeError("__hash__ method should return an integer"),
+                                    current().loc)
+            return V.ConstVar(hash(h.value))  # Python reduces it as hash() of the int
+    return _HASH(args, kwargs)
 
 
 def _isinstance(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -620,8 +637,9 @@ def _table() -> dict[Any, Handler]:
     t.update(stdlib.handlers(STDLIB_CORE))
     for name in ("any", "all", "sum", "min", "max"):
         t[getattr(builtins, name)] = _reduce_builtin(name)
-    for fn in (range, str, round, divmod, pow, repr, chr, ord, slice, hash, format, bin, hex, oct):
+    for fn in (range, str, round, divmod, pow, repr, chr, ord, slice, format, bin, hex, oct):
         t[fn] = _fold(fn)
+    t[hash] = _hash
     for sym, fn in O.BINARY.items():
         t[fn] = _operator_binary(sym)
     for sym, fn in O.COMPARE.items():

@@ -31,7 +31,7 @@ from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
 from torchfuse.capture.distributed import is_distributed_runtime
 from torchfuse.capture.dynamic import SYM_TYPES, concrete
-from torchfuse.capture.errors import Unsupported
+from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.source import AttrSource, ItemSource, Source
 from torchfuse.capture.values import from_py, to_py
 from torchfuse.graph.symbolic import SpecializationError
@@ -434,6 +434,15 @@ def construct_instance(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -
     """What ``type.__call__(cls, ...)`` does: ``cls.__new__`` (a Python ``__new__`` is
     interpreted), then ``__init__`` when the result is an instance of ``cls``."""
     ctx = current()
+    if issubclass(cls, BaseException) and _builtin_exception_init(cls) and \
+            all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
+        # an exception class of Python code that keeps BaseException's construction
+        # (dataclasses.FrozenInstanceError): made for real, as builtin exceptions are
+        try:
+            return V.ObjVar(cls(*[a.python() for a in args],
+                                **{k: v.python() for k, v in kwargs.items()}))
+        except Exception as e:
+            raise UserException(e, ctx.loc) from e
     if cls.__new__ is not object.__new__:
         new = inspect.getattr_static(cls, "__new__")
         fn = new.__func__ if isinstance(new, staticmethod) else None
@@ -462,6 +471,12 @@ def construct_instance(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -
     elif (args or kwargs) and cls.__new__ is object.__new__:
         raise Unsupported(f"{cls.__qualname__}() takes no arguments", ctx.loc)
     return var
+
+
+def _builtin_exception_init(cls: type) -> bool:
+    """``__new__`` and ``__init__`` of the exception class are builtin ones (C code)."""
+    return not any(isinstance(inspect.getattr_static(cls, name), types.FunctionType | staticmethod)
+                   for name in ("__new__", "__init__"))
 
 
 def _plain_instances(cls: type) -> bool:

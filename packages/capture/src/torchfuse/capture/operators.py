@@ -139,6 +139,8 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
     np_trace = _numpy(a, b)
     if np_trace is not None:
         return np_trace.compare(op, a, b)
+    if isinstance(a, V.UserObjVar) or isinstance(b, V.UserObjVar):
+        return _rich_compare(op, a, b)  # a tensor's own method returns NotImplemented
     if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
         if op in ("==", "!=") and not (isinstance(a, V.TensorVar) and isinstance(b, V.TensorVar)):
             other = b if isinstance(a, V.TensorVar) else a
@@ -158,6 +160,64 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
         eq = all(truth(compare("==", x, y)) for x, y in zip(a.items, b.items, strict=True))
         return V.ConstVar(eq if op == "==" else not eq)
     return fold(COMPARE[op], a, b)
+
+
+_RICH = {"==": "__eq__", "!=": "__ne__", "<": "__lt__", ">": "__gt__", "<=": "__le__",
+         ">=": "__ge__"}
+_REFLECTED = {"==": "==", "!=": "!=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
+
+
+def _not_implemented(v: Any) -> bool:
+    return v is NotImplemented or (isinstance(v, V.ConstVar) and v.value is NotImplemented)
+
+
+def _rich_compare(op: str, a: V.Var, b: V.Var) -> V.Var:
+    """``a op b`` where an operand is a user object, as Python runs it: the left operand's
+    method, then the right one's reflected method (first when the right operand's class is a
+    subclass of the left one's), then identity for ``==``/``!=`` or a ``TypeError``. The
+    classes' methods written in Python (``__eq__`` of a dataclass too) are interpreted."""
+    ta, tb = _type_of(a), _type_of(b)
+    tries = [(a, op, b), (b, _REFLECTED[op], a)]
+    if ta is not tb and isinstance(b, V.UserObjVar) and ta is not None and issubclass(tb, ta):
+        tries.reverse()
+    for x, xop, y in tries:
+        got = _rich_method(x, xop, y)
+        if not _not_implemented(got):
+            return got
+    if op in ("==", "!="):
+        same = is_same(a, b)
+        return V.ConstVar(same if op == "==" else not same)
+    names = [t.__name__ if t is not None else v.describe() for t, v in ((ta, a), (tb, b))]
+    raise UserException(TypeError(f"'{op}' not supported between instances of "
+                                  f"{names[0]!r} and {names[1]!r}"), current().loc)
+
+
+def _type_of(v: V.Var) -> type | None:
+    try:
+        return v.python_type()
+    except Unsupported:
+        return None
+
+
+def _rich_method(x: V.Var, op: str, y: V.Var) -> Any:
+    """What ``type(x).__op__(x, y)`` returns (a Var, or ``NotImplemented``)."""
+    if not isinstance(x, V.UserObjVar):
+        # builtins, tensors, modules, functions: their methods know no user class
+        return V.ConstVar(True) if op == "==" and is_same(x, y) else NotImplemented
+    name = _RICH[op]
+    got = python_dunder(x, name, [y])
+    if got is not NotImplemented:
+        return got
+    raw = inspect.getattr_static(x.python_type(), name)
+    if raw is not getattr(object, name):
+        raise Unsupported(f"{name} of {x.describe()} is written in C ({type(raw).__name__})",
+                          current().loc)
+    if op == "==":
+        return V.ConstVar(True) if is_same(x, y) else NotImplemented
+    if op == "!=":  # object.__ne__ inverts the class's own __eq__
+        eq = _rich_method(x, "==", y)
+        return eq if _not_implemented(eq) else V.ConstVar(not truth(eq))
+    return NotImplemented
 
 
 def is_same(a: V.Var, b: V.Var) -> bool:
@@ -225,7 +285,7 @@ def contains(container: V.Var, item: V.Var) -> bool:
             if isinstance(x, V.TensorVar) or isinstance(item, V.TensorVar):
                 if is_same(x, item):
                     return True
-            elif truth(compare("==", x, item)):
+            elif is_same(x, item) or truth(compare("==", x, item)):  # identity first, as Python
                 return True
         return False
     if isinstance(container, V.ModuleVar):

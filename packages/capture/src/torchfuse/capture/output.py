@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -138,7 +140,7 @@ class OutputBuilder:
                 self.effect_notes.append(EffectNote(f"contents of {var.source.expr()}", loc, False))
             elif kind == "setattr":
                 _, obj, name, value, _ = effect
-                ops.append(("setattr", obj.source.expr(), name, self.spec(value)))
+                ops.append(("setattr", obj.source.expr(), name, self.spec(value), _plain_store(obj)))
                 same = last_write[(id(obj), name)] != n or _unchanged(obj, name, value)
                 self.effect_notes.append(EffectNote(f"{obj.source.expr()}.{name} = {value.describe()}",
                                                     loc, same))
@@ -147,6 +149,14 @@ class OutputBuilder:
                 ops.append(("setglobal", name, self.spec(value)))
                 self.effect_notes.append(EffectNote(f"global {name} = {value.describe()}", loc, False))
         return ops
+
+
+def _plain_store(obj: Any) -> bool:
+    """Whether an attribute write is replayed as ``object.__setattr__``: on a user object whose
+    class has its own ``__setattr__`` in Python, capture interpreted that method, and what it
+    recorded are the stores it made (a frozen dataclass's ``object.__setattr__`` calls)."""
+    return isinstance(obj, V.UserObjVar) and isinstance(
+        inspect.getattr_static(type(obj.value), "__setattr__", None), types.FunctionType)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +294,8 @@ def compile_side_effects(ops: list[tuple], namespace: dict[str, Any]) -> Callabl
             lines.append(f"    _replace_contents({op[1]}, _v{n}(O, L, G, C))")
         elif op[0] == "setattr":
             ns[f"_v{n}"] = compile_spec(op[3], namespace)
-            lines.append(f"    setattr({op[1]}, {op[2]!r}, _v{n}(O, L, G, C))")
+            store = "object.__setattr__" if op[4] else "setattr"
+            lines.append(f"    {store}({op[1]}, {op[2]!r}, _v{n}(O, L, G, C))")
         elif op[0] == "setglobal":
             ns[f"_v{n}"] = compile_spec(op[2], namespace)
             lines.append(f"    G[{op[1]!r}] = _v{n}(O, L, G, C)")

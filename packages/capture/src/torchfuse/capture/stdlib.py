@@ -8,6 +8,7 @@ make them as user objects; instead each constructor here builds what capture alr
   ``ListVar`` s). ``itertools.product([a, b], [c])`` is ``iter([(a, c), (b, c)])``, with
   ``a``, ``b``, ``c`` the Vars themselves: nothing is recorded, loops over it unroll.
   ``islice`` over a live iterator pulls only the items it yields, as Python's does.
+* ``collections.namedtuple(...)`` with constant arguments makes its class for real.
 * ``collections.deque`` is a `DequeVar`: a list of Vars and its ``maxlen``.
 * ``collections.OrderedDict`` and ``defaultdict`` are a `DictVar` whose ``kind`` is that
   class; a ``defaultdict`` keeps its ``default_factory`` among the DictVar's ``attrs`` and a
@@ -344,7 +345,24 @@ def cached_method(fn: V.CachedFunctionVar, name: str, args: list[V.Var]) -> V.Va
     raise Unsupported(f"{name}() of {fn.describe()}", current().loc)
 
 
+def _namedtuple(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``collections.namedtuple(...)`` from constants, called in the function: the class is
+    made for real, once per capture (Python makes a new one per call; nothing the graph or
+    the guards hold depends on which one it is). Its instances are tuple subclasses, which
+    capture models (their ``__new__`` is interpreted)."""
+    if not all(isinstance(a, V.ConstVar | V.ListVar) for a in [*args, *kwargs.values()]):
+        raise Unsupported("collections.namedtuple() from non-constant arguments", current().loc)
+    vals = [a.python() for a in args]
+    kw = {k: v.python() for k, v in kwargs.items()}
+    kw.setdefault("module", current().f_globals.get("__name__"))  # as the caller's frame
+    try:
+        return V.ObjVar(collections.namedtuple(*vals, **kw))
+    except Exception as e:  # what eager raises (a bad field name)
+        raise UserException(e, current().loc) from e
+
+
 _HANDLERS: dict[Any, Callable[..., V.Var]] = {
+    collections.namedtuple: _namedtuple,
     itertools.chain: _chain,
     itertools.chain.from_iterable: _chain_from_iterable,
     itertools.product: _product,
