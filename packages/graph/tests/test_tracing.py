@@ -163,3 +163,48 @@ def test_schema_helpers():
     assert mutated_arguments(torch.ops.aten.add.Tensor) == []
     assert is_view_op(torch.ops.aten.view.default) and is_view_op(torch.ops.aten.permute.default)
     assert not is_view_op(torch.ops.aten.add_.Tensor) and not is_view_op(torch.ops.aten.clone.default)
+
+
+def _probing_fresh(taken: set[str], hint: str) -> str:
+    """GraphBuilder.fresh as it was: the first free of stem, stem_1, ... probed from the stem."""
+    import re
+
+    base = re.sub(r"\W", "_", hint).strip("_") or "v"
+    if base[0].isdigit():
+        base = "v" + base
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    taken.add(name)
+    return name
+
+
+def test_fresh_names_are_those_of_the_probing_search():
+    # hints that collide with each other's suffixed names ("mul_2" before the second "mul"),
+    # that sanitize to the same stem ("a.b", "a b"), empty and digit-led ones
+    import random
+
+    hints = ["mul", "mul_2", "mul", "mul", "mul_1", "mul_1", "a.b", "a b", "a_b", "", "_", "3x",
+             "v3x", "v3x_1", "add", "mul_2_1", "mul_2", "x", "x_1_1", "x_1", "x", "x"]
+    rng = random.Random(0)
+    hints += [rng.choice(["mul", "mul_1", "mul_3", "add", "add_2", "sum", "sum_1_1", "1"]) for _ in range(2000)]
+    builder = GraphBuilder()
+    taken: set[str] = set()
+    for h in hints:
+        assert builder.fresh(h) == _probing_fresh(taken, h), h
+
+
+def test_fresh_is_linear_in_the_values_of_one_stem():
+    import time
+
+    def seconds(n: int) -> float:
+        builder = GraphBuilder()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            builder.fresh("mul")
+        return time.perf_counter() - t0
+
+    seconds(1000)  # warm
+    # quadratic probing: 20000 names took ~400x the time of 1000; linear is ~20x
+    assert seconds(20000) < 100 * max(seconds(1000), 1e-4)

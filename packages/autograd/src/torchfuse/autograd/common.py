@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import functools
-import gc
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 import torch
@@ -15,6 +12,7 @@ from torchfuse.autograd.config import config
 from torchfuse.autograd.meta_memo import MEMO, Entry
 from torchfuse.graph import printer
 from torchfuse.graph import schema as S
+from torchfuse.graph.collector import gc_paused
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import no_autocast
 from torchfuse.graph.ops import (
@@ -175,34 +173,10 @@ def retrace_env(graph: S.Graph) -> SizeEnv | None:
     return env
 
 
-@functools.lru_cache(maxsize=4096)
-def _stem(hint: str) -> str:
-    """The name GraphBuilder.fresh derives from a hint before adding a suffix."""
-    base = re.sub(r"\W", "_", hint).strip("_") or "v"
-    return "v" + base if base[0].isdigit() else base
-
-
 class _RetraceBuilder(GraphBuilder):
     def __init__(self, name: str, symbols: tuple[S.Symbol, ...]) -> None:
         super().__init__(name)
         self._records = symbols
-        self._next: dict[str, int] = {}
-        """stem -> the first suffix that may still be free (every lower one is taken)"""
-
-    def fresh(self, hint: str) -> str:
-        # GraphBuilder.fresh's names (the first free of stem, stem_1, stem_2, ...) without
-        # probing from the stem again each time: a retrace names a thousand ``mul``s, and the
-        # probing was quadratic. Names are never released, so the first free suffix of a stem
-        # only grows. (The same change in GraphBuilder would speed up capture too.)
-        stem = _stem(hint)
-        i = self._next.get(stem, 0)
-        name = f"{stem}_{i}" if i else stem
-        while name in self._taken:
-            i += 1
-            name = f"{stem}_{i}"
-        self._next[stem] = i + 1
-        self._taken.add(name)
-        return name
 
     def build(self) -> S.Graph:
         # a retrace makes no symbols: the input graph's records are exact (the env rounds a
@@ -221,30 +195,12 @@ def retrace_builder(graph: S.Graph, name: str) -> tuple[GraphBuilder, SizeEnv | 
     return builder, env
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block (and back on after it, if it was on).
-
-    A retrace allocates fakes, metadata and nodes by the ten thousand, which starts the
-    collector again and again, and its full collections walk every object of the process: in
-    a process holding a ``transformers`` model that was 60% of inductor's decompose of a T5
-    training graph (491 -> 190 ms with the collector off). Reference counting still frees what
-    a pass drops; the cycles wait for the next collection after the pass."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
-
-
 def retracing(env: SizeEnv | None) -> contextlib.AbstractContextManager:
     """The context every pass re-runs a graph in: autocast off, since a graph's ops already
     carry the dtypes autocast gave them at capture (see `torchfuse.graph.interpreter.no_autocast`;
     an enclosing ``torch.autocast`` would cast them again, and the backward formulas too); the
-    garbage collector paused (`gc_paused`); and, for symbolic fakes, the Python dispatcher (see
-    ``SizeEnv.tracing``)."""
+    garbage collector paused (`torchfuse.graph.collector.gc_paused`); and, for symbolic fakes,
+    the Python dispatcher (see ``SizeEnv.tracing``)."""
     stack = contextlib.ExitStack()
     stack.enter_context(gc_paused())
     stack.enter_context(no_autocast())

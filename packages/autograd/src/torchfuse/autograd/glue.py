@@ -55,6 +55,7 @@ from torchfuse.autograd.partition import Partition, Strategy, num_saved, partiti
 from torchfuse.autograd.unread import drop_unread_arguments
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
+from torchfuse.graph.collector import gc_paused
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import bind_symbols, device_types, no_autocast
 from torchfuse.graph.ops import to_dtype
@@ -245,7 +246,8 @@ class AotFunction:
             if not plan.guards or plan.failing_guard(env) is None:
                 return plan
         if not plans:
-            plans.append(self._build(requires_grad, training, self.functional))
+            with gc_paused():
+                plans.append(self._build(requires_grad, training, self.functional))
             if plans[0].failing_guard(env) is None:
                 return plans[0]
         failed = plans[-1].failing_guard(env)
@@ -253,7 +255,8 @@ class AotFunction:
         where = f" (added at {failed.loc})" if failed.loc else ""
         _log_text(f"aot: guard {failed.expr}{where} of the compiled plan fails for sizes "
                   f"{_sizes_text(env)}; building a plan for these sizes")
-        plan = self._build(requires_grad, training, self._functional_for(env))
+        with gc_paused():
+            plan = self._build(requires_grad, training, self._functional_for(env))
         bad = plan.failing_guard(env)
         if bad is not None:
             raise AutogradError(f"graph {self.graph.name!r}: a plan built for sizes "
@@ -379,15 +382,16 @@ class AotFunction:
             with observe.compiling(self.debug_name):
                 plan = self.plan(rg, training, self.sizes_key(inputs))
             if plan.forward is None:
-                if training and self.compile_backward_early and plan.backward is None:
-                    assert plan.partition is not None
-                    with observe.compiling(self.debug_name, role="backward"):
-                        plan.backward = self.bw_compiler(plan.partition.backward, [])
-                    start = getattr(plan.backward, "precompile_async", None)
-                    if start is not None:
-                        start()
-                with observe.compiling(self.debug_name):
-                    plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
+                with gc_paused():  # the compilers' lowering allocates as much as the passes
+                    if training and self.compile_backward_early and plan.backward is None:
+                        assert plan.partition is not None
+                        with observe.compiling(self.debug_name, role="backward"):
+                            plan.backward = self.bw_compiler(plan.partition.backward, [])
+                        start = getattr(plan.backward, "precompile_async", None)
+                        if start is not None:
+                            start()
+                    with observe.compiling(self.debug_name):
+                        plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
             if training:
                 outs = list(_CompiledFunction.apply(self, plan, *inputs))
             else:
@@ -538,7 +542,7 @@ class _CompiledFunction(torch.autograd.Function):
         # traced (an autocast around ``.backward()`` must not cast its ops again)
         with torch.no_grad(), no_autocast(fn._autocast_types):
             if plan.backward is None:
-                with observe.compiling(fn.debug_name, role="backward"):
+                with gc_paused(), observe.compiling(fn.debug_name, role="backward"):
                     plan.backward = fn.bw_compiler(part.backward, [*saved, *tangents])
             out = list(plan.backward(*saved, *tangents))
         result: list[Any] = [None] * len(plan.functional.inputs)

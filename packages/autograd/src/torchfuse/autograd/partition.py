@@ -38,10 +38,11 @@ from typing import Literal
 
 import msgspec
 import networkx as nx
-from torchfuse.autograd.common import AutogradError, gc_paused, nbytes, symbol_hints
+from torchfuse.autograd.common import AutogradError, nbytes, symbol_hints
 from torchfuse.autograd.joint import num_fwd_outputs as _num_fwd_outputs
 from torchfuse.autograd.opclass import CHEAP, RECOMPUTE_TIERS, OpClass, classify, recomputable
 from torchfuse.graph import schema as S
+from torchfuse.graph.collector import gc_paused
 from torchfuse.graph.expr import free_symbols
 from torchfuse.graph.ops import node_inputs, tensor_refs
 from torchfuse.graph.verify import SYMBOL_SOURCE

@@ -60,6 +60,7 @@ from torchfuse.capture.resume import (
     wrap_resume_arg,
 )
 from torchfuse.graph import observe
+from torchfuse.graph.collector import gc_paused
 from torchfuse.graph.interpreter import run as run_graph
 from torchfuse.graph.printer import describe_guard, to_python
 from torchfuse.graph.torchfuse_ops import SET_GRAD_ENABLED
@@ -267,7 +268,10 @@ class CompiledFunction:
             over = None
             new = entry is None
             if entry is None:
-                entry, over = self._new_entry(L, C_)
+                # capture and backend call with the collector paused: their allocations kept
+                # starting full collections, which walk the whole process (a loaded model)
+                with gc_paused():
+                    entry, over = self._new_entry(L, C_)
         if entry is None:  # the entry runs outside the lock: it may call other compiled code
             return self._over_limit(C_, args, kwargs, over)
         if entry.eager:
