@@ -91,7 +91,7 @@ def decomposes_batch_norm(graph: S.Graph, cfg: InductorConfig) -> bool:
     (``InductorConfig.batch_norm_training``; ``"auto"``: when the graph runs on a CUDA device)."""
     if cfg.batch_norm_training != "auto":
         return cfg.batch_norm_training == "decompose"
-    return any(str(getattr(v, "device", "")).startswith("cuda") for v in graph.values.values())
+    return any(v.device.startswith("cuda") for v in graph.values.values())
 
 
 def _decompose(graph: S.Graph, cfg: InductorConfig) -> S.Graph:
