@@ -5,7 +5,8 @@
 
 ``--models`` profiles models of ``benchmarks/models.py`` the same way (full size, bf16
 autocast; ``--model-modes inference,training``), with peak memory, and the whole traceback
-of a variant that fails.
+of a variant that fails; ``--host`` adds, per variant, cProfile's functions by own time over
+20 calls and the CPU-side profiler events of one call (launches, copies, ATen calls).
 
 Needs CUDA and ``transformers``. Measures, for the ``gpt2`` (inference) and ``gpt2_train`` rows
 of ``workloads.py``:
@@ -69,6 +70,39 @@ def _kernels(step) -> tuple[float, list[tuple[str, float, int]]]:
     return sum(r[1] for r in rows), rows[:12]
 
 
+def _host(step, n: int = 20, top: int = 25) -> dict[str, Any]:
+    """Where the host time of ``n`` calls goes: cProfile's functions by own time, and the
+    CUDA runtime/driver calls (launches, copies, syncs) torch.profiler records per call."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(top)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        step()
+        torch.cuda.synchronize()
+    calls: dict[str, list[float]] = {}
+    for evt in tp.key_averages():
+        if evt.device_type == torch.autograd.DeviceType.CPU:
+            calls[evt.key[:80]] = [evt.count, evt.self_cpu_time_total / 1e3]
+    busiest = sorted(calls.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"cprofile_per_call_ms": stats.total_tt / n * 1e3, "cprofile": buf.getvalue()[-8000:],
+            "cpu_events": busiest}
+
+
 def _mm_alignment() -> dict[str, float]:
     import torch
 
@@ -109,7 +143,7 @@ def _model_cases(names: str, modes: str) -> list[tuple[str, Any]]:
     return out
 
 
-def _profile(name: str, make: Any) -> dict[str, Any]:
+def _profile(name: str, make: Any, host: bool = False) -> dict[str, Any]:
     import traceback
 
     import torch
@@ -126,6 +160,12 @@ def _profile(name: str, make: Any) -> dict[str, Any]:
             peak = torch.cuda.max_memory_allocated() / 2**20
             per[variant] = {"wall_ms": wall, "gpu_busy_ms": busy, "host_ms": wall - busy, "top": top,
                             "peak_mb": peak}
+            if host:
+                per[variant]["host"] = h = _host(step)
+                print(f"    host: {h['cprofile_per_call_ms']:.3f} ms a call under cProfile")
+                print(h["cprofile"])
+                for key, (count, ms) in h["cpu_events"]:
+                    print(f"    {ms:8.3f} ms self  x{count:<4d} {key}")
             print(f"{name:10s} {variant:14s} wall {wall:.3f} ms  GPU busy {busy:.3f} ms  peak {peak:.0f} MB")
             for kname, ms, count in top:
                 print(f"    {ms:8.3f} ms  x{count:<3d} {kname}")
@@ -147,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--options", default="",
                    help='torchfuse compile options as JSON, e.g. {"pointwise_rows":1024} '
                         "(no spaces when it goes through gpu_run.sh)")
+    p.add_argument("--host", action="store_true",
+                   help="with --models: also where the host time goes (cProfile of 20 calls, the CPU-side "
+                        "profiler events of one)")
     args = p.parse_args(argv)
     import torch
     import torchfuse.capture as tf
@@ -162,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in result["mm"].items():
             print(f"{k:36s} {v:.3f} ms")
     for name, make in _model_cases(args.models, args.model_modes) if args.models else []:
-        result["rows"][name] = _profile(name, make)
+        result["rows"][name] = _profile(name, make, args.host)
     for wl in workloads.select(args.only.split(",")) if args.only else []:
         per: dict[str, Any] = {}
         for variant in ("eager", "torch_compile", "torchfuse"):
