@@ -172,3 +172,36 @@ def test_max_autotune_mode_reaches_the_inductor():
         f = tfc.compile(fn, mode="max-autotune", options={"mm_templates": "always", "cache": False})
         torch.testing.assert_close(f(a, w), fn(a, w))
     assert "tl.dot" in (art.get("output_code.py") or "")
+
+
+def _shifted_windows(x):
+    """Swin's pattern: a region mask built by writes into slices of ``new_zeros``, a cyclic
+    shift with ``roll``, writes through ``x[i]`` and a masked fill."""
+    mask = x.new_zeros((8, 8))
+    count = 0
+    for h in ((0, -4), (-4, -2), (-2, None)):
+        for w in ((0, -4), (-4, -2), (-2, None)):
+            mask[h[0]:h[1], w[0]:w[1]] = count
+            count += 1
+    shifted = torch.roll(x, shifts=(-2, -2), dims=(1, 2))
+    y = shifted * 2
+    y[0] = y[0] + 1
+    y = y + mask.masked_fill(mask != 0, -100.0)[None, :, :, None]
+    return torch.roll(y, shifts=(2, 2), dims=(1, 2)).sum(-1)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_writes_into_slices_and_roll_fuse_without_fallbacks(training):
+    from torchfuse.graph import observe
+
+    tfc.reset()
+    x = torch.randn(3, 8, 8, 5, requires_grad=training)
+    with observe.collect() as art:
+        compiled = tfc.compile(_shifted_windows, options={"cache": False})
+        out, (grad,) = grads(compiled, fresh([x])) if training else (compiled(x), (None,))
+    ref, (ref_grad,) = grads(_shifted_windows, fresh([x])) if training else (_shifted_windows(x), (None,))
+    torch.testing.assert_close(out, ref)
+    if training:
+        torch.testing.assert_close(grad, ref_grad)
+    assert not (art.get("fallbacks.txt") or "").strip(), art.get("fallbacks.txt")
+    assert "slice_scatter" in (art.get("output_code.py") or "")

@@ -252,6 +252,19 @@ CASES = [
             ("pad", lambda x: F.pad(x, (1, 2, 0, 1), value=0.5)),
             ("clone", lambda x: x.clone()),
             ("lazy_t_output", lambda x: (x + 1).t()),
+            # writes into slices (what ``t[a:b] = v`` functionalizes to), roll, fill
+            ("slice_scatter", lambda x: torch.slice_scatter(x, x[:, 1:4] * 2, 1, 1, 4) + 1),
+            ("slice_scatter_neg", lambda x: torch.slice_scatter(x, x[:, -3:-1].exp(), 1, -3, -1)),
+            ("slice_scatter_step", lambda x: torch.slice_scatter(x, x[::2] * 3, 0, 0, None, 2)),
+            ("slice_scatter_nested", lambda x: torch.slice_scatter(
+                x, torch.slice_scatter(x[1:3], torch.fill(x[1:3, 2:5], 7.0), 1, 2, 5), 0, 1, 3)),
+            ("roll", lambda x: torch.roll(x + 1, (1, -2), (0, 1)) * 2),
+            ("roll_one_dim_twice", lambda x: torch.roll(x, (3, 5), (1, 1))),
+            ("roll_output", lambda x: torch.roll(x, -9, 0)),
+            ("select_scatter", lambda x: torch.select_scatter(x, x[:, 2] * 5, 1, 2) - 1),
+            ("select_scatter_neg", lambda x: torch.select_scatter(x, x[0].exp(), 0, -1)),
+            ("fill", lambda x: torch.fill(x, 2.5) + x),
+            ("fill_tensor", lambda x: torch.fill(x, x[1, 2]) - x),
         ]
     ],
     # indexing

@@ -379,10 +379,33 @@ def module_getitem(obj: V.ModuleVar, k: Any) -> V.Var:
     return ctx.wrap(sub, None)
 
 
+def _basic_key(key: Any) -> bool:
+    """Whether ``t[key]`` is a view (ints, slices of ints, ``None``, ``...``; no tensors, lists
+    or bools), so that ``t[key] = number`` is ``t[key].fill_(number)``."""
+    parts = key if type(key) is tuple else (key,)
+    for k in parts:
+        if type(k) is slice:
+            if not all(type(v) in (int, type(None)) for v in (k.start, k.stop, k.step)):
+                return False
+        elif type(k) is not int and k is not None and k is not Ellipsis:
+            return False
+    return True
+
+
+def _fill_view(t: Any, key: Any, value: Any) -> None:
+    t[key].fill_(value)
+
+
 def setitem(obj: V.Var, key: V.Var, value: V.Var) -> None:
     ctx = current()
     if isinstance(obj, V.TensorVar):
-        ctx.call_torch(operator.setitem, [obj.fake, to_py(key), to_py(value)], {}, "index assignment")
+        k, v = to_py(key), to_py(value)
+        if type(v) in (int, float, bool) and _basic_key(k):
+            # what eager's indexing does, without the CPU scalar tensor it makes on the way
+            # (in a GPU graph that tensor would keep the write out of the fused kernels)
+            ctx.call_torch(_fill_view, [obj.fake, k, v], {}, "index assignment")
+        else:
+            ctx.call_torch(operator.setitem, [obj.fake, k, v], {}, "index assignment")
         return
     if isinstance(obj, V.ListVar) and not obj.is_tuple:
         k = key.python()

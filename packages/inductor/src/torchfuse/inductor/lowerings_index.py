@@ -1,5 +1,7 @@
 """Lowering rules for views, ``split``/``chunk``, ``cat`` and indexing (``gather``,
-``index_select``, ``embedding``, ``index.Tensor``), and ``constant_pad_nd``.
+``index_select``, ``embedding``, ``index.Tensor``), ``constant_pad_nd``, and the writes
+that functionalized in-place code leaves (``slice_scatter``, ``select_scatter``, ``fill``)
+and ``roll``, all as index arithmetic inside the consumer's kernel.
 
 Views never copy: a strided value takes the view's strides from the graph; a lazy value
 gets an index remap. Indexing by tensors loads the index first and uses it inside the
@@ -430,3 +432,120 @@ def _scatter(L, node):
 
     ops = x.ops + index.ops + (src.ops if isinstance(src, TensorValue) else 0)
     return TensorValue(sizes, out, load, None, (*x.origins, "scatter"), ops + 2)
+
+
+# ----------------------------------------------------------------------------- writes into slices, roll
+
+
+def _static(e: sympy.Expr) -> int | None:
+    return int(e) if getattr(e, "is_Integer", False) else None
+
+
+def _slice_bounds(start: object, end: object, size: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """``start``/``end`` of a slice over ``size`` as Python's ``slice.indices`` gives them
+    (negative from the end, clamped to ``[0, size]``)."""
+    n = _static(size)
+    s = 0 if start is None else start
+    e = n if end is None else end
+    if n is None:
+        if s == 0 and (end is None or (isinstance(end, int) and end >= 2**62)):
+            return sympy.Integer(0), size
+        raise Fallback("slice_scatter over a symbolic size")
+    if not isinstance(s, int) or not isinstance(e, int):
+        raise Fallback("slice_scatter with symbolic bounds")
+    s, e, _ = slice(s, e).indices(n)
+    return sympy.Integer(s), sympy.Integer(max(e, s))
+
+
+@register("aten.slice_scatter.default")
+def _slice_scatter(L, node):
+    """``out = self`` with ``out[..., start:end:step, ...] = src`` (what an in-place write
+    into a slice functionalizes to): ``src`` is loaded only inside the slice."""
+    b = bind(L, node)
+    x, src = b["self"], b["src"]
+    sizes, out = out_meta(L, node)
+    d = (b.get("dim") or 0) % max(len(sizes), 1)
+    step = b.get("step") or 1
+    if not isinstance(step, int) or step < 1:
+        raise Fallback("slice_scatter with a symbolic step")
+    start, end = _slice_bounds(b.get("start"), b.get("end"), sizes[d])
+    cdt = ir.compute_dtype(out)
+
+    def load(idx):
+        c = idx[d]
+        inside = call(VOp.AND, call(VOp.GE, ir.IndexValue(c), ir.IndexValue(start)),
+                      call(VOp.LT, ir.IndexValue(c), ir.IndexValue(end)))
+        if step > 1:
+            on_step = call(VOp.EQ, ir.IndexValue(ir.ModIdx(c - start, step)), ir.IndexValue(sympy.Integer(0)))
+            inside = call(VOp.AND, inside, on_step)
+            at = ir.FloorDiv(c - start, step)
+        else:
+            at = c - start
+        new = ir.guard(cast(src.loader([*idx[:d], at, *idx[d + 1 :]]), cdt), inside)
+        return call(VOp.WHERE, inside, new, cast(x.loader(idx), cdt))
+
+    return TensorValue(sizes, out, load, None, (*x.origins, "slice_scatter"), x.ops + src.ops + 1)
+
+
+@register("aten.select_scatter.default")
+def _select_scatter(L, node):
+    """``out = self`` with ``out[..., index, ...] = src`` (an in-place write into ``x[i]``)."""
+    b = bind(L, node)
+    x, src = b["self"], b["src"]
+    sizes, out = out_meta(L, node)
+    d = b["dim"] % max(len(sizes), 1)
+    i = b["index"]
+    if not isinstance(i, int) or (_static(sizes[d]) is None and i < 0):
+        raise Fallback("select_scatter with a symbolic index")
+    at = sympy.Integer(i + int(sizes[d]) if i < 0 else i)
+    cdt = ir.compute_dtype(out)
+
+    def load(idx):
+        hit = call(VOp.EQ, ir.IndexValue(idx[d]), ir.IndexValue(at))
+        new = ir.guard(cast(src.loader([*idx[:d], *idx[d + 1 :]]), cdt), hit)
+        return call(VOp.WHERE, hit, new, cast(x.loader(idx), cdt))
+
+    return TensorValue(sizes, out, load, None, (*x.origins, "select_scatter"), x.ops + src.ops + 1)
+
+
+@register("aten.fill.Scalar", "aten.fill.Tensor")
+def _fill(L, node):
+    """``fill``: every element is ``value`` (a number, or a 0-d tensor read once per element)."""
+    b = bind(L, node)
+    sizes, out = out_meta(L, node)
+    v = b["value"]
+    if isinstance(v, TensorValue):
+        ld = broadcast_loader(v, sizes)
+        return TensorValue(sizes, out, lambda idx: cast(ld(idx), out), None, ("fill",), v.ops + 1)
+    if isinstance(v, sympy.Expr):
+        raise Fallback("symbolic fill")
+    return TensorValue(sizes, out, lambda idx: ir.Const(pyval(v, out), out), None, ("fill",), 0)
+
+
+@register("aten.roll.default")
+def _roll(L, node):
+    """``roll``: ``out[..., i, ...] = self[..., (i - shift) mod size, ...]`` along each dim."""
+    b = bind(L, node)
+    x = b["self"]
+    sizes, out = out_meta(L, node)
+    shifts, dims = list(b["shifts"]), list(b.get("dims") or [])
+    if not dims or len(dims) != len(shifts):
+        raise Fallback("roll of the flattened tensor")
+    moves: dict[int, int] = {}
+    for shift, dim in zip(shifts, dims, strict=True):
+        d = dim % len(sizes)
+        n = _static(sizes[d])
+        if n is None or not isinstance(shift, int):
+            raise Fallback("roll over a symbolic size or shift")
+        if n:
+            moves[d] = (moves.get(d, 0) + shift) % n
+
+    def load(idx):
+        src = list(idx)
+        for d, k in moves.items():
+            if k:
+                # (i - k) mod n, written with a non-negative operand: i + (n - k)
+                src[d] = ir.ModIdx(idx[d] + (int(sizes[d]) - k), sizes[d])
+        return x.loader(src)
+
+    return TensorValue(sizes, out, load, None, (*x.origins, "roll"), x.ops + 1)
