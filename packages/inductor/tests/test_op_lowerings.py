@@ -263,6 +263,10 @@ CASES = [
             ("roll_output", lambda x: torch.roll(x, -9, 0)),
             ("select_scatter", lambda x: torch.select_scatter(x, x[:, 2] * 5, 1, 2) - 1),
             ("select_scatter_neg", lambda x: torch.select_scatter(x, x[0].exp(), 0, -1)),
+            # the gradients of slices and selects: zeros with the gradient in place
+            ("slice_backward", lambda x: torch.ops.aten.slice_backward(x[:, :3] * 2, [4, 6], 1, 1, 4, 1) + 1),
+            ("slice_backward_step", lambda x: torch.ops.aten.slice_backward(x[:2], [4, 6], 0, 1, 2**63 - 1, 2)),
+            ("select_backward", lambda x: torch.ops.aten.select_backward(x[:, 0].exp(), [4, 6], 1, -2)),
             ("fill", lambda x: torch.fill(x, 2.5) + x),
             ("fill_tensor", lambda x: torch.fill(x, x[1, 2]) - x),
         ]

@@ -457,18 +457,12 @@ def _slice_bounds(start: object, end: object, size: sympy.Expr) -> tuple[sympy.E
     return sympy.Integer(s), sympy.Integer(max(e, s))
 
 
-@register("aten.slice_scatter.default")
-def _slice_scatter(L, node):
-    """``out = self`` with ``out[..., start:end:step, ...] = src`` (what an in-place write
-    into a slice functionalizes to): ``src`` is loaded only inside the slice."""
-    b = bind(L, node)
-    x, src = b["self"], b["src"]
-    sizes, out = out_meta(L, node)
-    d = (b.get("dim") or 0) % max(len(sizes), 1)
-    step = b.get("step") or 1
+def _slice_write(x: TensorValue | None, src: TensorValue, sizes, out, d: int, start, end, step: int):
+    """The loader of ``x`` (zeros when ``x`` is None) with ``[..., start:end:step, ...]``
+    replaced by ``src``: ``src`` is loaded only inside the slice."""
     if not isinstance(step, int) or step < 1:
-        raise Fallback("slice_scatter with a symbolic step")
-    start, end = _slice_bounds(b.get("start"), b.get("end"), sizes[d])
+        raise Fallback("a slice write with a symbolic step")
+    start, end = _slice_bounds(start, end, sizes[d])
     cdt = ir.compute_dtype(out)
 
     def load(idx):
@@ -482,9 +476,50 @@ def _slice_scatter(L, node):
         else:
             at = c - start
         new = ir.guard(cast(src.loader([*idx[:d], at, *idx[d + 1 :]]), cdt), inside)
-        return call(VOp.WHERE, inside, new, cast(x.loader(idx), cdt))
+        base = ir.Const(pyval(0, cdt), cdt) if x is None else cast(x.loader(idx), cdt)
+        return call(VOp.WHERE, inside, new, base)
 
+    return load
+
+
+def _select_write(x: TensorValue | None, src: TensorValue, sizes, out, d: int, i: object):
+    """The loader of ``x`` (zeros when ``x`` is None) with ``[..., i, ...]`` replaced by ``src``."""
+    if not isinstance(i, int) or (_static(sizes[d]) is None and i < 0):
+        raise Fallback("a select write with a symbolic index")
+    at = sympy.Integer(i + int(sizes[d]) if i < 0 else i)
+    cdt = ir.compute_dtype(out)
+
+    def load(idx):
+        hit = call(VOp.EQ, ir.IndexValue(idx[d]), ir.IndexValue(at))
+        new = ir.guard(cast(src.loader([*idx[:d], *idx[d + 1 :]]), cdt), hit)
+        base = ir.Const(pyval(0, cdt), cdt) if x is None else cast(x.loader(idx), cdt)
+        return call(VOp.WHERE, hit, new, base)
+
+    return load
+
+
+@register("aten.slice_scatter.default")
+def _slice_scatter(L, node):
+    """``out = self`` with ``out[..., start:end:step, ...] = src`` (what an in-place write
+    into a slice functionalizes to)."""
+    b = bind(L, node)
+    x, src = b["self"], b["src"]
+    sizes, out = out_meta(L, node)
+    d = (b.get("dim") or 0) % max(len(sizes), 1)
+    load = _slice_write(x, src, sizes, out, d, b.get("start"), b.get("end"), b.get("step") or 1)
     return TensorValue(sizes, out, load, None, (*x.origins, "slice_scatter"), x.ops + src.ops + 1)
+
+
+@register("aten.slice_backward.default")
+def _slice_backward(L, node):
+    """The gradient of a slice: zeros of the input's size with the slice's gradient in place
+    (``slice_scatter`` into zeros, without the zeros buffer)."""
+    b = bind(L, node)
+    g = b["grad_output"]
+    sizes, out = out_meta(L, node)
+    d = b["dim"] % max(len(sizes), 1)
+    load = _slice_write(None, g, sizes, out, d, b["start"], b["end"], b["step"])
+    return TensorValue(sizes, out, load, None, (*g.origins, "slice_backward"), g.ops + 1)
 
 
 @register("aten.select_scatter.default")
@@ -494,18 +529,19 @@ def _select_scatter(L, node):
     x, src = b["self"], b["src"]
     sizes, out = out_meta(L, node)
     d = b["dim"] % max(len(sizes), 1)
-    i = b["index"]
-    if not isinstance(i, int) or (_static(sizes[d]) is None and i < 0):
-        raise Fallback("select_scatter with a symbolic index")
-    at = sympy.Integer(i + int(sizes[d]) if i < 0 else i)
-    cdt = ir.compute_dtype(out)
-
-    def load(idx):
-        hit = call(VOp.EQ, ir.IndexValue(idx[d]), ir.IndexValue(at))
-        new = ir.guard(cast(src.loader([*idx[:d], *idx[d + 1 :]]), cdt), hit)
-        return call(VOp.WHERE, hit, new, cast(x.loader(idx), cdt))
-
+    load = _select_write(x, src, sizes, out, d, b["index"])
     return TensorValue(sizes, out, load, None, (*x.origins, "select_scatter"), x.ops + src.ops + 1)
+
+
+@register("aten.select_backward.default")
+def _select_backward(L, node):
+    """The gradient of ``x[..., i, ...]``: zeros of the input's size, the gradient at ``i``."""
+    b = bind(L, node)
+    g = b["grad_output"]
+    sizes, out = out_meta(L, node)
+    d = b["dim"] % max(len(sizes), 1)
+    load = _select_write(None, g, sizes, out, d, b["index"])
+    return TensorValue(sizes, out, load, None, (*g.origins, "select_backward"), g.ops + 1)
 
 
 @register("aten.fill.Scalar", "aten.fill.Tensor")
