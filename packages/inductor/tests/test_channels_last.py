@@ -108,6 +108,14 @@ def test_policy():
     wide, _ = trace(lambda x, w: F.conv2d(x, w), torch.randn(1, 3, 4, 4), torch.randn(MIN_CHANNELS, 3, 1, 1))
     assert wants_channels_last(retarget_device(wide, "cpu", "cuda"), "auto")
     assert not wants_channels_last(wide, "auto")
+    # "auto" leaves training graphs and grouped/depthwise convolutions in NCHW (measured slower)
+    assert not wants_channels_last(retarget_device(wide, "cpu", "cuda"), "auto", training=True)
+    assert wants_channels_last(wide, "always", training=True)
+    dw, _ = trace(lambda x, w, v: F.conv2d(F.conv2d(x, w), v, groups=MIN_CHANNELS),
+                  torch.randn(1, 3, 4, 4), torch.randn(MIN_CHANNELS, 3, 1, 1), torch.randn(MIN_CHANNELS, 1, 3, 3))
+    assert not wants_channels_last(retarget_device(dw, "cpu", "cuda"), "auto")
+    assert wants_channels_last(retarget_device(dw, "cpu", "cuda"), "always")
+    assert InductorConfig().channels_last == "auto"
     assert not wants_channels_last(cuda, "never")
     plain, _ = trace(lambda x: x.relu(), torch.randn(2, 3, 4, 4))
     assert not wants_channels_last(plain, "always")     # no convolution

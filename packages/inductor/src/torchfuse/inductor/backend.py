@@ -75,15 +75,19 @@ def inductor(
 ) -> Callable[..., list]:
     """The torchfuse default backend (entry point ``torchfuse.backends: inductor``)."""
 
-    def comp(g: S.Graph, inputs: Sequence[Any]) -> Callable[..., list]:
-        return compiler(g, inputs, mode=mode, options=options)
-
     from torchfuse.inductor.user_kernels import mutates_inputs
 
     if _needs_grad(graph, example_inputs) or mutates_inputs(graph):  # aot writes mutated inputs back
         # channels-last before the joint graph: the saved activations and the backward's
-        # convolutions are channels-last too (each half's own layout pass then has nothing to do)
-        graph = layout_pass(graph, default_config.with_options(options).channels_last)
+        # convolutions are channels-last too; the layout is decided here, once, so the halves
+        # are compiled with the rewrite off (a forward half alone looks like an inference graph)
+        graph = layout_pass(graph, default_config.with_options(options).channels_last,
+                            training=_needs_grad(graph, example_inputs))
+        half_options = {**(options or {}), "channels_last": "never"}
+
+        def comp(g: S.Graph, inputs: Sequence[Any]) -> Callable[..., list]:
+            return compiler(g, inputs, mode=mode, options=half_options)
+
         plan_cache = None
         if default_config.with_options(options).cache:
             from torchfuse.inductor.cache import PlanCache
@@ -103,4 +107,4 @@ def inductor(
         # ``shift_tokens_right``): the lowering takes functional graphs only; unfunctionalized,
         # a write through a view was lost and the compiled result was the zeros
         graph = functionalize(graph)
-    return comp(graph, example_inputs)
+    return compiler(graph, example_inputs, mode=mode, options=options)

@@ -90,13 +90,14 @@ class InductorConfig:
     """Fold inference batch norms into the convolutions before them, write the others as
     pointwise ops, and keep a float16/bfloat16 bias inside its extern matmul
     ([`torchfuse.inductor.conv`][torchfuse.inductor.conv]). ``TORCHFUSE_CONV_REWRITES=0``."""
-    channels_last: str = "never"
+    channels_last: str = "auto"
     """Channels-last per graph ([`torchfuse.inductor.layout`][torchfuse.inductor.layout]): the
     graph's 2-d convolutions (and the kernels between them) run on NHWC data, converted once at
-    the graph's edges; outputs keep eager's strides. ``"auto"``: CUDA graphs with a 2-d
-    convolution of at least 64 output channels; ``"always"``: any graph with a 2-d convolution
-    (CPU tests); ``"never"`` (the default until ``"auto"`` is measured faster: see
-    docs/inductor.md, "Channels-last per graph"). ``TORCHFUSE_CHANNELS_LAST``."""
+    the graph's edges; outputs keep eager's strides. ``"auto"`` (the default): CUDA inference
+    graphs with a 2-d convolution of at least 64 output channels and no grouped one;
+    ``"always"``: any graph with a 2-d convolution (training ones too; the CPU tests);
+    ``"never"``. See docs/inductor.md, "Channels-last per graph", for the measurements behind
+    ``"auto"``. ``TORCHFUSE_CHANNELS_LAST``."""
     batch_norm_training: str = "auto"
     """Training batch norms: ``"decompose"`` (our per-channel reductions and pointwise ops,
     `BATCH_NORM_TRAINING`, fused with the activation and residual add around them), ``"aten"``
@@ -172,7 +173,7 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         pad_mm=env.get("TORCHFUSE_PAD_MM", "1").strip().lower() not in ("0", "false", "no", "off"),
         conv_rewrites=env.get("TORCHFUSE_CONV_REWRITES", "1").strip().lower() not in ("0", "false", "no",
                                                                                     "off"),
-        channels_last=env.get("TORCHFUSE_CHANNELS_LAST", "never").strip().lower() or "never",
+        channels_last=env.get("TORCHFUSE_CHANNELS_LAST", "auto").strip().lower() or "auto",
         batch_norm_training=env.get("TORCHFUSE_BATCH_NORM_TRAINING", "auto").strip().lower() or "auto",
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
         cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "auto").strip().lower() or "auto",

@@ -27,10 +27,13 @@ is built (`torchfuse.inductor.backend`), so the saved activations and the backwa
 convolutions are channels-last too; parameter gradients come back channels-last from the
 weight conversion's backward and take the parameter's layout where autograd accumulates them.
 
-When it applies (`wants_channels_last`, ``InductorConfig.channels_last``): ``"auto"`` on CUDA
-graphs with a 2-d convolution of at least `MIN_CHANNELS` output channels (torch.compile's
-layout optimization does the same); ``"always"`` on any graph with a 2-d convolution (the CPU
-tests: oneDNN takes channels-last too); ``"never"``.
+When it applies (`wants_channels_last`, ``InductorConfig.channels_last``): ``"auto"`` (the
+default) on CUDA inference graphs with a 2-d convolution of at least `MIN_CHANNELS` output
+channels and no grouped one; ``"always"`` on any graph with a 2-d convolution (the CPU
+tests: oneDNN takes channels-last too); ``"never"``. ``"auto"`` leaves training graphs and
+graphs with a grouped or depthwise convolution in NCHW because both were measured slower in
+channels-last on the H200 (docs/inductor.md, "Channels-last per graph"). The decision is
+taken once per captured graph: a training graph's halves are never rewritten on their own.
 """
 
 from __future__ import annotations
@@ -84,10 +87,16 @@ def _is_channels_last(meta: S.TensorMeta) -> bool:
         _in_channels_last_order(tuple(meta.sizes), tuple(meta.strides))
 
 
-def wants_channels_last(graph: S.Graph, policy: str) -> bool:
+def _grouped(node: S.Node) -> bool:
+    groups = node.args[8].value if len(node.args) > 8 and isinstance(node.args[8], S.Int) else None
+    return groups != 1  # a symbolic count counts as grouped
+
+
+def wants_channels_last(graph: S.Graph, policy: str, *, training: bool = False) -> bool:
     """Whether `channels_last` should rewrite ``graph`` under ``policy`` (see the module doc):
     never when every 2-d convolution already reads channels-last data (a graph rewritten
-    before, such as the forward and backward halves of a rewritten training graph)."""
+    before, such as the forward and backward halves of a rewritten training graph).
+    ``training``: the graph is about to become a joint forward/backward graph."""
     if policy not in CHANNELS_LAST_POLICIES:
         choices = ", ".join(map(repr, CHANNELS_LAST_POLICIES))
         raise ValueError(f"channels_last={policy!r}: use one of {choices}")
@@ -101,7 +110,9 @@ def wants_channels_last(graph: S.Graph, policy: str) -> bool:
     if policy == "always":
         return True
     on_cuda = graph.values[convs[0].outputs[0]].device.startswith("cuda")
-    return on_cuda and any(graph.values[n.args[1].name].sizes[0] >= MIN_CHANNELS for n in convs)
+    if not on_cuda or training or any(map(_grouped, convs)):
+        return False
+    return any(graph.values[n.args[1].name].sizes[0] >= MIN_CHANNELS for n in convs)
 
 
 def _same_layout(t: torch.Tensor, meta: S.TensorMeta) -> bool:
@@ -128,10 +139,10 @@ def _as_recorded(t: torch.Tensor, meta: S.TensorMeta) -> torch.Tensor:
     return torch.ops.aten.permute.default(dense, back)
 
 
-def layout_pass(graph: S.Graph, policy: str) -> S.Graph:
+def layout_pass(graph: S.Graph, policy: str, *, training: bool = False) -> S.Graph:
     """The pipeline's ``layout`` pass: `channels_last` where `wants_channels_last`, else
     ``graph`` itself."""
-    return channels_last(graph) if wants_channels_last(graph, policy) else graph
+    return channels_last(graph) if wants_channels_last(graph, policy, training=training) else graph
 
 
 def channels_last(graph: S.Graph) -> S.Graph:
