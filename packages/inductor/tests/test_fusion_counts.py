@@ -212,6 +212,23 @@ def test_leading_dim_reduction_is_split_into_row_chunks():
     assert_matches(run_runtime(program, [g, x]), fn(g, x), atol=1e-4, rtol=1e-5)
 
 
+def test_per_channel_reduction_of_channels_last_data_is_split_into_row_chunks():
+    # batch norm statistics over NHWC data: the channels are contiguous, N, H, W lie outside
+    # them in memory, so it is a leading-dim reduction of the memory (it was one program per
+    # 64-channel tile walking every pixel); NCHW data keeps the per-row kernel
+    x = torch.randn(4, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    fn = lambda x: (x * 2).sum((0, 2, 3))
+    opts = {"outer_split_programs": 16, "outer_split_min_chunk": 8}
+    program = compile_fn(fn, x, options=opts)
+    assert kernel_kinds(program) == ["red", "red"]
+    assert [tuple(b.sizes) for b in program.buffers if tuple(b.sizes) == (16, 8)]
+    assert_matches(run_runtime(program, [x]), fn(x), atol=1e-4, rtol=1e-5)
+    dense = x.contiguous()
+    program = compile_fn(fn, dense, options=opts)
+    assert len(kernel_kinds(program)) == 1
+    assert_matches(run_runtime(program, [dense]), fn(dense), atol=1e-4, rtol=1e-5)
+
+
 def test_wide_leading_dim_reduction_takes_the_chunks_it_can():
     # a wide bias gradient: the program target asks for 8 chunks, the minimum chunk allows 4;
     # it is split in 4 (it used to stay one kernel of 8 column tiles walking all 32 rows)

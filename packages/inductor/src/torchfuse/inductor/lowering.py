@@ -363,7 +363,8 @@ class Lowering:
             return self._keep_dims(self.realize(res), nd, dims, keepdim)
         name = self.fresh()
         split, split_exact = self._split_factor(ranges, rranges, rop)
-        lead, lead_exact = self._outer_split_factor(ranges, rranges, rop, dims, kept)
+        leading = bool(kept) and (max(dims) < min(kept) or _leading_in_memory(value_at, ranges, rranges))
+        lead, lead_exact = self._outer_split_factor(ranges, rranges, rop, leading)
         if lead:
             # a reduction over leading dims with few columns (a weight gradient: 16384 rows
             # of 4096) walks each column tile with one program; split the rows into ``lead``
@@ -444,13 +445,12 @@ class Lowering:
             return exact, True
         return target, False
 
-    def _outer_split_factor(self, ranges, rranges, rop, dims, kept) -> tuple[int, bool]:
-        """How many row chunks a reduction over leading dims is split into (0: none), and
-        whether they divide the rows exactly (see `_split_factor`)."""
+    def _outer_split_factor(self, ranges, rranges, rop, leading: bool) -> tuple[int, bool]:
+        """How many row chunks a reduction over leading dims (``leading``: in the logical
+        order or in memory) is split into (0: none), and whether they divide the rows exactly
+        (see `_split_factor`)."""
         xnumel, rnumel = ir.product(ranges), ir.product(rranges)
-        if rop not in ir.SPLITTABLE or not kept:
-            return 0, False
-        if max(dims) > min(kept):  # not a leading-dim reduction
+        if rop not in ir.SPLITTABLE or not leading:
             return 0, False
         symbolic = not (xnumel.is_Integer and rnumel.is_Integer)
         x, n = self.sizes.hint(xnumel), self.sizes.hint(rnumel)
@@ -623,6 +623,36 @@ _REALIZE_THROUGH = frozenset({
     "aten._unsafe_view.default", "aten.reshape.default",
 })
 """View ops `Lowering.through_view` looks through: each keeps every element of its source."""
+
+
+def _leading_in_memory(value_at, ranges, rranges) -> bool:
+    """Whether every read of a reduction that depends on both the kept and the reduced dims
+    walks the reduced dims outside the kept ones in memory (a per-channel reduction of NHWC
+    data: the channels are contiguous, the reduced N, H, W outside them), so that it is a
+    reduction over a leading dim of the memory even though it is not one of the sizes. Static
+    sizes and indices linear in the loop variables only."""
+    xs = [ir.loop_var("x", i) for i in range(len(ranges))]
+    rs = [ir.loop_var("r", i) for i in range(len(rranges))]
+    sizes = [*ranges, *rranges]
+    if not all(getattr(n, "is_Integer", False) for n in sizes):
+        return False
+    found = False
+    for ld in ir.loads_of(value_at(xs, rs)):
+        e = sympy.expand(ld.index)
+        coef: dict[sympy.Symbol, int] = {}
+        for v in (*xs, *rs):
+            c = e.coeff(v)
+            if c.free_symbols or sympy.expand(e - c * v).has(v):
+                return False  # not linear in v (a broadcast's % or //)
+            coef[v] = abs(int(c))
+        red = [coef[v] for v, n in zip(rs, rranges, strict=True) if int(n) > 1 and coef[v]]
+        keep = [coef[v] * int(n) for v, n in zip(xs, ranges, strict=True) if int(n) > 1 and coef[v]]
+        if not red or not keep:
+            continue  # a per-row or per-column input: no say in the order
+        if min(red) < max(keep):
+            return False
+        found = True
+    return found
 
 
 def _chunk(rnumel: sympy.Expr, k: int, exact: bool) -> sympy.Expr:
