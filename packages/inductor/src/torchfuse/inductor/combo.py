@@ -53,15 +53,20 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-
-import msgspec
 from dataclasses import dataclass
 
+import msgspec
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
-from torchfuse.inductor.scheduler import GroupKind, KernelGroup, Schedule, ScheduleVerifyError, verify_schedule
+from torchfuse.inductor.scheduler import (
+    GroupKind,
+    KernelGroup,
+    Schedule,
+    ScheduleVerifyError,
+    verify_schedule,
+)
 from torchfuse.inductor.triton_ops import HELPERS, helper_source
 
 MAX_MEMBERS = 32
@@ -226,7 +231,7 @@ def _member(kernel: S.Kernel) -> _Member | str:
     env = {**{k: v for k, v in kernel.constexprs.items() if isinstance(v, int)}, **config.meta}
     try:
         grid = [evaluate(g, env) for g in kernel.grid]
-    except Exception as e:  # noqa: BLE001 -- any expression we cannot evaluate: not a member
+    except Exception as e:
         return f"grid {kernel.grid} is not a number ({e})"
     if any(int(g) != 1 for g in grid[1:]):
         return f"a {len(grid)}-d grid"
@@ -237,8 +242,8 @@ def _member(kernel: S.Kernel) -> _Member | str:
         return "no entry function"
     if any(_is_program_id(n) and not _is_program_id(n, 0) for n in ast.walk(fn)):
         return "reads program ids other than axis 0"
-    if not set(functions) <= set(HELPERS) or any(not isinstance(n, ast.FunctionDef | ast.Import | ast.ImportFrom)
-                                                 for n in module.body):
+    others = [n for n in module.body if not isinstance(n, ast.FunctionDef | ast.Import | ast.ImportFrom)]
+    if not set(functions) <= set(HELPERS) or others:
         return "module-level code besides our helpers"
     return _Member(kernel, config, fn, frozenset(functions), int(grid[0]))
 
@@ -292,15 +297,15 @@ def combine(members: list[_Member], name: str) -> S.Kernel | None:
     params: list[S.KernelParam] = []
     constexprs: dict[str, object] = {}
     meta: dict[str, int] = {}
-    head: list[str] = []
-    tail: list[str] = []
+    head: list[str] = []  # one line of runtime parameters per member
+    tail: list[str] = []  # the block sizes, after them
     body: list[str] = ["    pid = tl.program_id(0)"]
     helpers: set[str] = set()
     start = 0
     for k, m in enumerate(members):
         p = f"k{k}_"
         params += [msgspec.structs.replace(q, name=p + q.name) for q in m.kernel.signature]
-        head += [p + q.name for q in m.kernel.signature]
+        head.append(", ".join(p + q.name for q in m.kernel.signature))
         constexprs |= {p + c: v for c, v in m.kernel.constexprs.items()}
         meta |= {p + c: v for c, v in m.config.meta.items()}
         tail += [f"{p}{a.arg}: tl.constexpr" for a in m.function.args.args
@@ -313,7 +318,9 @@ def combine(members: list[_Member], name: str) -> S.Kernel | None:
         start = end
     # helpers are module-level @triton.jit functions of our own table: their source again
     src = ["import triton", "import triton.language as tl", *helper_source(helpers)]
-    src += ["", "", "@triton.jit", f"def {name}({', '.join(head + tail)}):", *body, ""]
+    blocks = [", ".join(tail[i : i + 4]) for i in range(0, len(tail), 4)]
+    src += ["", "", "@triton.jit", f"def {name}(", *(f"    {line}," for line in head + blocks), "):"]
+    src += [*body, ""]
     config = S.LaunchConfig(meta=meta, num_warps=max(m.config.num_warps for m in members),
                             num_stages=max(m.config.num_stages for m in members))
     return S.Kernel(
