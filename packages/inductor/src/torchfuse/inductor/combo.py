@@ -10,7 +10,7 @@ mask there, the pointwise tails of parallel branches); on a GPU each launch cost
   writes, contiguous in the schedule or moved up to the first member without crossing a
   kernel that writes what they read (and without crossing an extern call that touches
   their buffers). At most `MAX_MEMBERS` members and about `MAX_POINTERS` pointers; a member
-  moves up by at most `WINDOW` positions. The members become adjacent groups of the
+  moves up across at most `WINDOW` kernels. The members become adjacent groups of the
   Schedule (renumbered), listed in ``Schedule.combos``; `verify_combos` checks the result.
 * `combo_kernels` (after codegen) writes one ``@triton.jit`` function per combo from the
   members' own kernels: each member keeps its body, its names prefixed ``k<i>_``, its block
@@ -73,10 +73,11 @@ MAX_MEMBERS = 32
 """The most kernels one combo holds (compile time and register pressure grow with it)."""
 MAX_POINTERS = 200
 """The most pointer arguments of one combo kernel."""
-WINDOW = 16
-"""How many schedule positions a member may be moved up to join a combo (how much longer its
-outputs live). On Swin-T (batch 1, bf16) 16 gave 103 launches and the plans' peak bytes
-unchanged; 32 gave 100 launches and a peak 13% higher (`benchmarks/combo_launches.py`)."""
+WINDOW = 4
+"""How many kernels a member may be moved up across to join a combo (how much longer its
+outputs live). Measured with `benchmarks/combo_launches.py` (launches, plans' peak MiB):
+Swin-T batch 1 bf16 99 launches, 25.3 MiB at 4; 100 and 28.6 MiB (+13%) at 8 and more;
+GPT-2 tiny training 31 at 4, 29 at 8; MobileNetV3-small the same at 2 to 16."""
 
 
 # -------------------------------------------------------------------------- choosing members
@@ -134,9 +135,12 @@ def plan_combos(s: Schedule, prog: ir.LoopProgram, cfg: InductorConfig) -> Sched
         member_writes = set(io[p][1])
         between_writes: set[str] = set()  # written by kernels that stay between the members
         extern_touches: set[str] = set()  # read or written by extern calls in between
-        for q in range(p + 1, min(len(groups), p + 1 + WINDOW)):
+        crossed = 0  # kernels that stay between the members (a member moves up across them)
+        for q in range(p + 1, len(groups)):
             if taken[q]:  # moved into an earlier combo: it runs before ``p`` now
                 continue
+            if crossed > WINDOW:
+                break
             g, (reads, writes) = groups[q], io[q]
             why = None
             if not _candidate(g, cfg):
@@ -159,6 +163,7 @@ def plan_combos(s: Schedule, prog: ir.LoopProgram, cfg: InductorConfig) -> Sched
                 continue
             if why is not None:
                 notes.append(f"{_label(g)} not combined with {_label(first)}: {why}")
+            crossed += g.kind != GroupKind.VIEW  # a view costs nothing to move across
             between_writes |= writes
             if g.kind == GroupKind.EXTERN:
                 extern_touches |= reads | writes
@@ -241,6 +246,10 @@ def _member(kernel: S.Kernel) -> _Member | str:
     fn = functions.pop(kernel.entry or kernel.name, None)
     if fn is None:
         return "no entry function"
+    fixed = {**kernel.constexprs, **config.meta}
+    runtime = [a.arg for a in fn.args.args if a.arg not in fixed]
+    if runtime != [p.name for p in kernel.signature] or fn.args.defaults or fn.args.vararg:
+        return "its parameters are not its signature followed by its block sizes"
     if any(_is_program_id(n) and not _is_program_id(n, 0) for n in ast.walk(fn)):
         return "reads program ids other than axis 0"
     others = [n for n in module.body if not isinstance(n, ast.FunctionDef | ast.Import | ast.ImportFrom)]
