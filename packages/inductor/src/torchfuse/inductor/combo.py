@@ -25,8 +25,11 @@ Before (two launches)::
 After (one)::
 
     @triton.jit
-    def triton_combo_fused_cos_sin_0(k0_in_ptr0, k0_out_ptr0, k0_xnumel, k1_in_ptr0, k1_out_ptr0,
-                                     k1_xnumel, k0_XBLOCK: tl.constexpr, k1_XBLOCK: tl.constexpr):
+    def triton_combo_fused_cos_sin_0(
+        k0_in_ptr0, k0_out_ptr0, k0_xnumel,
+        k1_in_ptr0, k1_out_ptr0, k1_xnumel,
+        k0_XBLOCK: tl.constexpr, k1_XBLOCK: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         if pid < 1:
             # triton_poi_fused_sin_0: 1 program
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import msgspec
@@ -216,6 +220,10 @@ class _Member:
     helpers: frozenset[str]
     """The module-level helpers it calls (`triton_ops.HELPERS`, by name)."""
     programs: int
+    body: tuple[str, ...]
+    """The lines of the entry function's body, as generated."""
+    names: frozenset[str]
+    """Its parameters and the names it assigns: the ones a combo prefixes."""
 
 
 def _is_program_id(node: ast.AST, axis: int | None = None) -> bool:
@@ -226,7 +234,9 @@ def _is_program_id(node: ast.AST, axis: int | None = None) -> bool:
 
 
 def _member(kernel: S.Kernel) -> _Member | str:
-    """``kernel`` parsed as a combo member, or why it cannot be one."""
+    """``kernel`` parsed as a combo member, or why it cannot be one. A member's body is
+    straight-line code (assignments to one name, calls), which `_body_lines` renames line by
+    line."""
     if kernel.language != "triton" or kernel.meta.get("kind") != GroupKind.POINTWISE.value:
         return "not a Triton pointwise kernel"
     if len(kernel.configs) != 1:
@@ -250,47 +260,48 @@ def _member(kernel: S.Kernel) -> _Member | str:
     runtime = [a.arg for a in fn.args.args if a.arg not in fixed]
     if runtime != [p.name for p in kernel.signature] or fn.args.defaults or fn.args.vararg:
         return "its parameters are not its signature followed by its block sizes"
-    if any(_is_program_id(n) and not _is_program_id(n, 0) for n in ast.walk(fn)):
-        return "reads program ids other than axis 0"
     others = [n for n in module.body if not isinstance(n, ast.FunctionDef | ast.Import | ast.ImportFrom)]
     if not set(functions) <= set(HELPERS) or others:
         return "module-level code besides our helpers"
-    return _Member(kernel, config, fn, frozenset(functions), int(grid[0]))
-
-
-class _Localize(ast.NodeTransformer):
-    """A member's body inside the combo: its names prefixed, ``tl.program_id(0)`` its local
-    program id."""
-
-    def __init__(self, names: set[str], prefix: str, start: int) -> None:
-        self.names, self.prefix, self.start = names, prefix, start
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        if node.id in self.names:
-            return ast.copy_location(ast.Name(self.prefix + node.id, node.ctx), node)
-        return node
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        if _is_program_id(node, 0):
-            pid = ast.Name("pid", ast.Load())
-            local = ast.BinOp(pid, ast.Sub(), ast.Constant(self.start)) if self.start else pid
-            return ast.copy_location(local, node)
-        return self.generic_visit(node)
-
-
-def _locals(fn: ast.FunctionDef) -> set[str]:
     names = {a.arg for a in fn.args.args}
-    names |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return names
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            names.add(stmt.targets[0].id)
+        elif not isinstance(stmt, ast.Expr):
+            return f"a {type(stmt).__name__} statement (not straight-line code)"
+    texts = set()
+    for n in ast.walk(fn):
+        if _is_program_id(n) and not _is_program_id(n, 0):
+            return "reads program ids other than axis 0"
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            texts.add(n.value)
+    if texts & names:
+        return "a string constant that names one of its variables"
+    lines = kernel.source.splitlines()[fn.body[0].lineno - 1 : fn.end_lineno]
+    return _Member(kernel, config, fn, frozenset(functions), int(grid[0]), tuple(lines), frozenset(names))
+
+
+_ASSIGN = re.compile(r"(\s*)(\w+)(\s*=(?!=).*)")
+_PROGRAM_ID = re.compile(r"\btl\.program_id\(0\)")
 
 
 def _body_lines(m: _Member, k: int, start: int) -> list[str]:
-    localize = _Localize(_locals(m.function), f"k{k}_", start)
-    lines = []
-    for stmt in m.function.body:
-        text = ast.unparse(localize.visit(ast.fix_missing_locations(stmt)))
-        lines += ["        " + line for line in text.splitlines()]
-    return lines
+    """``m``'s body inside the combo, as generated but four spaces deeper: its names prefixed
+    ``k<k>_`` (not attributes, not keyword arguments), ``tl.program_id(0)`` its local program
+    id ``pid - start``."""
+    prefix = f"k{k}_"
+    word = re.compile(r"(?<![\w.])(" + "|".join(sorted(m.names, key=len, reverse=True)) + r")\b(?!\s*=(?!=))")
+    pid = f"(pid - {start})" if start else "pid"
+    out = []
+    for line in m.body:
+        head, rest = "", line
+        assign = _ASSIGN.match(line)
+        if assign and assign.group(2) in m.names:  # the target, which the keyword rule would skip
+            head, rest = assign.group(1) + prefix + assign.group(2), assign.group(3)
+        # names first: the program id's text names the combo's own ``pid``
+        rest = _PROGRAM_ID.sub(pid, word.sub(lambda w: prefix + w.group(1), rest))
+        out.append("    " + head + rest)
+    return out
 
 
 def _combo_name(origins: set[str], first: int) -> str:
