@@ -173,6 +173,10 @@ def main() -> int:
         import test_tiling as tiling
 
         programs += tiling.gpu_programs()
+        # a combo kernel (`torchfuse.inductor.combo`): 1-d and tiled members, bf16, a helper
+        import test_combo_kernels as combo
+
+        programs.append(compile_fn(combo.independent, *combo.independent_inputs()))
     try:
         toolchain_works()
     except Exception as e:  # no usable nvidia toolchain here

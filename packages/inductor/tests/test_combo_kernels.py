@@ -53,9 +53,9 @@ def check_storage(program: S.Program) -> None:
 
 def independent(x, y, z, w):
     """Five outputs from four inputs, no output reads another: a float32 kernel, a bf16 one,
-    a transposed store (a tiled member), a helper-using maximum, an integer one."""
+    a transposed store (a tiled member), a tanh (a module-level helper), an integer one."""
     return (x.sin() + 1, (y * 2).cos(), z.float().exp().to(torch.bfloat16),
-            torch.where(w > 0, w, w * 0.1).t().contiguous(), torch.maximum(y, y.new_tensor(0.5)),
+            torch.where(w > 0, w, w * 0.1).t().contiguous(), torch.maximum(y, y.new_tensor(0.5)).tanh(),
             (x * 3).to(torch.int32))
 
 
@@ -85,6 +85,7 @@ def test_combo_source_is_plain_triton():
     (entry,) = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == kernel.entry]
     assert not [n for n in ast.walk(entry) if isinstance(n, ast.FunctionDef) and n is not entry]
     assert kernel.source.count("tl.program_id(0)") == 1
+    assert "def _tanh(" in kernel.source  # the members' helpers, once, at module level
     members = kernel.meta["members"].split(",")
     assert kernel.source.count("pid < ") == len(members)
     constexprs = [a.arg for a in entry.args.args if a.annotation is not None]
