@@ -230,3 +230,22 @@ def test_training_step_values_with_combos(monkeypatch):
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert made
+
+
+def test_a_member_with_configs_to_tune_is_launched_alone():
+    """A tiled transpose over more than ``pointwise_small_numel`` elements has two launch
+    configs to tune: it leaves its combo, the two others still share one launch."""
+
+    def fn(x, y, z):
+        return x.t().contiguous() + 1, y.sin(), z.cos()
+
+    x, y, z = torch.randn(512, 256), torch.randn(30), torch.randn(40)
+    result = compile_graph_stages(trace(fn, x, y, z)[0])
+    (planned,) = {st.name: st.value for st in result.stages}["combo"].combos
+    assert len(planned) == 3
+    program = result.program
+    (kernel,) = combos(program)
+    assert len(kernel.meta["members"].split(",")) == 2
+    assert launches(program) == 2
+    assert_matches(run_runtime(program, [x, y, z]), fn(x, y, z))
+    check_storage(program)

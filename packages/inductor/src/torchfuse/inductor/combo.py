@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import logging
 import re
 from dataclasses import dataclass
 
@@ -72,6 +73,8 @@ from torchfuse.inductor.scheduler import (
     verify_schedule,
 )
 from torchfuse.inductor.triton_ops import HELPERS, helper_source
+
+log = logging.getLogger("torchfuse.inductor.schedule")
 
 MAX_MEMBERS = 32
 """The most kernels one combo holds (compile time and register pressure grow with it)."""
@@ -367,6 +370,9 @@ def combo_kernels(s: Schedule, kernels: dict[int, S.Kernel]) -> dict[tuple[int, 
     out: dict[tuple[int, ...], S.Kernel] = {}
     for c in s.combos:
         members = {i: _member(kernels[i]) for i in c}
+        for i, why in members.items():
+            if isinstance(why, str):
+                log.info("%s left out of its combo, launched alone: %s", kernels[i].name, why)
         ok = tuple(i for i in c if isinstance(members[i], _Member))
         if len(ok) < 2:
             continue
