@@ -173,6 +173,11 @@ def main() -> int:
         import test_tiling as tiling
 
         programs += tiling.gpu_programs()
+        # a combo kernel (`torchfuse.inductor.combo`): 1-d and tiled members, bf16, a helper
+        import test_combo_kernels as combo
+
+        programs.append(compile_fn(combo.independent, *combo.independent_inputs(),
+                                   options={"combo_kernels": True}))
     try:
         toolchain_works()
     except Exception as e:  # no usable nvidia toolchain here

@@ -1,7 +1,7 @@
 """``compile_graph``: the inductor pipeline, one flat list of named passes.
 
-    layout -> decompose -> matmuls -> conv -> lower -> dead_code -> schedule (fusion, verified) -> codegen
-    -> plan -> user_kernels
+    layout -> decompose -> matmuls -> conv -> lower -> dead_code -> schedule (fusion, verified) -> combo
+    -> codegen -> combo_kernels -> plan -> user_kernels -> in_place
 
 Every pass returns a new artifact stamped with its name and duration (`Stage`);
 the debug files (``ir_pre_fusion.txt``, ``ir_post_fusion.txt``, ``fusion.txt`` (each fusion
@@ -27,6 +27,7 @@ from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.cache import graph_device
 from torchfuse.inductor.codegen import generate_kernel
+from torchfuse.inductor.combo import combo_kernels, plan_combos
 from torchfuse.inductor.config import InductorConfig, cpu_kernels
 from torchfuse.inductor.config import config as default_config
 from torchfuse.inductor.conv import rewrite_convolution_graphs
@@ -195,8 +196,12 @@ PASSES: tuple[tuple[str, Callable[..., Any]], ...] = (
     # dead code goes after lowering: decompositions return values (mean, rstd) nobody reads
     ("dead_code", lambda st, cfg: ir.verify(dead_code_elimination(st["lower"]))),
     ("schedule", lambda st, cfg: verify_schedule(schedule(st["dead_code"], cfg), st["dead_code"])),
-    ("codegen", lambda st, cfg: _codegen(st["schedule"], st["dead_code"], cfg)),
-    ("plan", lambda st, cfg: build_program(st["dead_code"], st["schedule"], st["codegen"])),
+    # independent small pointwise kernels adjacent (members moved up), for one launch each run
+    ("combo", lambda st, cfg: plan_combos(st["schedule"], st["dead_code"], cfg)),
+    ("codegen", lambda st, cfg: _codegen(st["combo"], st["dead_code"], cfg)),
+    # from the members' generated kernels: each keeps its body, under a branch of its own
+    ("combo_kernels", lambda st, cfg: combo_kernels(st["combo"], st["codegen"])),
+    ("plan", lambda st, cfg: build_program(st["dead_code"], st["combo"], st["codegen"], st["combo_kernels"])),
     ("user_kernels", lambda st, cfg: launch_user_kernels(st["plan"])),  # needs the plan's frees
     # an ATen training batch norm's running statistics updated in the inputs themselves (needs
     # the graph's output kinds: which outputs are the new values of which inputs); not under
@@ -226,7 +231,7 @@ def compile_graph_stages(
         stages.append(Stage(name, time.perf_counter() - t0, state[name]))
     program: S.Program = state["in_place"]
     pre = ir.format_program(state["dead_code"])
-    post = format_schedule(state["schedule"])
+    post = format_schedule(state["combo"])
     code = standalone_source(program)  # the runtime's own call function: what prints is what runs
     timings = "\n".join(f"{s.name:12s} {s.seconds * 1000:9.2f} ms" for s in stages)
     meta = dict(program.meta)
@@ -240,7 +245,7 @@ def compile_graph_stages(
         {
             "ir_pre_fusion.txt": pre,
             "ir_post_fusion.txt": post,
-            "fusion.txt": f"{kernels}\n" + format_decisions(state["schedule"]),
+            "fusion.txt": f"{kernels}\n" + format_decisions(state["combo"]),
             "kernels": kernels.removeprefix("kernels: "),
             "output_code.py": code,
             "timings.txt": timings + "\n",

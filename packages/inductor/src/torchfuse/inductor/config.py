@@ -19,6 +19,8 @@ Environment variables (all optional):
 * ``TORCHFUSE_BATCH_NORM_TRAINING=auto|aten|decompose`` -- training batch norms as ATen calls
   or as our reductions (`torchfuse.inductor.decompositions.BATCH_NORM_TRAINING`); ``auto`` (the
   default): our reductions in CUDA graphs, ATen's kernels on the CPU.
+* ``TORCHFUSE_COMBO_KERNELS=1`` -- launch independent small pointwise Triton kernels as combo
+  kernels (`torchfuse.inductor.combo`; default off until timed on a GPU).
 * ``TRITON_INTERPRET`` -- read, not owned: whether Triton runs its kernels on the CPU.
 * ``TORCHFUSE_COMPILE_CACHE=0`` -- do not read or write the on-disk caches of compiled
   Programs and autograd plans (`torchfuse.inductor.cache`; default on). Where they live
@@ -80,6 +82,14 @@ class InductorConfig:
     row chunks (the looped form of a reduction kernel, without a reduction), so no element
     divides its flat index by the row length. GPT-2's dlogits kernel (rows of 50264) spends
     most of its instructions on those divisions. ``TORCHFUSE_POINTWISE_ROWS=<length>``."""
+    combo_kernels: bool = False
+    """Launch independent small pointwise Triton kernels of a Program as one combo kernel
+    (horizontal fusion, [`torchfuse.inductor.combo`][torchfuse.inductor.combo]): one launch
+    instead of up to 32. Triton kernels only (GPU, or the CPU under ``TRITON_INTERPRET=1``),
+    static sizes only. Off by default until it is timed on a GPU (launch counts are measured,
+    host and kernel time are not); ``TORCHFUSE_COMBO_KERNELS=1`` turns it on."""
+    combo_kernels_max_numel: int = 1 << 20
+    """A pointwise kernel over more elements than this is never a combo member."""
     memory_order: bool = True
     """Order ready kernels so that the one freeing the most memory runs first."""
     decompose: bool = True
@@ -178,6 +188,7 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
         mm_templates=env.get("TORCHFUSE_MM_TEMPLATES", "auto").strip().lower() or "auto",
         cpu_backend=env.get("TORCHFUSE_CPU_BACKEND", "auto").strip().lower() or "auto",
         triton_interpret=_on(env.get("TRITON_INTERPRET", "")),
+        combo_kernels=_on(env.get("TORCHFUSE_COMBO_KERNELS", "0")),
         pointwise_rows=max(0, int(env.get("TORCHFUSE_POINTWISE_ROWS", "0") or 0)),
     )
 

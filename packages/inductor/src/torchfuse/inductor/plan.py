@@ -18,6 +18,7 @@ describes its first launch, plus ``launches``).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import msgspec
 import sympy
@@ -25,7 +26,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.ops import to_dtype
 from torchfuse.inductor import ir
 from torchfuse.inductor.codegen import format_expr
-from torchfuse.inductor.scheduler import KERNEL_KINDS, GroupKind, Schedule
+from torchfuse.inductor.scheduler import KERNEL_KINDS, GroupKind, KernelGroup, Schedule
 
 
 def _fmt(e: sympy.Expr) -> S.Expr:
@@ -108,9 +109,33 @@ def extern_aliases(node: ir.Extern) -> dict[str, str]:
     return out
 
 
-def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Kernel]) -> S.Program:
-    same = shared_kernels(kernels)
-    by_name = {k.name: k for k in kernels.values()}
+def _launch_args(g: KernelGroup, kern: S.Kernel) -> list[S.Argument]:
+    """The arguments of ``kern``'s launch for group ``g``: its buffers, sizes and symbols."""
+    bufs = kern.meta["buffers"].split(",") if kern.meta.get("buffers") else []
+    args: list[S.Argument] = [S.TensorRef(name=b) for b in bufs]
+    args.append(_scalar(g.xnumel))
+    if g.kind != GroupKind.POINTWISE:
+        args.append(_scalar(g.rnumel))
+    for p in kern.signature[len(args) :]:
+        # INDEX32 is computed per call from the sizes (see codegen.index32_expr)
+        args.append(S.SymRef(expr=kern.meta["index32"] if p.name == "INDEX32" else p.name))
+    return args
+
+
+def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Kernel],
+                  combos: Mapping[tuple[int, ...], S.Kernel] | None = None) -> S.Program:
+    """The Program of ``sched``: ``kernels`` by group index, and ``combos`` (combo kernels,
+    `torchfuse.inductor.combo`, by the group indices each runs): a combo launches where its
+    first member would, after every member's allocations, with the members' arguments in
+    order; a buffer its members read last is freed after it."""
+    combos = dict(combos or {})
+    combo_at = {c[0]: c for c in combos}
+    in_combo = {i for c in combos for i in c}
+    launched = {i: k for i, k in kernels.items() if i not in in_combo}
+    launched |= {c[0]: k for c, k in combos.items()}
+    group_of = {g.index: g for g in sched.groups}
+    same = shared_kernels(launched)
+    by_name = {k.name: k for k in launched.values()}
     launches: dict[str, int] = {}
     outputs = {o for o in prog.outputs if isinstance(o, str)}
     view_base = {b.name: b.view_of for b in prog.buffers.values() if b.kind == "view"}
@@ -135,29 +160,31 @@ def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Ke
     steps: list[S.Step] = []
     used: dict[str, ir.BufferSpec] = {name: prog.buffers[name] for name in prog.inputs}
     free_pool: list[tuple[int, str]] = []
+
+    def allocate(g: KernelGroup) -> None:
+        for name in sorted(g.stores, key=lambda n: [m.name for m in g.nodes].index(n)):
+            spec = prog.buffers[name]
+            used[name] = spec
+            size = _nbytes(spec)
+            reuse = next((b for s, b in free_pool if s == size), None) if size else None
+            if reuse is not None:
+                free_pool.remove((size, reuse))
+            steps.append(S.AllocStep(buffer=name, reuse=reuse))
+
     for k, g in enumerate(sched.groups):
         if g.kind in KERNEL_KINDS:
-            kern = kernels[g.index]
-            for name in sorted(g.stores, key=lambda n: [m.name for m in g.nodes].index(n)):
-                spec = prog.buffers[name]
-                used[name] = spec
-                size = _nbytes(spec)
-                reuse = next((b for s, b in free_pool if s == size), None) if size else None
-                if reuse is not None:
-                    free_pool.remove((size, reuse))
-                steps.append(S.AllocStep(buffer=name, reuse=reuse))
-            bufs = kern.meta["buffers"].split(",") if kern.meta.get("buffers") else []
-            args: list[S.Argument] = [S.TensorRef(name=b) for b in bufs]
-            args.append(_scalar(g.xnumel))
-            if g.kind != GroupKind.POINTWISE:
-                args.append(_scalar(g.rnumel))
-            for p in kern.signature[len(args) :]:
-                # INDEX32 is computed per call from the sizes (see codegen.index32_expr)
-                args.append(S.SymRef(expr=kern.meta["index32"] if p.name == "INDEX32" else p.name))
-            name = same.get(kern.name, kern.name)
-            launches[name] = launches.get(name, 0) + 1
-            grid = kern.grid if kern.grid != by_name[name].grid else ()
-            steps.append(S.LaunchStep(kernel=name, args=tuple(args), grid=tuple(grid)))
+            if g.index in in_combo and g.index not in combo_at:
+                pass  # launched with its combo, at the combo's first member
+            else:
+                args: list[S.Argument] = []
+                for i in combo_at.get(g.index, (g.index,)):
+                    allocate(group_of[i])
+                    args += _launch_args(group_of[i], kernels[i])
+                kern = launched[g.index]
+                name = same.get(kern.name, kern.name)
+                launches[name] = launches.get(name, 0) + 1
+                grid = kern.grid if kern.grid != by_name[name].grid else ()
+                steps.append(S.LaunchStep(kernel=name, args=tuple(args), grid=tuple(grid)))
         elif g.kind == GroupKind.EXTERN:
             node = g.nodes[0]
             assert isinstance(node, ir.Extern)
@@ -209,7 +236,7 @@ def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Ke
         buffers=buffers,
         kernels=tuple(
             msgspec.structs.replace(k, meta={**k.meta, "launches": str(launches.get(k.name, 0))})
-            for k in (kernels[g.index] for g in sched.groups if g.index in kernels)
+            for k in (launched[g.index] for g in sched.groups if g.index in launched)
             if k.name not in same
         ),
         steps=tuple(steps),

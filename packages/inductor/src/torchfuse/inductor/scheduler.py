@@ -111,6 +111,9 @@ class Schedule:
     decisions: tuple[str, ...] = ()
     """Why each node joined its kernel, or why it did not join a kernel it could have shared
     reads with (``fusion.txt``, and the ``schedule`` log channel)."""
+    combos: tuple[tuple[int, ...], ...] = ()
+    """Runs of adjacent pointwise groups launched as one combo kernel, by group index
+    (`torchfuse.inductor.combo`; empty until its ``plan_combos`` pass)."""
 
 
 @dataclass(slots=True)
@@ -735,4 +738,6 @@ def format_schedule(s: Schedule) -> str:
                 p = g.placement(node.name)
                 role = f"({p.role.value}, phase {p.phase}) "
             lines.append(f"  {role}{text}")
+    for k, c in enumerate(s.combos):
+        lines.append(f"combo {k}: kernels {', '.join(map(str, c))} in one launch")
     return "\n".join(lines) + "\n"
