@@ -336,11 +336,23 @@ def _native_attr(obj: V.UserObjVar, name: str) -> V.Var:
     return ctx.wrap(value, AttrSource(obj.source, name) if obj.source is not None else None)
 
 
+def _mro_lookup(cls: type, name: str, default: Any = None) -> Any:
+    """What an instance's attribute lookup finds for ``name`` in its class: the first class
+    ``__dict__`` along the MRO that holds it. Not `inspect.getattr_static(cls, ...)`, which
+    also searches the metaclass, as for an attribute of the class object itself: an instance
+    has no ``__name__`` even though its class has one (``type.__name__``)."""
+    for klass in cls.__mro__:
+        d = type.__dict__["__dict__"].__get__(klass)
+        if name in d:
+            return d[name]
+    return default
+
+
 def _class_attr(obj: V.Var, cls: type, name: str) -> V.Var:
     ctx = current()
-    raw = inspect.getattr_static(cls, name, _MISSING)
+    raw = _mro_lookup(cls, name, _MISSING)
     if raw is _MISSING:
-        getattr_fn = inspect.getattr_static(cls, "__getattr__", None)
+        getattr_fn = _mro_lookup(cls, "__getattr__")
         if getattr_fn is not None and getattr_fn is not torch.nn.Module.__getattr__:
             from torchfuse.capture.calls import call
 
