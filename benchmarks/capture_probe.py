@@ -1,0 +1,682 @@
+"""Capture fidelity probe (issue 20): about three small cases per item of the issue, each
+run through ``torchfuse.capture.compile(backend="eager")`` and plain Python side by side.
+
+    python benchmarks/capture_probe.py [-v] [-k SUBSTRING]
+
+Each case is called ``calls`` times with fresh arguments (``make(i)`` for call ``i``); before
+each call, eager's and the compiled call's, both ``torch`` and Python's ``random`` are seeded
+with ``100 + i``, so a random value baked in at capture shows as a mismatch on the next call.
+A case passes when every call returns eager's values (and leaves its inputs as eager does),
+the first call captured the expected number of graphs (1) with no graph break, and there were
+no more recompiles (root + resume functions) than the case allows. Prints one line per case
+and a summary; the exit status is the number of failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import dataclasses
+import functools
+import itertools
+import random
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "packages" / "capture" / "tests"))
+import library_code  # noqa: E402  (functions of another module, for globals/resume cases)
+from capture_helpers import assert_same  # noqa: E402
+from torchfuse.capture import compile as tf_compile  # noqa: E402
+from torchfuse.capture.entry import counts_as_graph  # noqa: E402
+
+
+@dataclasses.dataclass
+class Probe:
+    item: str
+    fn: Any
+    make: Any  # call index -> args tuple
+    calls: int = 3
+    recompiles: int = 0
+    graphs: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+
+PROBES: list[Probe] = []
+
+
+def probe(item: str, make=None, calls: int = 3, recompiles: int = 0, graphs: int = 1):
+    def deco(fn):
+        PROBES.append(Probe(item, fn, make or (lambda i: (torch.randn(3, 4),)), calls, recompiles, graphs))
+        return fn
+    return deco
+
+
+# ============================================================ hasattr / getattr on any object
+
+
+class Plain:
+    def __init__(self):
+        self.a = 2
+
+    def __eq__(self, other):  # the probe compares the inputs after the call
+        return type(other) is Plain and vars(self) == vars(other)
+
+
+@probe("hasattr/getattr")
+def ha_containers(x):
+    out = x
+    for obj in ([1], (1,), {"a": 1}, {1}):
+        out = out + (1 if hasattr(obj, "to") else 0) + (2 if hasattr(obj, "append") else 0)
+    return out
+
+
+@probe("hasattr/getattr", make=lambda i: (torch.randn(3), Plain()))
+def ha_user_object(x, p):
+    return x * getattr(p, "a", 5) + getattr(p, "missing", 7) + hasattr(p, "__init__")
+
+
+@probe("hasattr/getattr")
+def ha_partial_and_tensor(x):
+    p = functools.partial(torch.add, alpha=2)
+    return (x + hasattr(x, "grad_fn") + hasattr(x, "nope"), len(p.args), p.keywords["alpha"],
+            getattr(x, "shape")[0], hasattr(torch.nn.functional, "silu"))
+
+
+# ============================================================ live dict views
+
+
+@probe("dict views")
+def dv_keys_live(x):
+    d = {1: x, 2: x * 2}
+    keys = d.keys()
+    d[4] = x + 4
+    return (4 in keys, len(keys), sorted(keys))
+
+
+@probe("dict views")
+def dv_values_items_live(x):
+    d = {"a": x}
+    vals, items = d.values(), d.items()
+    d["b"] = x * 3
+    del d["a"]
+    return [v + 1 for v in vals], [(k, v.sum()) for k, v in items]
+
+
+@probe("dict views")
+def dv_view_ops(x):
+    d = {"a": 1, "b": 2}
+    e = {"b": 3, "c": 4}
+    return x + len(d.keys() & e.keys()), sorted(d.keys() | e.keys()), ("a", 1) in d.items()
+
+
+# ============================================================ user classes
+
+
+class WithNew:
+    def __new__(cls, k):
+        obj = super().__new__(cls)
+        obj.k = k * 2
+        return obj
+
+    def __init__(self, k):
+        self.j = k
+
+
+class Meta(type):
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        obj.made_by_meta = True
+        return obj
+
+
+class WithMeta(metaclass=Meta):
+    def __init__(self, v):
+        self.v = v
+
+
+class Registry:
+    subclasses: list = []
+
+    def __init_subclass__(cls, scale=1, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.scale = scale
+        Registry.subclasses.append(cls.__name__)
+
+
+class Triple(Registry, scale=3):
+    pass
+
+
+@dataclasses.dataclass
+class DC:
+    a: int
+    b: float = 2.5
+    tags: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class FDC:
+    a: int
+    b: int = 3
+
+
+@probe("user classes")
+def uc_new(x):
+    o = WithNew(3)
+    return x * o.k + o.j
+
+
+@probe("user classes")
+def uc_metaclass(x):
+    o = WithMeta(4)
+    return x + o.v, o.made_by_meta
+
+
+@probe("user classes")
+def uc_init_subclass_and_dataclass(x):
+    d = DC(2)
+    d.tags.append(1)
+    f = FDC(1)
+    return x * Triple.scale + d.a * d.b, len(d.tags), f == FDC(1, 3), dataclasses.replace(f, b=5).b, \
+        dataclasses.asdict(d)
+
+
+# ============================================================ stdlib containers and itertools
+
+
+@probe("stdlib/itertools")
+def it_product_chain_combinations(x):
+    out = x
+    for a, b in itertools.product(range(2), range(3)):
+        out = out + a * b
+    for c in itertools.chain([1, 2], (3,)):
+        out = out * c
+    return out, list(itertools.combinations(range(4), 2)), list(itertools.islice(range(10), 2, 8, 2))
+
+
+@probe("stdlib/itertools")
+def it_deque_ordereddict(x):
+    q = collections.deque([x, x + 1], maxlen=3)
+    q.appendleft(x - 1)
+    q.append(x * 2)
+    od = collections.OrderedDict(a=1, b=2, c=3)
+    od.move_to_end("a")
+    k, v = od.popitem(last=False)
+    return q, list(od), k, v
+
+
+@probe("stdlib/itertools")
+def it_defaultdict_fromkeys(x):
+    dd = collections.defaultdict(list)
+    dd["a"].append(x)
+    dd.setdefault("b", []).append(x + 1)
+    fk = dict.fromkeys(["p", "q"], 0)
+    od = collections.OrderedDict.fromkeys("xy", 1)
+    flat = list(itertools.chain.from_iterable([[1, 2], [3]]))
+    return dd, fk, od, x * sum(flat)
+
+
+# ============================================================ functools
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_scale(n):
+    return n * 3
+
+
+def _deco(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args) + 1
+    return wrapper
+
+
+@_deco
+def _wrapped_double(x):
+    return x * 2
+
+
+@probe("functools")
+def ft_partial(x):
+    p = functools.partial(torch.clamp, min=-0.5)
+    q = functools.partial(lambda a, b, c: a * b + c, x, 2)
+    return p(x, max=0.5), q(3)
+
+
+@probe("functools")
+def ft_wraps(x):
+    return _wrapped_double(x), _wrapped_double.__name__, _wrapped_double.__wrapped__(x)
+
+
+@probe("functools")
+def ft_lru_cache(x):
+    @functools.lru_cache(maxsize=2)
+    def sq(n):
+        return x * n
+
+    a = sq(2)
+    b = sq(2)
+    return a + b + _cached_scale(4), a is b, sq.cache_info().hits
+
+
+# ============================================================ guards: closures, defaults, globals
+
+
+def _make_closure_cases():
+    scale = [2.0]
+    flags = {"on": True}
+    count = 3
+
+    def gd_closure_list(x):
+        return x * scale[0] + count
+
+    def gd_closure_dict(x):
+        return x + 1 if flags["on"] else x - 1
+
+    def gd_defaults(x, k=2, *, j=3):
+        return x * k + j
+
+    def mutate(i):
+        if i == 2:
+            scale[0] = 5.0
+            flags["on"] = False
+            gd_defaults.__defaults__ = (7,)
+            gd_defaults.__kwdefaults__ = {"j": -1}
+        return (torch.randn(3, 4),)
+
+    for fn in (gd_closure_list, gd_closure_dict, gd_defaults):
+        PROBES.append(Probe("guards: closures/defaults/globals", fn, mutate, calls=4, recompiles=1))
+
+
+_make_closure_cases()
+
+
+def _other_module_global(i):
+    library_code.FACTOR = 2.0 if i < 2 else 4.0
+    return (torch.randn(3, 4),)
+
+
+@probe("guards: closures/defaults/globals", make=_other_module_global, calls=4, recompiles=1)
+def gd_other_module_global(x):
+    return library_code.scaled(x)
+
+
+# ============================================================ resuming inside library code
+
+
+# TorchDynamo's counts: the caller's piece before the call is empty; the float .item() returns
+# is a constant first, then an input (one recompile)
+@probe("resume in library code", graphs=3, recompiles=1)
+def rs_library_break(x):
+    return library_code.break_then_global(x) + 1
+
+
+@probe("resume in library code", graphs=3)
+def rs_library_builtins(x):
+    return library_code.break_then_len(x) * 2
+
+
+@probe("resume in library code", graphs=5, recompiles=1)
+def rs_library_nested(x):
+    return library_code.outer_calls_break(x) - 1
+
+
+# ============================================================ numpy on tensors
+
+
+@probe("numpy traced")
+def np_meshgrid(x):
+    a, b = np.meshgrid(np.arange(3), np.arange(2))
+    return x[:2, :3] + torch.from_numpy(a + b)
+
+
+@probe("numpy traced")
+def np_mean_of_numpy(x):
+    return torch.from_numpy(np.mean(x.numpy()) * np.ones(3))
+
+
+@probe("numpy traced")
+def np_result_at_edge(x):
+    a = x.numpy()
+    return np.exp(a) + 1, np.sum(a, axis=0)
+
+
+# ============================================================ RNG
+
+
+@probe("RNG")
+def rng_torch_rand(x):
+    return x + torch.rand(3, 4), torch.randn(2)
+
+
+@probe("RNG")
+def rng_dropout(x):
+    return torch.nn.functional.dropout(x, 0.5, True), torch.randint(0, 10, (3,))
+
+
+@probe("RNG")
+def rng_python_random(x):
+    return x * random.random()
+
+
+@probe("RNG")
+def rng_python_uniform_twice(x):
+    return x * random.uniform(0.5, 1.5) + random.random()
+
+
+@probe("RNG", graphs=2)
+def rng_python_random_branch(x):  # the value is needed in Python: a break at the draw
+    if random.random() > 0.5:
+        return x * 2
+    return x - 1
+
+
+@probe("RNG")
+def rng_python_random_method(x):
+    return x + _RNG.random() * x.sum()
+
+
+_RNG = random.Random(0)
+
+
+# ============================================================ numbers that vary stay symbols
+
+
+def _ints(i):
+    return torch.randn(3, 4), 3 + i
+
+
+def _floats(i):
+    return torch.randn(3, 4), 0.25 + i
+
+
+def _np_floats(i):
+    return torch.randn(3, 4), np.float64(0.25 + i)
+
+
+def _np_float32s(i):
+    return torch.randn(3, 4), np.float32(0.5 + i)
+
+
+@probe("varying numbers", make=_ints, calls=4, recompiles=1)
+def vn_int(x, n):
+    return x * n + n
+
+
+@probe("varying numbers", make=_floats, calls=4, recompiles=1)
+def vn_float(x, f):
+    return x * f - f
+
+
+@probe("varying numbers", make=_np_floats, calls=4, recompiles=1)
+def vn_np_float64(x, f):
+    return x * f + 1
+
+
+@probe("varying numbers", make=_np_float32s, calls=4, recompiles=1)
+def vn_np_float32(x, f):
+    return x * f
+
+
+# ============================================================ Python number methods
+
+
+@probe("number methods", make=_ints, calls=4, recompiles=2)
+def nm_bit_length(x, n):
+    return x * n.bit_length()
+
+
+@probe("number methods", make=_floats, calls=4, recompiles=2)
+def nm_float_methods(x, f):
+    return x + f.conjugate() + (1 if f.is_integer() else 0)
+
+
+@probe("number methods")
+def nm_const_methods(x):
+    return x * (5).bit_length() + (2.0).is_integer() + (3).conjugate() + (1.5).as_integer_ratio()[1]
+
+
+# ============================================================ max/min over tensors
+
+
+@probe("max/min", make=lambda i: (torch.randn(()), torch.randn(())))
+def mm_two_scalars(a, b):
+    return max(a, b), min(a, b)
+
+
+@probe("max/min", make=lambda i: (torch.randn(1), torch.randn(1)))
+def mm_three(a, b):
+    return max(a, b, a * 2), min([a, b])
+
+
+@probe("max/min")
+def mm_tensor_and_number(x):
+    return max(x.sum(), torch.tensor(0.0)), min(x.shape), max(x.shape[0], 2)
+
+
+# ============================================================ no_grad object made each call
+
+
+@probe("no_grad per call", make=lambda i: (torch.randn(3, 4, requires_grad=True),))
+def ng_object_each_call(x):
+    ctx = torch.no_grad()
+    with ctx:
+        y = x * 2
+    return y, x * 3
+
+
+@probe("no_grad per call", make=lambda i: (torch.randn(3, 4, requires_grad=True),))
+def ng_set_grad_enabled_var(x):
+    mode = torch.set_grad_enabled(False)
+    with mode:
+        y = x + 1
+    return y, y.requires_grad
+
+
+@probe("no_grad per call", make=lambda i: (torch.randn(3, 4, requires_grad=True),))
+def ng_enable_inside_no_grad(x):
+    with torch.no_grad():
+        with torch.enable_grad():
+            y = x * 2
+        z = x * 3
+    return y, z
+
+
+# ============================================================ a module made in the function
+
+
+@probe("module made inside", calls=4, recompiles=1)
+def md_stateless(x):
+    return nn.ReLU()(x), nn.Softmax(dim=-1)(x)
+
+
+@probe("module made inside", calls=4, recompiles=1)
+def md_linear(x):
+    return nn.Linear(4, 2)(x)
+
+
+@probe("module made inside", calls=4, recompiles=1)
+def md_sequential(x):
+    m = nn.Sequential(nn.Linear(4, 3), nn.Tanh())
+    return m(x)
+
+
+# ============================================================ zip(strict=True)
+
+
+@probe("zip strict")
+def zs_equal(x):
+    return [a * b for a, b in zip(x, [1, 2, 3], strict=True)]
+
+
+@probe("zip strict")
+def zs_unequal_caught(x):
+    try:
+        list(zip([1, 2], [3], strict=True))
+    except ValueError as e:
+        return x + 1, str(e)
+    return x
+
+
+@probe("zip strict")
+def zs_tensor_rows(x):
+    return sum(r * w for r, w in zip(x.unbind(0), (0.5, 1.5, 2.0), strict=True))
+
+
+# ============================================================ torch.tensor over a symbolic bool
+
+
+def _sized(i):
+    return (torch.randn(5 + i, 4),)
+
+
+@probe("torch.tensor symbolic bool", make=_sized, calls=4, recompiles=1)
+def tb_size_compare(x):
+    return x + torch.tensor(x.shape[0] > 4)
+
+
+@probe("torch.tensor symbolic bool", make=_sized, calls=4, recompiles=1)
+def tb_size_eq(x):
+    return torch.tensor([x.shape[0] == x.shape[1], x.shape[0] > 2]), x.sum()
+
+
+@probe("torch.tensor symbolic bool", make=lambda i: (torch.randn(3, 4), 3 + i), calls=4, recompiles=1)
+def tb_int_compare(x, n):
+    return x * torch.tensor(n > 2, dtype=torch.float32)
+
+
+# ============================================================ the runner
+
+
+def _seed(i: int) -> None:
+    torch.manual_seed(100 + i)
+    random.seed(100 + i)
+    _RNG.seed(100 + i)
+
+
+def run_dynamo(p: Probe) -> str:
+    """The same calls through torch.compile with a counting backend (for comparison)."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    cf = torch.compile(p.fn, backend=backend)
+    first = None
+    ok = True
+    for i in range(p.calls):
+        args = p.make(i)
+        eager_args, compiled_args = copy.deepcopy(args), copy.deepcopy(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _seed(i)
+            try:
+                want = p.fn(*eager_args)
+            except Exception as e:  # noqa: BLE001
+                want = e
+            _seed(i)
+            try:
+                got = cf(*compiled_args)
+            except Exception as e:  # noqa: BLE001
+                got = e
+        try:
+            if not isinstance(want, Exception):
+                assert_same(got, want)
+        except AssertionError:
+            ok = False
+        if first is None:
+            first = len(graphs)
+    return f"dynamo: graphs={first} total={len(graphs)}{'' if ok else ' WRONG'}"
+
+
+def _recompiles(cf) -> int:
+    return cf.recompiles + sum(r.recompiles for r in cf.resumes.values()) + \
+        sum(c.recompiles for c in cf.callees.values())
+
+
+def run_probe(p: Probe) -> tuple[bool, str]:
+    from torchfuse.capture.resume import is_user_break
+
+    cf = tf_compile(p.fn, backend="eager")
+    problems = []
+    graphs = breaks = None
+    for i in range(p.calls):
+        args = p.make(i)
+        eager_args, compiled_args = copy.deepcopy(args), copy.deepcopy(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _seed(i)
+            try:
+                want = p.fn(*eager_args)
+            except Exception as e:  # noqa: BLE001
+                want = e
+            _seed(i)
+            try:
+                got = cf(*compiled_args)
+            except Exception as e:  # noqa: BLE001
+                got = e
+        if isinstance(want, Exception) or isinstance(got, Exception):
+            if type(want) is not type(got):
+                problems.append(f"call {i}: {got!r} vs eager {want!r}")
+        else:
+            try:
+                assert_same(got, want)
+                assert_same(compiled_args, eager_args, "inputs")
+            except AssertionError as e:
+                problems.append(f"call {i}: {str(e).splitlines()[0][:160]}")
+        if graphs is None:
+            graphs = sum(1 for r in cf.results if counts_as_graph(r))
+            breaks = [r.error for r in cf.results if is_user_break(r)]
+    rc = _recompiles(cf)
+    if graphs != p.graphs:
+        problems.append(f"{graphs} graphs (want {p.graphs})")
+    if p.graphs == 1 and breaks:
+        problems.append(f"break: {breaks[0].reason[:120]}")
+    if rc > p.recompiles:
+        problems.append(f"{rc} recompiles (allowed {p.recompiles})")
+    detail = f"graphs={graphs} breaks={len(breaks or [])} recompiles={rc}"
+    return not problems, detail + ("" if not problems else "  " + "; ".join(problems))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-k", default="")
+    ap.add_argument("-v", action="store_true")
+    ap.add_argument("-d", action="store_true", help="also run torch.compile (counting backend)")
+    args = ap.parse_args()
+    failed = 0
+    by_item: dict[str, list[bool]] = collections.defaultdict(list)
+    for p in PROBES:
+        if args.k not in p.name and args.k not in p.item:
+            continue
+        ok, detail = run_probe(p)
+        by_item[p.item].append(ok)
+        failed += not ok
+        if args.d:
+            detail += "  | " + run_dynamo(p)
+        if args.v or not ok:
+            print(f"{'PASS' if ok else 'FAIL'}  {p.item:34s} {p.name:34s} {detail}")
+    total = sum(len(v) for v in by_item.values())
+    print(f"\n{total - failed}/{total} pass")
+    for item, oks in by_item.items():
+        print(f"  {item:36s} {sum(oks)}/{len(oks)}")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
