@@ -248,6 +248,22 @@ def test_numpy_scalar_arguments_recompile_without_error():
     assert len(cf.entries) == 2
 
 
+@pytest.mark.parametrize("np_float", [np.float64, np.float32, np.float16])
+def test_numpy_float_arguments_take_the_float_path(np_float):
+    def f(x, s):
+        return x * s + s, x.int() - s, x.half() * s, x > s
+
+    cf = compile(f, backend="eager")
+    x = torch.rand(3, 4) * 4
+    _calls(cf, f, [(x, np_float(v)) for v in (0.5, 1.25, 2.75, -3.5)])
+    assert len(cf.entries) == 2 and cf.recompiles == 1  # the constant 0.5, then an input
+    assert "type(L[1]) is T" in _guards(cf) and "1.25" not in _guards(cf)
+    graph = cf.entries[-1].result.graph
+    assert [i.name for i in graph.inputs][-1] == "s_float" and cf.graph_count() == 2
+    _calls(cf, f, [(x, 0.75)])  # a Python float is another type: its own entries
+    assert len(cf.entries) == 3
+
+
 # ============================================================ random numbers
 
 

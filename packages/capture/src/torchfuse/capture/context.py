@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.dtype_rules import CheckingRecorder
-from torchfuse.capture.dynamic import DynamicPolicy, symbolic_dims
+from torchfuse.capture.dynamic import DynamicPolicy, is_float_scalar, symbolic_dims
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.guards import GuardSet, SymbolBinding, watch
 from torchfuse.capture.source import (
@@ -181,7 +181,7 @@ class Capture:
         """A Var for a value read from outside the frame, guarding what it must."""
         if isinstance(value, torch.Tensor):
             return self.wrap_tensor(value, source)
-        if V.is_constant(value):
+        if V.is_constant(value) or is_float_scalar(value):  # np.float32 is no float subclass
             return V.ConstVar(value, source)
         known = self.object_vars.get(id(value))
         if known is not None:

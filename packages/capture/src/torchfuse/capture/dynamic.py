@@ -120,7 +120,7 @@ class DynamicPolicy:
         symbol (an int) or a graph input (a float): in automatic mode once it changed, with
         ``dynamic=True`` always, never with ``dynamic=False``; ints only from 2 (a symbol's
         range, as for sizes)."""
-        if self.mode is False or not (type(value) is float or (type(value) is int and value >= 2)):
+        if self.mode is False or not (is_float_scalar(value) or (type(value) is int and value >= 2)):
             return False
         return self.mode is True or source_expr in self.scalars
 
@@ -316,7 +316,7 @@ def bind_scalar_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
         if not ctx.dynamic.scalar(src, var.value):
             continue
         n = var.value
-        if type(n) is float:
+        if is_float_scalar(n):
             _float_input(ctx, name, var, local_vars, device)
             continue
         k = len(ctx.rec.builder.inputs)  # the graph input the carrier is about to become
@@ -349,7 +349,9 @@ def _carrier_device(local_vars: dict[str, Any]) -> str | None:
 
 
 def _float_input(ctx: Any, name: str, var: Any, local_vars: dict[str, Any], device: str | None) -> None:
-    """A float argument as a 0-d float64 graph input, guarded on its type only."""
+    """A float argument (a Python or numpy float) as a 0-d float64 graph input, guarded on
+    its type only (``type(L[1]) is numpy.float32``): with a tensor, a numpy float computes
+    as a Python float does, so the carrier serves both."""
     from torchfuse.capture import variables as V
     from torchfuse.capture.context import InputSlot
     from torchfuse.capture.source import FloatCarrierSource
@@ -359,7 +361,7 @@ def _float_input(ctx: Any, name: str, var: Any, local_vars: dict[str, Any], devi
     ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input",
                                 FloatCarrierSource(var.source, device)))
     ctx._keep.append(carrier)
-    ctx.guards.type_(var.source, float)
+    ctx.guards.type_(var.source, type(var.value))
     ctx.scalar_symbols[var.source.expr()] = ctx.rec.names[id(fake)]
     local_vars[name] = V.FloatArgVar(var.value, var.source, fake)
 
@@ -370,7 +372,7 @@ class ScalarChange:
 
     source: str
     display: str
-    old: int
+    old: Any  # an int, a float or a numpy float
     new: Any
 
 
@@ -391,8 +393,27 @@ def scalar_changes(entries: list[Any], L: Any) -> list[ScalarChange]:
     return list(found.values())
 
 
-def _number(text: str) -> int | float | None:
-    """The int or float a constant guard's value text is the repr of, else ``None``."""
+_NUMPY_FLOATS = ("float16", "float32", "float64")
+
+
+def is_float_scalar(value: Any) -> bool:
+    """A Python float, or a numpy float scalar (``np.float32(0.5)``; numpy stays optional)."""
+    cls = type(value)
+    return cls is float or (cls.__module__ == "numpy" and cls.__name__ in _NUMPY_FLOATS)
+
+
+def _number(text: str) -> Any:
+    """The int or float a constant guard's value text is the repr of (numpy floats as numpy
+    2 prints them, ``np.float32(0.5)``), else ``None``."""
+    for name in _NUMPY_FLOATS:
+        if text.startswith(f"np.{name}(") and text.endswith(")"):
+            import numpy as np
+
+            try:
+                value = getattr(np, name)(text[len(name) + 4:-1])
+            except ValueError:
+                return None
+            return value if repr(value) == text else None
     for cls in (int, float):
         try:
             value = cls(text)
@@ -481,5 +502,6 @@ __all__ = [
     "read_expr",
     "scalar_changes",
     "size_changes",
+    "is_float_scalar",
     "symbolic_dims",
 ]
