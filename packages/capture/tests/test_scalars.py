@@ -286,24 +286,97 @@ def test_torch_random_ops_draw_on_every_call_and_follow_the_seed(draw):
     assert cf.graph_count() == 1 and len(cf.entries) == 1
 
 
+def _seeded(fn, x, seeds, *gens):
+    out = []
+    for n in seeds:
+        random.seed(n)
+        for g in gens:
+            g.seed(n)
+        out.append(fn(x))
+    return out
+
+
 def test_python_random_is_never_baked_in():
     def f(x):
         return x * random.random()
 
     cf = compile(f, backend="eager")
     x = torch.ones(2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        random.seed(3)
-        got = [cf(x) for _ in range(12)]
-        random.seed(3)
-        want = [f(x) for _ in range(12)]
+    random.seed(3)
+    got = [cf(x) for _ in range(12)]
+    random.seed(3)
+    want = [f(x) for _ in range(12)]
     assert_same(got, want)
     assert not torch.equal(got[0], got[1])
-    # the draw is a break; the float it returns is a graph input of the resume function
-    # after the second value, not a constant recompiled per value up to the limit
-    (resume,) = cf.resumes.values()
-    assert len(resume.entries) == 2 and resume.recompiles == 1
+    # one graph, one entry: the draw is a graph input that the entry draws on each call
+    assert cf.graph_count() == 1 and len(cf.entries) == 1 and cf.recompiles == 0
+    graph = cf.entries[0].result.graph
+    assert [i.name for i in graph.inputs] == ["x", "random_0"]
+    assert graph.values["random_0"].dtype == "float64" and graph.values["random_0"].sizes == ()
+
+
+_RNG = random.Random(0)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_python_float_draws_are_graph_inputs_in_program_order(backend):
+    def f(x):
+        a = x * random.uniform(0.5, 1.5) + random.random()
+        b = x.half() - random.gauss(0.0, 2.0)  # gauss keeps a spare value: order matters
+        return a, b, x > random.gauss(0.0, 2.0), x / _RNG.random()
+
+    cf = compile(f, backend=backend)
+    x = torch.rand(3, 4) + 0.5
+    assert_same(_seeded(cf, x, [1, 2, 3, 3], _RNG), _seeded(f, x, [1, 2, 3, 3], _RNG))
+    assert cf.graph_count() == 1 and len(cf.entries) == 1
+    assert len([i for i in cf.entries[0].result.graph.inputs if i.name.startswith("random_")]) == 5
+
+
+def test_a_draw_from_a_replaced_generator_reads_the_new_one():
+    g = {"rng": random.Random(1)}
+
+    def f(x):
+        return x + g["rng"].random()
+
+    cf = compile(f, backend="eager")
+    x = torch.zeros(2)
+    assert_same(cf(x), torch.full((2,), random.Random(1).random()))
+    g["rng"] = random.Random(7)
+    assert_same(cf(x), torch.full((2,), random.Random(7).random()))
+    assert cf.graph_count() == 1
+
+
+def test_a_draw_python_needs_breaks_at_the_draw():
+    def f(x):
+        y = x * 2
+        r = random.random()
+        if r > 0.5:  # Python reads the value: capture starts over with a break at the draw
+            return y + r
+        return y - 1
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3)
+    seeds = [4, 5, 4, 8]
+    assert_same(_seeded(cf, x, seeds), _seeded(f, x, seeds))
+    root = cf.entries[0].result
+    assert root.error is not None and "random.random()" in root.error.reason
+    assert [n.op for n in root.graph.nodes] == ["aten.mul.Tensor"]  # the graph before the draw
+
+
+def test_a_draw_returned_or_used_in_python_arithmetic_is_drawn_once():
+    def f(x):
+        r = random.random()
+        return x * r, r * 2, r
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(2)
+    assert_same(_seeded(cf, x, [1, 2, 3]), _seeded(f, x, [1, 2, 3]))
+    random.seed(9)
+    cf(x)
+    after = random.random()
+    random.seed(9)
+    f(x)
+    assert after == random.random()  # the generator advanced exactly as in eager
 
 
 # ============================================================ tensors of size values

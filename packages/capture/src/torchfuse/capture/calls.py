@@ -26,6 +26,7 @@ import weakref
 from typing import Any
 
 import torch
+from torchfuse.capture import pyrandom
 from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
@@ -97,6 +98,9 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     handler = B.handler_for(value)
     if handler is not None:
         return handler(args, kwargs)
+    drawn = pyrandom.draw(value, args, kwargs)  # random.random(): a graph input drawn per call
+    if drawn is not None:
+        return drawn
     if type(value) is weakref.ref and not args and not kwargs:
         # the referent, as an object the capture already knows when it is one (identity
         # checks such as ``ref() is weight`` then fold)

@@ -31,6 +31,7 @@ import torch
 from torchfuse.capture import codegen
 from torchfuse.capture import config as C
 from torchfuse.capture import distributed as D
+from torchfuse.capture import pyrandom
 from torchfuse.capture.backends import Backend, backend_parameters, lookup_backend
 from torchfuse.capture.convert import CaptureResult, capture, make_binder
 from torchfuse.capture.dynamic import (
@@ -354,7 +355,8 @@ class CompiledFunction:
             self._backend_fn = lookup_backend(self.backend)
         ns = dict(result.checks.namespace)
         gather, fetch = _gather_functions(result.inputs, ns)
-        examples = list(gather(L, self.globals, C_, fetch(L, self.globals, C_)))
+        with pyrandom.states_kept(result.random_generators):  # the call draws them again
+            examples = list(gather(L, self.globals, C_, fetch(L, self.globals, C_)))
         # Every stage the backend runs (aot, inductor, ...) files its artifacts under this graph.
         kwargs = self._backend_kwargs()
         with observe.compiling(_debug_name(result)), \

@@ -114,6 +114,12 @@ class Capture:
         """Grad mode when the call began."""
         self.grad_entry = False
         """See [`grad_entry`][torchfuse.capture.convert.CaptureResult.grad_entry]."""
+        self.random_draws = 0
+        """Python random draws made graph inputs so far (`torchfuse.capture.pyrandom`)."""
+        self.break_draws: set[int] = set()
+        """The draws (by order) whose value Python needs: a graph break at each."""
+        self.random_generators: list[Any] = []
+        """The generators those draws come from."""
 
     def close_contexts(self) -> None:
         while self.open_autocasts:

@@ -47,7 +47,7 @@ def _float_operands(a: V.Var, b: V.Var) -> list[Any] | None:
     so that the result has the dtype a Python float gives: the tensor's for a floating
     tensor, the default dtype for an integral one. ``None`` where that cannot be kept."""
     tensor, flt = (a, b) if isinstance(a, V.TensorVar) else (b, a)
-    if not isinstance(tensor, V.TensorVar) or type(flt) is not V.FloatArgVar:
+    if not isinstance(tensor, V.TensorVar) or not isinstance(flt, V.FloatArgVar):
         return None
     dt = tensor.fake.dtype
     if dt.is_complex:
