@@ -92,7 +92,7 @@ def ha_user_object(x, p):
 def ha_partial_and_tensor(x):
     p = functools.partial(torch.add, alpha=2)
     return (x + hasattr(x, "grad_fn") + hasattr(x, "nope"), len(p.args), p.keywords["alpha"],
-            getattr(x, "shape")[0], hasattr(torch.nn.functional, "silu"))
+            getattr(x, "shape")[0], hasattr(torch.nn.functional, "silu"))  # noqa: B009
 
 
 # ============================================================ live dict views
@@ -232,7 +232,7 @@ def it_defaultdict_fromkeys(x):
 # ============================================================ functools
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # noqa: UP033  (the wrapper lru_cache makes)
 def _cached_scale(n):
     return n * 3
 
@@ -591,12 +591,12 @@ def run_dynamo(p: Probe) -> str:
             _seed(i)
             try:
                 want = p.fn(*eager_args)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 want = e
             _seed(i)
             try:
                 got = cf(*compiled_args)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 got = e
         try:
             if not isinstance(want, Exception):
@@ -627,12 +627,12 @@ def run_probe(p: Probe) -> tuple[bool, str]:
             _seed(i)
             try:
                 want = p.fn(*eager_args)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 want = e
             _seed(i)
             try:
                 got = cf(*compiled_args)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 got = e
         if isinstance(want, Exception) or isinstance(got, Exception):
             if type(want) is not type(got):

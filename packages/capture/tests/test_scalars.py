@@ -6,7 +6,6 @@ counts entries and graphs."""
 from __future__ import annotations
 
 import random
-import warnings
 
 import numpy as np
 import pytest

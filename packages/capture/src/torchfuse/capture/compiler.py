@@ -28,10 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torchfuse.capture import codegen
+from torchfuse.capture import codegen, pyrandom
 from torchfuse.capture import config as C
 from torchfuse.capture import distributed as D
-from torchfuse.capture import pyrandom
 from torchfuse.capture.backends import Backend, backend_parameters, lookup_backend
 from torchfuse.capture.convert import CaptureResult, capture, make_binder
 from torchfuse.capture.dynamic import (

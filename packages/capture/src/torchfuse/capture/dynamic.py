@@ -496,12 +496,12 @@ __all__ = [
     "bind_scalar_arguments",
     "concrete",
     "dynamic_requests",
+    "is_float_scalar",
     "mark_dynamic",
     "out_of_range",
     "plain",
     "read_expr",
     "scalar_changes",
     "size_changes",
-    "is_float_scalar",
     "symbolic_dims",
 ]
