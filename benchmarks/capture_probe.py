@@ -505,12 +505,15 @@ def md_stateless(x):
     return nn.ReLU()(x), nn.Softmax(dim=-1)(x)
 
 
-@probe("module made inside", calls=4, recompiles=1)
+# a break at the constructor (it runs in Python, drawing the init from the generator as eager
+# does), then the resume function: one recompile, then the module is type-guarded
+# (TorchDynamo traces the constructor: one graph, no break)
+@probe("module made inside", calls=4, recompiles=1, breaks=1)
 def md_linear(x):
     return nn.Linear(4, 2)(x)
 
 
-@probe("module made inside", calls=4, recompiles=1)
+@probe("module made inside", calls=4, recompiles=2, breaks=2)  # one per resume function
 def md_sequential(x):
     m = nn.Sequential(nn.Linear(4, 3), nn.Tanh())
     return m(x)

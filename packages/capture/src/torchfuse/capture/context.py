@@ -28,12 +28,14 @@ from torchfuse.capture.source import (
     AttrSource,
     DictItemSource,
     DictValueSource,
+    FreshModuleSource,
     GlobalSource,
     ItemSource,
     LocalSource,
     ModuleStateSource,
     Source,
     qualified_name,
+    under_fresh_module,
 )
 from torchfuse.graph import schema as S
 from torchfuse.graph.symbolic import SizeEnv, SpecializationError
@@ -204,6 +206,12 @@ class Capture:
         if isinstance(value, torch.nn.Module):
             self.uses_modules = True
             watch(value)
+            if type(source) is LocalSource and self.dynamic.fresh_module(source.expr()):
+                guards.type_(source, type(value))  # a new module each call: see FreshModuleSource
+                return V.ModuleVar(value, FreshModuleSource(source.index, source.name))
+            if source is not None and under_fresh_module(source):  # its children are new too
+                guards.type_(source, type(value))
+                return V.ModuleVar(value, source)
             if source is not None and not source.is_module_state:
                 guards.identity(source, value)
             return V.ModuleVar(value, source)

@@ -114,6 +114,13 @@ class DynamicPolicy:
     auto: Mapping[str, set[int]] = dataclasses.field(default_factory=dict)
     scalars: Set[str] = frozenset()
     """Automatic dynamic for Python ints: the arguments (``L[1]``) seen changing value."""
+    modules: Set[str] = frozenset()
+    """Module arguments seen to be a new module of the same class on a later call (a module
+    made in the function, passed to a resume function): guarded on their type
+    (`torchfuse.capture.source.FreshModuleSource`)."""
+
+    def fresh_module(self, source_expr: str) -> bool:
+        return self.mode is not False and source_expr in self.modules
 
     def scalar(self, source_expr: str, value: Any) -> bool:
         """Whether the int or float argument ``value`` read through ``source_expr`` becomes a
@@ -402,6 +409,23 @@ def is_float_scalar(value: Any) -> bool:
     return cls is float or (cls.__module__ == "numpy" and cls.__name__ in _NUMPY_FLOATS)
 
 
+def module_changes(checks: list[Any], L: Any) -> list[str]:
+    """The module arguments (``L[k]``) whose identity guard in ``checks`` (`CheckFunctions`)
+    fails because the call passes another module of the same class."""
+    from torchfuse.capture.source import LocalSource
+
+    found: list[str] = []
+    for ch in checks:
+        for e in ch.entries:
+            if not isinstance(e.record, S.IdentityGuard) or type(e.source) is not LocalSource:
+                continue
+            old = ch.namespace.get(e.condition.rpartition(" is ")[2])
+            new = L[e.source.index] if e.source.index < len(L) else None
+            if isinstance(old, torch.nn.Module) and type(new) is type(old) and new is not old:
+                found.append(e.source.expr())
+    return list(dict.fromkeys(found))
+
+
 def _number(text: str) -> Any:
     """The int or float a constant guard's value text is the repr of (numpy floats as numpy
     2 prints them, ``np.float32(0.5)``), else ``None``."""
@@ -498,6 +522,7 @@ __all__ = [
     "dynamic_requests",
     "is_float_scalar",
     "mark_dynamic",
+    "module_changes",
     "out_of_range",
     "plain",
     "read_expr",
