@@ -119,7 +119,8 @@ def dv_values_items_live(x):
 def dv_view_ops(x):
     d = {"a": 1, "b": 2}
     e = {"b": 3, "c": 4}
-    return x + len(d.keys() & e.keys()), sorted(d.keys() | e.keys()), ("a", 1) in d.items()
+    return (x + len(d.keys() & e.keys()), d.keys() | e.keys(), d.keys() - ["a"], ("a", 1) in d.items(),
+            d.keys() == {"a", "b"}, d.keys() <= {"a", "b", "z"}, d.items() ^ {("a", 1)}, {"b"} & d.keys())
 
 
 # ============================================================ user classes

@@ -76,6 +76,45 @@ def dict_items_iterated_after_update(x):
     return x * sum(v for _, v in items) + len(list(d.keys()))
 
 
+@case(X34)
+def dict_keys_set_operators(x):
+    d, e = {"a": 1, "b": 2}, {"b": 3, "c": 4}
+    both = d.keys() & e.keys()  # a set, as Python's views make it
+    d["c"] = 5  # views are live; the set made above is not
+    return (x * len(both), both, d.keys() | e.keys(), d.keys() - ["a"], e.keys() ^ d.keys(),
+            {"b", "z"} & d.keys(), d.items() & {("a", 1), ("b", 9)})
+
+
+@case(X34)
+def dict_keys_compared_as_sets(x):
+    d = {"a": 1, "b": 2}
+    k = 2 if d.keys() == {"b", "a"} else 3
+    k += 10 if d.keys() <= {"a", "b", "c"} else 20
+    k += 100 if d.keys() != {"a"} and not d.keys() > {"a", "b"} else 200
+    return x * k, d.keys() == ["a", "b"], d.items() == {("a", 1), ("b", 2)}
+
+
+# ============================================================ hasattr / getattr on tensors
+
+
+def _grad_input():
+    return (torch.randn(3, 4, requires_grad=True),)
+
+
+@case(X34)
+def tensor_hasattr_grad_fn(x):
+    k = 2 if hasattr(x, "grad_fn") and not hasattr(x, "no_such_attribute") else 3
+    return x * k + (1 if x.grad_fn is None else 0), getattr(x, "missing", None) is None
+
+
+@case(_grad_input)
+def tensor_hasattr_with_grad(x):
+    y = x * 2
+    with torch.no_grad():
+        z = y + 1
+    return y + (5 if hasattr(y, "grad_fn") else 7), z * (2 if z.grad_fn is None else 3)
+
+
 # ============================================================ stdlib containers and itertools
 
 

@@ -206,7 +206,7 @@ def hasattr_var(obj: V.Var, name: str) -> bool:
             return False
         raise
     except Unsupported as e:
-        if not e.reason.startswith(("attribute ", "tensor has no attribute")):
+        if not e.reason.startswith(("attribute ", "tensor has no attribute", "tensor attribute ")):
             raise
         # not modelled: what the class defines exists whatever capture can read of it
         try:
@@ -226,6 +226,8 @@ def _tensor_attr(obj: V.TensorVar, name: str) -> V.Var:
         return V.ConstVar(fake.fake_device)
     if name in _TENSOR_META:
         return V.ConstVar(getattr(fake, name))
+    if name == "grad_fn" and not fake.requires_grad:  # no autograd history without grad
+        return V.ConstVar(None)
     if name in _TENSOR_UNSUPPORTED:
         raise Unsupported(f"tensor attribute .{name} is not captured", ctx.loc)
     raw = getattr(torch.Tensor, name, None)

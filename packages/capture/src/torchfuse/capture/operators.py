@@ -83,6 +83,9 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
             return from_py(current().call_torch(fn, operands, {}, f"operator {op}"))
         return from_py(current().call_torch(fn, [to_py(a), to_py(b)], {}, f"operator {op}"))
     base = op.rstrip("=") if op not in ("==",) else op
+    if base in _SET_OPS and (_is_set_view(a) or _is_set_view(b)):
+        # a keys/items view is a set, the result a ``set`` whatever the other iterable was
+        return fold(lambda x, y: fn(_plain_set(x), _plain_set(y)), _as_set(a), _as_set(b))
     if isinstance(a, V.ListVar) and isinstance(b, V.ListVar) and base == "+":
         if op == "+=" and not a.is_tuple:
             mutate(a)
@@ -111,6 +114,28 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
             (isinstance(b, V.ListVar | V.DictVar) and contains_tensor(b)):
         raise Unsupported(f"operator {op} on {a.describe()} and {b.describe()}", current().loc)
     return fold(fn, a, b)
+
+
+_SET_OPS = frozenset({"&", "|", "-", "^"})
+
+
+def _is_set_view(v: V.Var) -> bool:
+    """``d.keys()`` and ``d.items()`` are sets for operators (``d.values()`` is not)."""
+    return isinstance(v, V.DictViewVar) and v.part != "values"
+
+
+def _as_set(v: V.Var) -> V.Var:
+    """The operand of a set operator or comparison with a view: a view, list or tuple as
+    the set of its items (a view takes any iterable), anything else as it is."""
+    if isinstance(v, V.DictViewVar | V.ListVar):
+        return V.ConstVar(frozenset(i.python() for i in v.items))
+    if isinstance(v, V.SetVar):
+        return V.ConstVar(frozenset(v.python()))
+    return v
+
+
+def _plain_set(value: Any) -> Any:
+    return set(value) if isinstance(value, frozenset) else value
 
 
 def fold(fn: Any, *vars_: V.Var) -> V.Var:
@@ -150,6 +175,10 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
         if operands is not None:
             return from_py(current().call_torch(COMPARE[op], operands, {}, f"operator {op}"))
         return from_py(current().call_torch(COMPARE[op], [to_py(a), to_py(b)], {}, f"operator {op}"))
+    if _is_set_view(a) or _is_set_view(b):  # d.keys() == {1, 2}, d.keys() <= other.keys()
+        a, b = (_as_set(v) if _is_set_view(v) or isinstance(v, V.SetVar) else v for v in (a, b))
+        if not all(isinstance(v, V.ConstVar) and isinstance(v.value, frozenset) for v in (a, b)):
+            return V.ConstVar(op == "!=") if op in ("==", "!=") else fold(COMPARE[op], a, b)
     structural = V.ConstVar | V.ListVar | V.DictVar | V.SetVar
     if op in ("==", "!=") and not (isinstance(a, structural) and isinstance(b, structural)):
         same = is_same(a, b)
