@@ -561,7 +561,7 @@ def tb_size_eq(x):
 
 @probe("torch.tensor symbolic bool", make=lambda i: (torch.randn(3, 4), 3 + i), calls=4, recompiles=1)
 def tb_int_compare(x, n):
-    return x * torch.tensor(n > 2, dtype=torch.float32)
+    return x * torch.tensor(n > 2, dtype=torch.float32), torch.tensor([n, n * 2, 3], dtype=torch.float32)
 
 
 # ============================================================ the runner
@@ -622,7 +622,7 @@ def run_probe(p: Probe) -> tuple[bool, str]:
 
     cf = tf_compile(p.fn, backend="eager")
     problems = []
-    graphs = breaks = None
+    graphs = None
     for i in range(p.calls):
         args = p.make(i)
         eager_args, compiled_args = copy.deepcopy(args), copy.deepcopy(args)
@@ -649,7 +649,9 @@ def run_probe(p: Probe) -> tuple[bool, str]:
                 problems.append(f"call {i}: {str(e).splitlines()[0][:160]}")
         if graphs is None:
             graphs = sum(1 for r in cf.results if counts_as_graph(r))
-            breaks = [r.error for r in cf.results if is_user_break(r)]
+    # breaks met on any call (a recompiled entry may break where the first did not), by place
+    breaks = list({(getattr(r.error.loc, "line", None), r.error.reason): r.error
+                   for r in cf.results if is_user_break(r)}.values())
     rc = _recompiles(cf)
     if graphs != p.graphs:
         problems.append(f"{graphs} graphs (want {p.graphs})")
@@ -657,7 +659,7 @@ def run_probe(p: Probe) -> tuple[bool, str]:
         problems.append(f"break: {breaks[-1].reason[:120]}")
     if rc > p.recompiles:
         problems.append(f"{rc} recompiles (allowed {p.recompiles})")
-    detail = f"graphs={graphs} breaks={len(breaks or [])} recompiles={rc}"
+    detail = f"graphs={graphs} breaks={len(breaks)} recompiles={rc}"
     return not problems, detail + ("" if not problems else "  " + "; ".join(problems))
 
 

@@ -394,6 +394,21 @@ def test_torch_tensor_of_symbolic_sizes_and_relations():
     assert len(cf.entries) == 2
 
 
+def test_torch_tensor_of_a_list_of_size_values():
+    def f(x, n):
+        r = x.shape[0]
+        return (torch.tensor([r == x.shape[1], r > 2]), torch.tensor([n, n * 2, 3]),
+                x.sum(0) * torch.tensor((r, 1), dtype=torch.float32)[0])
+
+    cf = compile(f, backend="eager")
+    _calls(cf, f, [(torch.randn(5 + i, 2), 3 + i) for i in range(5)])
+    assert len(cf.entries) == 2 and cf.graph_count() == 2  # no break: stacked, or guarded
+    assert not [r for r in cf.results if r.error is not None]
+    nested = compile(lambda x: torch.tensor([[x.shape[0], 1]]), backend="eager")
+    _calls(nested, nested.fn, [(torch.randn(5 + i),) for i in range(3)])  # plain values: specialized
+    assert len(nested.entries) == 3
+
+
 def _scaled_rows(x, n, f):
     return x[:n] * f + f, torch.ones(n, device=x.device) * f
 

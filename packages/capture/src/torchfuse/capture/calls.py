@@ -31,7 +31,7 @@ from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
 from torchfuse.capture.distributed import is_distributed_runtime
-from torchfuse.capture.dynamic import SYM_TYPES, concrete
+from torchfuse.capture.dynamic import SYM_TYPES, concrete, contains_symbolic
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.source import AttrSource, ItemSource, Source
 from torchfuse.capture.values import from_py, to_py
@@ -206,6 +206,21 @@ def _symbolic_scalar_tensor(value: Any, kwargs: dict[str, Any]) -> tuple[Any, li
     return torch.tensor, [concrete(value)], kwargs
 
 
+def _symbolic_list_tensor(items: Any, rest: list[Any], kwargs: dict[str, Any]) -> V.Var:
+    """``torch.tensor([n, m * 2])`` of a flat list of ints and size values: the scalars
+    stacked, sizes kept symbolic; a list with ``SymBool``/``SymFloat`` items or nested lists is
+    made from the plain values (each relation a guard), as `_symbolic_scalar_tensor` does."""
+    ctx = current()
+    if not rest and all(type(v) is int or isinstance(v, torch.SymInt) for v in items) and \
+            not set(kwargs) - {"dtype", "device"}:
+        dtype = kwargs.get("dtype") or torch.int64
+        device = kwargs.get("device")
+        parts = [ctx.call_torch(torch.scalar_tensor, [v], {"dtype": dtype, "device": device}, "torch.tensor")
+                 for v in items]
+        return from_py(ctx.call_torch(torch.stack, [parts], {}, "torch.tensor"))
+    return from_py(ctx.call_torch(torch.tensor, [concrete(items), *rest], kwargs, "torch.tensor"))
+
+
 _UNSUPPORTED_TORCH = {"manual_seed", "set_grad_enabled", "save", "load", "compile"}
 
 
@@ -240,6 +255,9 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
     pkwargs = {k: to_py(v) for k, v in kwargs.items()}
     if value in (torch.tensor, torch.as_tensor) and pargs and isinstance(pargs[0], SYM_TYPES):
         return from_py(ctx.call_torch(*_symbolic_scalar_tensor(pargs[0], pkwargs)))
+    if value in (torch.tensor, torch.as_tensor) and pargs and type(pargs[0]) in (list, tuple) and \
+            contains_symbolic(pargs[0]):
+        return _symbolic_list_tensor(pargs[0], pargs[1:], pkwargs)
     if value is SDPA:  # the fused kernel eager would run, not the composite's math fallback
         pargs, pkwargs = without_noop_mask(pargs, pkwargs, ctx.rec.known)
         fused = fused_call(pargs, pkwargs)
