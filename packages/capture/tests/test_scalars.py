@@ -187,6 +187,21 @@ def test_other_uses_of_a_float_specialize():
     assert "L[1] == 1.0" in [describe_guard(g) for g in cf.entries[-1].result.graph.guards]
 
 
+def test_number_methods_guard_their_answer_not_the_value():
+    def f(x, n, g):
+        return x * n.bit_length() + n.conjugate() + g.conjugate() + (1 if g.is_integer() else 0)
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3)
+    _calls(cf, f, [(x, 3, 0.25), (x, 4, 0.5), (x, 5, 1.75), (x, 7, 2.5)])
+    assert len(cf.entries) == 2  # 4..7 have 3 bits and none of the floats is integral
+    checks = _guards(cf)
+    assert "s0 >= 4" in checks and "s0 < 8" in checks and "L[2].is_integer()" in checks
+    _calls(cf, f, [(x, 8, 0.5)])  # 4 bits: the range guard fails
+    _calls(cf, f, [(x, 9, 3.0), (x, 12, 4.0)])  # integral floats: one more entry for both
+    assert len(cf.entries) == 4
+
+
 # ============================================================ defaults patched after compiling
 
 

@@ -44,10 +44,41 @@ def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Va
     if isinstance(obj, V.SetVar):
         return set_method(obj, name, args, kwargs)
     if isinstance(obj, V.ConstVar):  # str.format, int.bit_length, torch.Size.numel …
+        kept = _number_method(obj, name, args, kwargs)
+        if kept is not None:
+            return kept
         names = list(kwargs)
         return O.fold(lambda v, *a: getattr(v, name)(*a[:len(args)], **dict(
             zip(names, a[len(args):], strict=True))), obj, *args, *kwargs.values())
     raise Unsupported(f"method {name} of {obj.describe()}", ctx.loc)
+
+
+def _number_method(obj: V.ConstVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """Methods of an int symbol or a float graph input that need not specialize it:
+    ``n.bit_length()`` guards the power-of-two range of ``n`` (``4 <= s0 < 8`` for 3), not its
+    value; ``conjugate()`` is the number itself; ``f.is_integer()`` guards that answer only."""
+    if args or kwargs:
+        return None
+    if isinstance(obj, V.FloatArgVar):
+        if name == "conjugate":
+            return obj
+        if name == "is_integer" and obj.source is not None:
+            from torchfuse.capture.source import MethodCallSource
+
+            answer = bool(obj.value.is_integer())
+            current().guards.constant(MethodCallSource(obj.source, name), answer)
+            return V.ConstVar(answer)
+        return None
+    value = obj.value
+    if not isinstance(value, torch.SymInt):
+        return None
+    if name == "conjugate":
+        return obj
+    if name == "bit_length":
+        k = int(value.node.hint).bit_length()
+        if bool(value >= 2 ** (k - 1)) and bool(value < 2 ** k):  # each a guard on the symbol
+            return V.ConstVar(k)
+    return None
 
 
 def _as_subclass(obj: V.TensorVar, cls: Any) -> V.Var:

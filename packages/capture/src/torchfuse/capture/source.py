@@ -179,6 +179,18 @@ class ClassAttrSource(Source):
 
 
 @dataclass(frozen=True, slots=True)
+class MethodCallSource(Source):
+    """What a method of a number returns (``L[1].is_integer()``): guarded without guarding
+    the number itself."""
+
+    base: Source
+    name: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.name}()"
+
+
+@dataclass(frozen=True, slots=True)
 class ModuleGlobalSource(Source):
     """A global of another Python module (a helper function's globals)."""
 
