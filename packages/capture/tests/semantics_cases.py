@@ -94,6 +94,26 @@ def dict_keys_compared_as_sets(x):
     return x * k, d.keys() == ["a", "b"], d.items() == {("a", 1), ("b", 2)}
 
 
+class _Kernel:
+    kernel_layer_name = "silu"
+
+    def forward(self, x):
+        return x * 2
+
+
+_KERNELS = (_Kernel(),)
+
+
+@case(X34)
+def obj_getattr_class_only_names(x):
+    # a class has __name__ (its metaclass's descriptor), an instance does not (the
+    # kernels package's use_kernelized_func reads it this way)
+    fn = _KERNELS[0]
+    name = getattr(fn, "__name__", None) or getattr(fn, "kernel_layer_name", None)
+    return fn.forward(x), name, hasattr(fn, "__qualname__"), hasattr(_Kernel, "__name__"), \
+        getattr(fn, "__module__", None)
+
+
 # ============================================================ hasattr / getattr on tensors
 
 

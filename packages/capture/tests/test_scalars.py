@@ -377,6 +377,22 @@ def test_a_draw_python_needs_breaks_at_the_draw():
     assert [n.op for n in root.graph.nodes] == ["aten.mul.Tensor"]  # the graph before the draw
 
 
+def test_a_draw_live_at_a_later_break_breaks_at_the_draw():
+    def f(x):
+        r = random.random()
+        y = x * r
+        print("a break", end="\r")
+        return y * r
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(2)
+    seeds = [1, 2, 3, 4]
+    assert_same(_seeded(cf, x, seeds), _seeded(f, x, seeds))
+    root = cf.entries[0].result
+    assert "random.random()" in root.error.reason and root.plan is not None  # resumes, not eager
+    assert all(len(r.entries) <= 2 for r in cf.resumes.values())
+
+
 def test_a_draw_returned_or_used_in_python_arithmetic_is_drawn_once():
     def f(x):
         r = random.random()

@@ -124,7 +124,7 @@ def _cached_function_attr(fn: V.CachedFunctionVar, name: str) -> V.Var:
     if name in ("cache_info", "cache_clear"):
         return V.MethodVar(fn, name)
     cls = fn.python_type()
-    if inspect.getattr_static(cls, name, _MISSING) is _MISSING:
+    if instance_lookup(cls, name) is _MISSING:
         raise UserException(AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}"),
                             current().loc)
     raise Unsupported(f"attribute {name!r} of {fn.describe()}", current().loc)
@@ -163,7 +163,7 @@ _NAMEDTUPLE_NATIVE = frozenset({"_asdict", "_replace"})
 def _container_method(obj: V.Var, cls: type, name: str) -> V.Var:
     """A method of a list, tuple, dict or set; what the class lacks is eager's AttributeError
     (so ``hasattr(d, "to")`` is False, as duck-typing code expects)."""
-    if inspect.getattr_static(cls, name, _MISSING) is _MISSING:
+    if instance_lookup(cls, name) is _MISSING:
         raise UserException(AttributeError(f"{cls.__name__!r} object has no attribute {name!r}"),
                             current().loc)
     return V.MethodVar(obj, name)
@@ -213,7 +213,7 @@ def hasattr_var(obj: V.Var, name: str) -> bool:
             cls = obj.python_type()
         except Unsupported:
             return False
-        return inspect.getattr_static(cls, name, _MISSING) is not _MISSING
+        return instance_lookup(cls, name) is not _MISSING
     return True
 
 
@@ -340,7 +340,7 @@ def _native_attr(obj: V.UserObjVar, name: str) -> V.Var:
 
 def _class_attr(obj: V.Var, cls: type, name: str) -> V.Var:
     ctx = current()
-    raw = inspect.getattr_static(cls, name, _MISSING)
+    raw = instance_lookup(cls, name)
     if raw is _MISSING:
         getattr_fn = inspect.getattr_static(cls, "__getattr__", None)
         if getattr_fn is not None and getattr_fn is not torch.nn.Module.__getattr__:
@@ -353,6 +353,18 @@ def _class_attr(obj: V.Var, cls: type, name: str) -> V.Var:
 
 
 _MISSING = object()
+
+
+def instance_lookup(cls: type, name: str) -> Any:
+    """What an *instance* of ``cls`` finds for ``name`` in its class: the first entry in the
+    dicts of ``cls.__mro__``, else ``_MISSING``. Not ``inspect.getattr_static(cls, name)``,
+    which also looks in the metaclass: ``type.__name__`` is a class's name, and no instance
+    has it (``getattr(obj, "__name__", None)`` is ``None`` in eager)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return _MISSING
 
 
 def bind_class_attr(obj: V.Var, cls: type, raw: Any, name: str) -> V.Var:

@@ -232,7 +232,15 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                     first = e
                     again = True
                 else:
-                    plan = _plan(ctx, e)
+                    try:
+                        plan = _plan(ctx, e)
+                    except DrawNeeded as live:  # a draw live at the break: break at the draw
+                        plan = None
+                        e.fallback = f"cannot resume: {live.reason}"
+                        if live.ordinal not in break_draws:
+                            break_draws.add(live.ordinal)
+                            stop, again = None, True
+                            continue
                     if stop is not None:
                         error = stop[1].original = first  # the user sees the real break
                         error.fallback = getattr(e, "fallback", None)
@@ -337,6 +345,8 @@ def _plan(ctx: Capture, error: Unsupported) -> Any:
 
     try:
         return plan_break(ctx, error)
+    except DrawNeeded:
+        raise  # the resume would need a random draw's value: capture starts over (above)
     except Unsupported as why:
         error.fallback = why.reason if isinstance(why, Fallback) else f"cannot resume: {why.reason}"
         return None
