@@ -380,6 +380,12 @@ def rng_python_uniform_twice(x):
 
 # the value is needed in Python: a break at the draw; the resume function branches on the
 # float, a new value each call (TorchDynamo: the same, 1 graph, 2 recompiles)
+@probe("RNG")
+def rng_python_random_arith(x):
+    lo, hi = 0.5, 2.0
+    return x * (lo + (hi - lo) * random.random()), -random.random() + x
+
+
 @probe("RNG", graphs=1, breaks=1, recompiles=2)
 def rng_python_random_branch(x):
     if random.random() > 0.5:
@@ -432,6 +438,21 @@ def vn_np_float64(x, f):
 @probe("varying numbers", make=_np_float32s, calls=4, recompiles=1)
 def vn_np_float32(x, f):
     return x * f
+
+
+@probe("varying numbers", make=_floats, calls=4, recompiles=1)
+def vn_float_python_arith(x, f):
+    return x * (f * 2) + (1 - f), x / (f + 1e-6), -f * x
+
+
+@probe("varying numbers", make=_ints, calls=4, recompiles=1)
+def vn_int_as_float(x, n):
+    return x * float(n) + n / 2
+
+
+@probe("varying numbers", make=lambda i: (torch.randn(3, 4), 0.5 + i, 2 + i), calls=4, recompiles=1)
+def vn_float_and_int(x, f, n):
+    return x * f * n + f * n
 
 
 # ============================================================ Python number methods

@@ -202,6 +202,48 @@ def test_number_methods_guard_their_answer_not_the_value():
     assert len(cf.entries) == 4
 
 
+def _arith(x, f, n):
+    g = (f * 2 + 1 - f) * n - 0.25
+    return x * g, x / (f + 1e-6), -f * x, x + float(n), x * (n / 4), x - n * f
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_python_arithmetic_on_varying_numbers_stays_in_the_graph(backend):
+    cf = compile(_arith, backend=backend)
+    x = torch.rand(3, 4)
+    _calls(cf, _arith, [(x, 0.5 + i * 0.75, 2 + i) for i in range(5)])
+    assert len(cf.entries) == 2 and cf.recompiles == 1  # the constants, then one for all
+    assert "0.5" not in _guards(cf) and "1.25" not in _guards(cf)
+
+
+def test_what_needs_a_computed_float_specializes_its_arguments():
+    def f(x, g):
+        h = g * 2
+        if h > 1:  # Python reads h: g is guarded as a constant
+            return x * h
+        return x - 1 / g  # a varying divisor could be 0: folded in Python
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3)
+    _calls(cf, f, [(x, 0.25), (x, 0.75), (x, 1.5), (x, 0.75)])
+    assert len(cf.entries) == 3
+    assert "L[1] == 1.5" in [describe_guard(g) for g in cf.entries[-1].result.graph.guards]
+    half = compile(lambda x, s: x * (s * 3), backend="eager")  # numpy float32: its own precision
+    _calls(half, half.fn, [(x, np.float32(0.1 * i)) for i in range(1, 4)])
+    assert len(half.entries) == 3
+
+
+def test_python_arithmetic_on_a_random_draw_is_one_graph():
+    def f(x):
+        lo, hi = 0.5, 2.0
+        return x * (lo + (hi - lo) * random.random()), x - random.random() * 3
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(2)
+    assert_same(_seeded(cf, x, [1, 2, 3]), _seeded(f, x, [1, 2, 3]))
+    assert cf.graph_count() == 1 and len(cf.entries) == 1
+
+
 # ============================================================ defaults patched after compiling
 
 

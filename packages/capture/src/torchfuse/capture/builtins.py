@@ -381,6 +381,12 @@ def _int_like(kind: type) -> Handler:
             if value is not None and value.numel() == 1 and len(args) == 1 and not kwargs:
                 return V.ConstVar(kind(value))
             raise Unsupported(f"{kind.__name__}(tensor) reads a value (data-dependent)", current().loc)
+        if kind is float and len(args) == 1 and not kwargs:
+            from torchfuse.capture import floats
+
+            kept = floats.to_float(args[0])  # float(n) of an int symbol stays in the graph
+            if kept is not None:
+                return kept
         return _fold(kind)(args, kwargs)
     return h
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torchfuse.capture import floats
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
@@ -82,6 +83,9 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
         if operands is not None:
             return from_py(current().call_torch(fn, operands, {}, f"operator {op}"))
         return from_py(current().call_torch(fn, [to_py(a), to_py(b)], {}, f"operator {op}"))
+    kept = floats.binary(op, a, b)  # f * 2 of a float input, n / 2 of an int symbol
+    if kept is not None:
+        return kept
     base = op.rstrip("=") if op not in ("==",) else op
     if base in _SET_OPS and (_is_set_view(a) or _is_set_view(b)):
         # a keys/items view is a set, the result a ``set`` whatever the other iterable was
@@ -157,6 +161,10 @@ def unary(op: str, a: V.Var) -> V.Var:
         return V.ConstVar(not truth(a))
     if isinstance(a, V.TensorVar):
         return from_py(current().call_torch(UNARY[op], [a.fake], {}, f"operator {op}"))
+    if op == "-":
+        kept = floats.neg(a)
+        if kept is not None:
+            return kept
     return fold(UNARY[op], a)
 
 

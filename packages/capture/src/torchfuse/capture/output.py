@@ -74,6 +74,8 @@ class OutputBuilder:
         if isinstance(var, V.ConstVar):
             if var.source is not None:  # the caller's value, read again: no guard baked in
                 return ("s", var.source.expr())
+            if isinstance(var, V.FloatArgVar):  # computed from varying numbers: guards them
+                return ("c", var.python())
             if contains_symbolic(var.value):
                 return self.size_spec(var.value)
             return ("c", var.value)

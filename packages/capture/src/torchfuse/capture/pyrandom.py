@@ -60,6 +60,8 @@ class RandomDrawVar(V.FloatArgVar):
     Reading its value is not possible while capturing: ``python()`` and ``value`` raise
     `DrawNeeded`."""
 
+    py_float = True  # a Python float for arithmetic (torchfuse.capture.floats)
+
     def __init__(self, ordinal: int, carrier: Any, what: str) -> None:
         V.Var.__init__(self)
         self.ordinal = ordinal
