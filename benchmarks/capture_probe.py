@@ -20,6 +20,8 @@ import copy
 import dataclasses
 import functools
 import itertools
+import math
+import operator
 import random
 import sys
 import warnings
@@ -47,6 +49,7 @@ class Probe:
     recompiles: int = 0
     graphs: int = 1
     breaks: int = 0
+    reset: Any = None  # call index -> None, run before eager's call and before the compiled one
 
     @property
     def name(self) -> str:
@@ -585,13 +588,174 @@ def tb_int_compare(x, n):
     return x * torch.tensor(n > 2, dtype=torch.float32), torch.tensor([n, n * 2, 3], dtype=torch.float32)
 
 
+# ============================================================ second batch: variants of the items
+
+
+class _Blk(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        extra = getattr(self, "missing_layer", None)
+        return self.lin(x) if extra is None else extra(x), hasattr(self, "lin"), hasattr(self.lin, "bias")
+
+
+_BLK = _Blk()
+
+
+@probe("hasattr/getattr")
+def hb_module_attrs(x):
+    return _BLK(x)
+
+
+@probe("dict views")
+def hb_views_iterate(x):
+    d = {"a": x, "b": x * 2}
+    out = [d[k] + 1 for k in d.keys()]
+    return out, list(reversed(d.keys())), list(d.items())[0][0], len(d.values())
+
+
+@dataclasses.dataclass
+class _Post:
+    a: int
+    b: int = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        self.b = self.a * 2
+
+
+class _Slots:
+    __slots__ = ("p", "q")
+
+    def __init__(self, p):
+        self.p = p
+        self.q = p + 1
+
+
+@probe("user classes")
+def hb_post_init_slots_fields(x):
+    o, s = _Post(3), _Slots(2)
+    return x * o.b + s.q, [f.name for f in dataclasses.fields(o)], dataclasses.astuple(o)
+
+
+@probe("stdlib/itertools")
+def hb_accumulate_zip_longest_counter(x):
+    acc = list(itertools.accumulate([1, 2, 3]))
+    zl = list(itertools.zip_longest([1, 2], [3], fillvalue=0))
+    return x * acc[-1], zl, sorted([(1, "b"), (0, "a")], key=operator.itemgetter(1))
+
+
+@probe("stdlib/itertools")
+def hb_counter(x):  # not yet: a dict subclass made in the function (Counter) is a break
+    c = collections.Counter("abca")
+    return x * c["a"], c.most_common(1)
+
+
+@probe("stdlib/itertools")
+def hb_chainmap_starmap(x):
+    cm = collections.ChainMap({"a": 1}, {"a": 2, "b": 3})
+    return x + cm["a"] + cm["b"], list(itertools.starmap(lambda a, b: a * b, [(1, 2), (3, 4)]))
+
+
+@probe("functools")
+def hb_reduce_partial_method(x):
+    total = functools.reduce(lambda a, b: a + b, [x, x * 2, x * 3])
+    p = functools.partial(x.add, alpha=2)
+    return total, p(1.0)
+
+
+class _Cached:
+    def __init__(self, v):
+        self.v = v
+
+    @functools.cached_property
+    def double(self):
+        return self.v * 2
+
+
+@probe("functools")
+def hb_cached_property(x):
+    c = _Cached(3)
+    return x * c.double + c.double
+
+
+def _make_counter_case():
+    state = {"n": 1}
+
+    def hb_closure_dict_mutated(x):
+        state["n"] += 1  # a mutation of a closure's container, replayed after the graph
+        return x * state["n"]
+
+    def reset(i):  # eager's call and the compiled one each start from the same state
+        state["n"] = 1 + i
+
+    PROBES.append(Probe("guards: closures/defaults/globals", hb_closure_dict_mutated,
+                        lambda i: (torch.randn(3, 4),), calls=3, recompiles=2, reset=reset))
+
+
+_make_counter_case()
+
+
+@probe("numpy traced")
+def hb_numpy_more(x):
+    a = x.numpy()
+    return np.clip(a, -0.5, 0.5) * np.pi, np.linspace(0, 1, 5), np.abs(a).max(axis=1)
+
+
+@probe("RNG")
+def hb_torch_rng_more(x):
+    return torch.bernoulli(torch.full((3, 4), 0.5)), torch.randperm(5), torch.normal(0.0, 1.0, (2,))
+
+
+@probe("RNG")
+def hb_python_random_int(x):  # an int draw: a break (TorchDynamo: the same)
+    return x * random.randint(1, 5)
+
+
+@probe("varying numbers", make=_floats, calls=4, recompiles=1)
+def hb_float_math(x, f):
+    return x * math.sqrt(f + 1) + math.exp(f)
+
+
+@probe("number methods", make=_ints, calls=4, recompiles=1)
+def hb_int_ops(x, n):
+    return x * (n // 2) + n % 3, -n, abs(n)
+
+
+@probe("max/min", make=lambda i: (torch.randn(3), 2 + i), calls=3, recompiles=1)
+def hb_max_numbers(x, n):
+    return x * max(n, 3) + min(n, 10), max([x.shape[0], n])
+
+
+@probe("no_grad per call", make=lambda i: (torch.randn(3, 4, requires_grad=True),))
+def hb_inference_mode_and_decorator(x):
+    @torch.no_grad()
+    def inner(t):
+        return t * 2
+    return inner(x), x + 1
+
+
+@probe("zip strict")
+def hb_zip_strict_dict(x):
+    d = dict(zip(["a", "b"], [x, x * 2], strict=True))
+    return d, list(zip(range(3), "abc", strict=True))
+
+
+@probe("torch.tensor symbolic bool", make=_sized, calls=4, recompiles=1)
+def hb_tensor_of_shape(x):
+    return torch.tensor(x.shape), torch.tensor(x.shape[0] > 3), x.new_tensor([x.shape[0]])
+
+
 # ============================================================ the runner
 
 
-def _seed(i: int) -> None:
+def _seed(i: int, p: Probe) -> None:
     torch.manual_seed(100 + i)
     random.seed(100 + i)
     _RNG.seed(100 + i)
+    if p.reset is not None:
+        p.reset(i)
 
 
 def run_dynamo(p: Probe) -> str:
@@ -613,12 +777,12 @@ def run_dynamo(p: Probe) -> str:
         eager_args, compiled_args = copy.deepcopy(args), copy.deepcopy(args)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _seed(i)
+            _seed(i, p)
             try:
                 want = p.fn(*eager_args)
             except Exception as e:
                 want = e
-            _seed(i)
+            _seed(i, p)
             try:
                 got = cf(*compiled_args)
             except Exception as e:
@@ -649,12 +813,12 @@ def run_probe(p: Probe) -> tuple[bool, str]:
         eager_args, compiled_args = copy.deepcopy(args), copy.deepcopy(args)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _seed(i)
+            _seed(i, p)
             try:
                 want = p.fn(*eager_args)
             except Exception as e:
                 want = e
-            _seed(i)
+            _seed(i, p)
             try:
                 got = cf(*compiled_args)
             except Exception as e:

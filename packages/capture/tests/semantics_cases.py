@@ -114,6 +114,46 @@ def obj_getattr_class_only_names(x):
         getattr(fn, "__module__", None)
 
 
+@case(X34)
+def stdlib_starmap_lazy(x):
+    calls = []
+
+    def mul(a, b):
+        calls.append(a)
+        return a * b
+
+    it = itertools.starmap(mul, [(x, 2), (x, 3), (x, 4)])
+    first = next(it)  # only the first row has run, as in Python
+    n = len(calls)
+    return first, n, list(it), len(calls)
+
+
+@case(X34)
+def stdlib_itemgetter_attrgetter(x):
+    import operator
+
+    rows = [(2, "b", x), (1, "a", x * 2)]
+    by_name = sorted(rows, key=operator.itemgetter(1))
+    pick = operator.itemgetter(0, 2)
+    shape = operator.attrgetter("shape")(x)
+    return by_name[0][2], pick(rows[1]), shape, max(rows, key=operator.itemgetter(0))[1]
+
+
+@case(lambda: (torch.randn(3, 4, requires_grad=True),))
+def grad_decorator_on_nested_function(x):
+    @torch.no_grad()
+    def frozen(t):
+        return t * 2
+
+    @torch.enable_grad()
+    def tracked(t):
+        return t + 1
+
+    with torch.no_grad():
+        inside = tracked(x)
+    return frozen(x), inside, x * 3
+
+
 # ============================================================ hasattr / getattr on tensors
 
 

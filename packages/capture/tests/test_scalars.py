@@ -482,6 +482,16 @@ def test_torch_tensor_of_a_list_of_size_values():
     assert len(nested.entries) == 3
 
 
+def test_shape_tensors_and_max_of_sizes_stay_symbolic():
+    def f(x, n):
+        return (torch.tensor(x.shape), x.new_tensor([x.shape[0], n]), x * max(n, 3) + min(n, 10),
+                max([x.shape[0], n]))
+
+    cf = compile(f, backend="eager")
+    _calls(cf, f, [(torch.randn(4 + i, 2), 2 + i) for i in range(5)])
+    assert len(cf.entries) == 2 and cf.graph_count() == 2  # max(n, 3) guards nothing
+
+
 def _scaled_rows(x, n, f):
     return x[:n] * f + f, torch.ones(n, device=x.device) * f
 

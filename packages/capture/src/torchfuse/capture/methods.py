@@ -8,6 +8,7 @@ import torch
 from torchfuse.capture import operators as O
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
+from torchfuse.capture.dynamic import contains_symbolic
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.values import from_py, size_of, to_py
 
@@ -98,6 +99,12 @@ def _as_subclass(obj: V.TensorVar, cls: Any) -> V.Var:
 
 def tensor_method(obj: V.TensorVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     ctx = current()
+    if name == "new_tensor" and len(args) == 1 and isinstance(args[0], V.ListVar | V.ConstVar) and \
+            contains_symbolic(to_py(args[0])):  # t.new_tensor([n]) of sizes: torch.tensor's path
+        from torchfuse.capture.calls import call_torch_function
+
+        kw = {"dtype": V.ConstVar(obj.fake.dtype), "device": V.ConstVar(obj.fake.fake_device), **kwargs}
+        return call_torch_function(torch.tensor, args, kw)
     if name in _KNOWN_READS and not args and not kwargs:
         value = ctx.rec.known.get(obj.fake)  # made from constants alone: eager's answer
         if value is not None and (name == "tolist" or value.numel() == 1):
