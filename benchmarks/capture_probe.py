@@ -613,7 +613,7 @@ def hb_module_attrs(x):
 def hb_views_iterate(x):
     d = {"a": x, "b": x * 2}
     out = [d[k] + 1 for k in d.keys()]
-    return out, list(reversed(d.keys())), list(d.items())[0][0], len(d.values())
+    return out, list(reversed(d.keys())), list(d.items())[0][0], len(d.values())  # noqa: RUF015
 
 
 @dataclasses.dataclass
