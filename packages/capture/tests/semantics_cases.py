@@ -382,6 +382,14 @@ def np_traced_mean_times_ones(x):
 
 
 @case(X34)
+def np_traced_linspace_clip(x):
+    np = _np()
+    a = x.numpy()
+    grid = np.linspace(0, 1, 5)  # numpy's own values
+    return np.clip(a, -0.5, 0.5) * np.pi, grid, np.clip(a.astype(np.int64), 0, None), grid.dtype
+
+
+@case(X34)
 def np_traced_meshgrid_arange(x):
     np = _np()
     a, b = np.meshgrid(np.arange(3), np.arange(2))  # int64 grids, "xy" indexing
