@@ -97,3 +97,31 @@ def copy_config(cfg):
     other.width = other.width * 2  # through the alias
     del other.extra
     return other
+
+
+FACTOR = 2.0
+
+
+def scaled(x):
+    """Reads a global of this module: a caller's guard must go through this module."""
+    return x * FACTOR
+
+
+def round(v, ndigits=None):
+    return 42
+
+
+def break_then_global(x):
+    y = x + 1
+    n = y.sum().item()  # a graph break inside library code
+    return y * SCALE + n
+
+
+def break_then_len(x):
+    y = x * 2
+    n = y.sum().item()
+    return y + round(n) + len([1, 2])  # round is this module's, len the builtin
+
+
+def outer_calls_break(x):
+    return break_then_global(x * 3) + FACTOR

@@ -76,6 +76,105 @@ def dict_items_iterated_after_update(x):
     return x * sum(v for _, v in items) + len(list(d.keys()))
 
 
+@case(X34)
+def dict_keys_set_operators(x):
+    d, e = {"a": 1, "b": 2}, {"b": 3, "c": 4}
+    both = d.keys() & e.keys()  # a set, as Python's views make it
+    d["c"] = 5  # views are live; the set made above is not
+    return (x * len(both), both, d.keys() | e.keys(), d.keys() - ["a"], e.keys() ^ d.keys(),
+            {"b", "z"} & d.keys(), d.items() & {("a", 1), ("b", 9)})
+
+
+@case(X34)
+def dict_keys_compared_as_sets(x):
+    d = {"a": 1, "b": 2}
+    k = 2 if d.keys() == {"b", "a"} else 3
+    k += 10 if d.keys() <= {"a", "b", "c"} else 20
+    k += 100 if d.keys() != {"a"} and not d.keys() > {"a", "b"} else 200
+    return x * k, d.keys() == ["a", "b"], d.items() == {("a", 1), ("b", 2)}
+
+
+class _Kernel:
+    kernel_layer_name = "silu"
+
+    def forward(self, x):
+        return x * 2
+
+
+_KERNELS = (_Kernel(),)
+
+
+@case(X34)
+def obj_getattr_class_only_names(x):
+    # a class has __name__ (its metaclass's descriptor), an instance does not (the
+    # kernels package's use_kernelized_func reads it this way)
+    fn = _KERNELS[0]
+    name = getattr(fn, "__name__", None) or getattr(fn, "kernel_layer_name", None)
+    return fn.forward(x), name, hasattr(fn, "__qualname__"), hasattr(_Kernel, "__name__"), \
+        getattr(fn, "__module__", None)
+
+
+@case(X34)
+def stdlib_starmap_lazy(x):
+    calls = []
+
+    def mul(a, b):
+        calls.append(a)
+        return a * b
+
+    it = itertools.starmap(mul, [(x, 2), (x, 3), (x, 4)])
+    first = next(it)  # only the first row has run, as in Python
+    n = len(calls)
+    return first, n, list(it), len(calls)
+
+
+@case(X34)
+def stdlib_itemgetter_attrgetter(x):
+    import operator
+
+    rows = [(2, "b", x), (1, "a", x * 2)]
+    by_name = sorted(rows, key=operator.itemgetter(1))
+    pick = operator.itemgetter(0, 2)
+    shape = operator.attrgetter("shape")(x)
+    return by_name[0][2], pick(rows[1]), shape, max(rows, key=operator.itemgetter(0))[1]
+
+
+@case(lambda: (torch.randn(3, 4, requires_grad=True),))
+def grad_decorator_on_nested_function(x):
+    @torch.no_grad()
+    def frozen(t):
+        return t * 2
+
+    @torch.enable_grad()
+    def tracked(t):
+        return t + 1
+
+    with torch.no_grad():
+        inside = tracked(x)
+    return frozen(x), inside, x * 3
+
+
+# ============================================================ hasattr / getattr on tensors
+
+
+def _grad_input():
+    return (torch.randn(3, 4, requires_grad=True),)
+
+
+@case(X34)
+def tensor_hasattr_grad_fn(x):
+    k = 2 if hasattr(x, "grad_fn") and not hasattr(x, "no_such_attribute") else 3
+    return x * k + (1 if x.grad_fn is None else 0), getattr(x, "missing", None) is None
+
+
+@case(_grad_input)
+def tensor_hasattr_with_grad(x):
+    y = x * 2
+    with torch.no_grad():
+        z = y + 1
+    return y + (5 if hasattr(y, "grad_fn") else 7), z * (2 if z.grad_fn is None else 3)
+
+
 # ============================================================ stdlib containers and itertools
 
 
@@ -280,6 +379,14 @@ def _np():
 def np_traced_mean_times_ones(x):
     np = _np()
     return torch.from_numpy(np.mean(x.numpy()) * np.ones(3))  # float32 scalar * float64 array
+
+
+@case(X34)
+def np_traced_linspace_clip(x):
+    np = _np()
+    a = x.numpy()
+    grid = np.linspace(0, 1, 5)  # numpy's own values
+    return np.clip(a, -0.5, 0.5) * np.pi, grid, np.clip(a.astype(np.int64), 0, None), grid.dtype
 
 
 @case(X34)

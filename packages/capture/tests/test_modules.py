@@ -326,3 +326,78 @@ def test_a_module_with_parameters_built_in_the_function_breaks_cleanly():
     breaks = [str(r.error).splitlines()[0] for r in cf.results if r.error is not None]
     assert breaks == ["torch.manual_seed inside a compiled function",
                       "creating module Linear inside a compiled function"]
+
+
+# ============================================================ modules made anew on every call
+
+
+def _made_inside(x):
+    lin = nn.Linear(4, 3)  # a break: built in Python, its init drawn as eager draws it
+    return torch.tanh(lin(x)) * 2
+
+
+def _sequential_inside(x):
+    m = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    return m(x).sum(-1)
+
+
+@pytest.mark.parametrize("fn", [_made_inside, _sequential_inside], ids=["linear", "sequential"])
+def test_a_module_made_in_the_function_is_type_guarded_after_one_recompile(fn):
+    cf = compile(fn, backend="eager")
+    for seed in range(5):
+        x = torch.randn(2, 4)
+        torch.manual_seed(seed)
+        want = fn(x)
+        torch.manual_seed(seed)
+        assert_same(cf(x), want)
+    resumes = list(cf.resumes.values())
+    assert resumes and all(r.recompiles == 1 and len(r.entries) == 2 for r in resumes)
+    for r in resumes:  # no module is guarded by identity any more, each by its type
+        entries = r.entries[-1].result.checks.entries
+        assert not [e for e in entries if type(e.record).__name__ == "IdentityGuard" and
+                    " at 0x" in e.record.description]  # (classes still are: nn.Sequential)
+        assert any(type(e.record).__name__ == "TypeGuard" and "Linear" in e.record.type_name for e in entries)
+
+
+def test_a_new_module_each_call_in_a_function_called_at_a_break():
+    def body(m, x):
+        print("a break", end="\r")
+        return m(x) + m.weight.sum()
+
+    def f(m, x):
+        return body(m, x) * 2
+
+    cf = compile(f, backend="eager")
+    for _ in range(4):
+        m, x = nn.Linear(4, 2), torch.randn(3, 4)
+        assert_same(cf(m, x), f(m, x))
+    assert len(cf.entries) == 2 and cf.recompiles == 1  # the root passes m on: type-guarded too
+    parts = [*cf.resumes.values(), *cf.callees.values()]
+    assert all(p.recompiles <= 1 for p in parts)
+    (resume,) = [p for p in parts if "._parameters['weight']" in p.entries[-1].result.checks.source]
+    checks = resume.entries[-1].result.checks.source
+    assert "is O" not in checks
+    inputs = checks.split("def check_modules")[0]
+    assert "._parameters['weight']" in inputs  # read on every call, not only on a version move
+    n = len(resume.entries)
+    m, x = nn.Linear(4, 5), torch.randn(3, 4)  # another shape: its guards fail, a new entry
+    assert_same(cf(m, x), f(m, x))
+    assert len(resume.entries) == n + 1
+    m = nn.Linear(4, 5)
+    with torch.no_grad():
+        m.weight.fill_(0.5)
+    assert_same(cf(m, x), f(m, x))
+    assert len(resume.entries) == n + 1
+
+
+def test_the_first_module_keeps_its_identity_entry():
+    def f(m, x):
+        return m(x)
+
+    a, b, x = nn.Linear(4, 2), nn.Linear(4, 2), torch.randn(3, 4)
+    cf = compile(f, backend="eager")
+    for m in (a, b, a, b, nn.Linear(4, 2)):
+        assert_same(cf(m, x), f(m, x))
+    assert len(cf.entries) == 2
+    assert "L[0] is O" in cf.entries[0].result.checks.source  # a: the cheap module-version path
+    assert "L[0] is O" not in cf.entries[1].result.checks.source  # b and the rest: by type

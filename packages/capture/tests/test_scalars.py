@@ -6,7 +6,6 @@ counts entries and graphs."""
 from __future__ import annotations
 
 import random
-import warnings
 
 import numpy as np
 import pytest
@@ -188,6 +187,63 @@ def test_other_uses_of_a_float_specialize():
     assert "L[1] == 1.0" in [describe_guard(g) for g in cf.entries[-1].result.graph.guards]
 
 
+def test_number_methods_guard_their_answer_not_the_value():
+    def f(x, n, g):
+        return x * n.bit_length() + n.conjugate() + g.conjugate() + (1 if g.is_integer() else 0)
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3)
+    _calls(cf, f, [(x, 3, 0.25), (x, 4, 0.5), (x, 5, 1.75), (x, 7, 2.5)])
+    assert len(cf.entries) == 2  # 4..7 have 3 bits and none of the floats is integral
+    checks = _guards(cf)
+    assert "s0 >= 4" in checks and "s0 < 8" in checks and "L[2].is_integer()" in checks
+    _calls(cf, f, [(x, 8, 0.5)])  # 4 bits: the range guard fails
+    _calls(cf, f, [(x, 9, 3.0), (x, 12, 4.0)])  # integral floats: one more entry for both
+    assert len(cf.entries) == 4
+
+
+def _arith(x, f, n):
+    g = (f * 2 + 1 - f) * n - 0.25
+    return x * g, x / (f + 1e-6), -f * x, x + float(n), x * (n / 4), x - n * f
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_python_arithmetic_on_varying_numbers_stays_in_the_graph(backend):
+    cf = compile(_arith, backend=backend)
+    x = torch.rand(3, 4)
+    _calls(cf, _arith, [(x, 0.5 + i * 0.75, 2 + i) for i in range(5)])
+    assert len(cf.entries) == 2 and cf.recompiles == 1  # the constants, then one for all
+    assert "0.5" not in _guards(cf) and "1.25" not in _guards(cf)
+
+
+def test_what_needs_a_computed_float_specializes_its_arguments():
+    def f(x, g):
+        h = g * 2
+        if h > 1:  # Python reads h: g is guarded as a constant
+            return x * h
+        return x - 1 / g  # a varying divisor could be 0: folded in Python
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3)
+    _calls(cf, f, [(x, 0.25), (x, 0.75), (x, 1.5), (x, 0.75)])
+    assert len(cf.entries) == 3
+    assert "L[1] == 1.5" in [describe_guard(g) for g in cf.entries[-1].result.graph.guards]
+    half = compile(lambda x, s: x * (s * 3), backend="eager")  # numpy float32: its own precision
+    _calls(half, half.fn, [(x, np.float32(0.1 * i)) for i in range(1, 4)])
+    assert len(half.entries) == 3
+
+
+def test_python_arithmetic_on_a_random_draw_is_one_graph():
+    def f(x):
+        lo, hi = 0.5, 2.0
+        return x * (lo + (hi - lo) * random.random()), x - random.random() * 3
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(2)
+    assert_same(_seeded(cf, x, [1, 2, 3]), _seeded(f, x, [1, 2, 3]))
+    assert cf.graph_count() == 1 and len(cf.entries) == 1
+
+
 # ============================================================ defaults patched after compiling
 
 
@@ -248,6 +304,22 @@ def test_numpy_scalar_arguments_recompile_without_error():
     assert len(cf.entries) == 2
 
 
+@pytest.mark.parametrize("np_float", [np.float64, np.float32, np.float16])
+def test_numpy_float_arguments_take_the_float_path(np_float):
+    def f(x, s):
+        return x * s + s, x.int() - s, x.half() * s, x > s
+
+    cf = compile(f, backend="eager")
+    x = torch.rand(3, 4) * 4
+    _calls(cf, f, [(x, np_float(v)) for v in (0.5, 1.25, 2.75, -3.5)])
+    assert len(cf.entries) == 2 and cf.recompiles == 1  # the constant 0.5, then an input
+    assert "type(L[1]) is T" in _guards(cf) and "1.25" not in _guards(cf)
+    graph = cf.entries[-1].result.graph
+    assert [i.name for i in graph.inputs][-1] == "s_float" and cf.graph_count() == 2
+    _calls(cf, f, [(x, 0.75)])  # a Python float is another type: its own entries
+    assert len(cf.entries) == 3
+
+
 # ============================================================ random numbers
 
 
@@ -270,24 +342,113 @@ def test_torch_random_ops_draw_on_every_call_and_follow_the_seed(draw):
     assert cf.graph_count() == 1 and len(cf.entries) == 1
 
 
+def _seeded(fn, x, seeds, *gens):
+    out = []
+    for n in seeds:
+        random.seed(n)
+        for g in gens:
+            g.seed(n)
+        out.append(fn(x))
+    return out
+
+
 def test_python_random_is_never_baked_in():
     def f(x):
         return x * random.random()
 
     cf = compile(f, backend="eager")
     x = torch.ones(2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        random.seed(3)
-        got = [cf(x) for _ in range(12)]
-        random.seed(3)
-        want = [f(x) for _ in range(12)]
+    random.seed(3)
+    got = [cf(x) for _ in range(12)]
+    random.seed(3)
+    want = [f(x) for _ in range(12)]
     assert_same(got, want)
     assert not torch.equal(got[0], got[1])
-    # the draw is a break; the float it returns is a graph input of the resume function
-    # after the second value, not a constant recompiled per value up to the limit
-    (resume,) = cf.resumes.values()
-    assert len(resume.entries) == 2 and resume.recompiles == 1
+    # one graph, one entry: the draw is a graph input that the entry draws on each call
+    assert cf.graph_count() == 1 and len(cf.entries) == 1 and cf.recompiles == 0
+    graph = cf.entries[0].result.graph
+    assert [i.name for i in graph.inputs] == ["x", "random_0"]
+    assert graph.values["random_0"].dtype == "float64" and graph.values["random_0"].sizes == ()
+
+
+_RNG = random.Random(0)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_python_float_draws_are_graph_inputs_in_program_order(backend):
+    def f(x):
+        a = x * random.uniform(0.5, 1.5) + random.random()
+        b = x.half() - random.gauss(0.0, 2.0)  # gauss keeps a spare value: order matters
+        return a, b, x > random.gauss(0.0, 2.0), x / _RNG.random()
+
+    cf = compile(f, backend=backend)
+    x = torch.rand(3, 4) + 0.5
+    assert_same(_seeded(cf, x, [1, 2, 3, 3], _RNG), _seeded(f, x, [1, 2, 3, 3], _RNG))
+    assert cf.graph_count() == 1 and len(cf.entries) == 1
+    assert len([i for i in cf.entries[0].result.graph.inputs if i.name.startswith("random_")]) == 5
+
+
+def test_a_draw_from_a_replaced_generator_reads_the_new_one():
+    g = {"rng": random.Random(1)}
+
+    def f(x):
+        return x + g["rng"].random()
+
+    cf = compile(f, backend="eager")
+    x = torch.zeros(2)
+    assert_same(cf(x), torch.full((2,), random.Random(1).random()))
+    g["rng"] = random.Random(7)
+    assert_same(cf(x), torch.full((2,), random.Random(7).random()))
+    assert cf.graph_count() == 1
+
+
+def test_a_draw_python_needs_breaks_at_the_draw():
+    def f(x):
+        y = x * 2
+        r = random.random()
+        if r > 0.5:  # Python reads the value: capture starts over with a break at the draw
+            return y + r
+        return y - 1
+
+    cf = compile(f, backend="eager")
+    x = torch.randn(3)
+    seeds = [4, 5, 4, 8]
+    assert_same(_seeded(cf, x, seeds), _seeded(f, x, seeds))
+    root = cf.entries[0].result
+    assert root.error is not None and "random.random()" in root.error.reason
+    assert [n.op for n in root.graph.nodes] == ["aten.mul.Tensor"]  # the graph before the draw
+
+
+def test_a_draw_live_at_a_later_break_breaks_at_the_draw():
+    def f(x):
+        r = random.random()
+        y = x * r
+        print("a break", end="\r")
+        return y * r
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(2)
+    seeds = [1, 2, 3, 4]
+    assert_same(_seeded(cf, x, seeds), _seeded(f, x, seeds))
+    root = cf.entries[0].result
+    assert "random.random()" in root.error.reason and root.plan is not None  # resumes, not eager
+    assert all(len(r.entries) <= 2 for r in cf.resumes.values())
+
+
+def test_a_draw_returned_or_used_in_python_arithmetic_is_drawn_once():
+    def f(x):
+        r = random.random()
+        return x * r, r * 2, r
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(2)
+    assert_same(_seeded(cf, x, [1, 2, 3]), _seeded(f, x, [1, 2, 3]))
+    random.seed(9)
+    cf(x)
+    after = random.random()
+    random.seed(9)
+    f(x)
+    assert after == random.random()  # the generator advanced exactly as in eager
 
 
 # ============================================================ tensors of size values
@@ -304,6 +465,31 @@ def test_torch_tensor_of_symbolic_sizes_and_relations():
     assert "s0 > 4" in _guards(cf)
     _calls(cf, f, [(torch.randn(3, 4),)])  # the relation flips: a new entry
     assert len(cf.entries) == 2
+
+
+def test_torch_tensor_of_a_list_of_size_values():
+    def f(x, n):
+        r = x.shape[0]
+        return (torch.tensor([r == x.shape[1], r > 2]), torch.tensor([n, n * 2, 3]),
+                x.sum(0) * torch.tensor((r, 1), dtype=torch.float32)[0])
+
+    cf = compile(f, backend="eager")
+    _calls(cf, f, [(torch.randn(5 + i, 2), 3 + i) for i in range(5)])
+    assert len(cf.entries) == 2 and cf.graph_count() == 2  # no break: stacked, or guarded
+    assert not [r for r in cf.results if r.error is not None]
+    nested = compile(lambda x: torch.tensor([[x.shape[0], 1]]), backend="eager")
+    _calls(nested, nested.fn, [(torch.randn(5 + i),) for i in range(3)])  # plain values: specialized
+    assert len(nested.entries) == 3
+
+
+def test_shape_tensors_and_max_of_sizes_stay_symbolic():
+    def f(x, n):
+        return (torch.tensor(x.shape), x.new_tensor([x.shape[0], n]), x * max(n, 3) + min(n, 10),
+                max([x.shape[0], n]))
+
+    cf = compile(f, backend="eager")
+    _calls(cf, f, [(torch.randn(4 + i, 2), 2 + i) for i in range(5)])
+    assert len(cf.entries) == 2 and cf.graph_count() == 2  # max(n, 3) guards nothing
 
 
 def _scaled_rows(x, n, f):

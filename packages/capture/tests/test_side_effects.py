@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from capture_helpers import assert_same
 from torchfuse.capture import compile
@@ -118,3 +119,53 @@ def test_order_of_side_effects():
     a, b = events, []
     cf(torch.ones(1), a, b)
     assert a == [1, 3] and b == [2]
+
+
+# ============================================================ values read before their place is written
+
+
+class _Holder:
+    def __init__(self):
+        self.a = 1
+        self.items = [10, 20]
+
+
+_HELD = _Holder()
+
+
+def _swap_and_restore(x):
+    token = _HELD.a  # a set/reset pair, as kernels' CompileableContextVar does
+    _HELD.a = {"k": 2}
+    y = x * _HELD.a["k"]
+    _HELD.a = token
+    return y
+
+
+def _old_value_returned(x):
+    old, first = _HELD.a, _HELD.items[0]
+    _HELD.a = 5
+    _HELD.items[0] = 99
+    return x + 1, old, first
+
+
+@pytest.mark.parametrize("fn", [_swap_and_restore, _old_value_returned], ids=["restore", "return"])
+def test_a_value_read_before_its_place_is_written_is_the_old_value(fn):
+    cf = compile(fn, backend="eager")
+    for _ in range(2):
+        _HELD.a, _HELD.items = 1, [10, 20]
+        x = torch.randn(3)
+        want = fn(x)
+        after_eager = (_HELD.a, list(_HELD.items))
+        _HELD.a, _HELD.items = 1, [10, 20]
+        assert_same(cf(x), want)
+        assert (_HELD.a, list(_HELD.items)) == after_eager
+    assert cf.graph_count() == 1
+
+
+def test_a_set_and_reset_pair_exports():
+    from torchfuse.capture import export
+
+    _HELD.a = 1
+    exported = export(_swap_and_restore, torch.randn(3))
+    assert_same(exported.run(torch.ones(3)), torch.full((3,), 2.0))
+    assert _HELD.a == 1

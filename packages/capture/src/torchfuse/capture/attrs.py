@@ -124,7 +124,7 @@ def _cached_function_attr(fn: V.CachedFunctionVar, name: str) -> V.Var:
     if name in ("cache_info", "cache_clear"):
         return V.MethodVar(fn, name)
     cls = fn.python_type()
-    if inspect.getattr_static(cls, name, _MISSING) is _MISSING:
+    if instance_lookup(cls, name) is _MISSING:
         raise UserException(AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}"),
                             current().loc)
     raise Unsupported(f"attribute {name!r} of {fn.describe()}", current().loc)
@@ -163,7 +163,7 @@ _NAMEDTUPLE_NATIVE = frozenset({"_asdict", "_replace"})
 def _container_method(obj: V.Var, cls: type, name: str) -> V.Var:
     """A method of a list, tuple, dict or set; what the class lacks is eager's AttributeError
     (so ``hasattr(d, "to")`` is False, as duck-typing code expects)."""
-    if inspect.getattr_static(cls, name, _MISSING) is _MISSING:
+    if instance_lookup(cls, name) is _MISSING:
         raise UserException(AttributeError(f"{cls.__name__!r} object has no attribute {name!r}"),
                             current().loc)
     return V.MethodVar(obj, name)
@@ -206,14 +206,14 @@ def hasattr_var(obj: V.Var, name: str) -> bool:
             return False
         raise
     except Unsupported as e:
-        if not e.reason.startswith(("attribute ", "tensor has no attribute")):
+        if not e.reason.startswith(("attribute ", "tensor has no attribute", "tensor attribute ")):
             raise
         # not modelled: what the class defines exists whatever capture can read of it
         try:
             cls = obj.python_type()
         except Unsupported:
             return False
-        return inspect.getattr_static(cls, name, _MISSING) is not _MISSING
+        return instance_lookup(cls, name) is not _MISSING
     return True
 
 
@@ -226,6 +226,8 @@ def _tensor_attr(obj: V.TensorVar, name: str) -> V.Var:
         return V.ConstVar(fake.fake_device)
     if name in _TENSOR_META:
         return V.ConstVar(getattr(fake, name))
+    if name == "grad_fn" and not fake.requires_grad:  # no autograd history without grad
+        return V.ConstVar(None)
     if name in _TENSOR_UNSUPPORTED:
         raise Unsupported(f"tensor attribute .{name} is not captured", ctx.loc)
     raw = getattr(torch.Tensor, name, None)
@@ -336,23 +338,11 @@ def _native_attr(obj: V.UserObjVar, name: str) -> V.Var:
     return ctx.wrap(value, AttrSource(obj.source, name) if obj.source is not None else None)
 
 
-def _mro_lookup(cls: type, name: str, default: Any = None) -> Any:
-    """What an instance's attribute lookup finds for ``name`` in its class: the first class
-    ``__dict__`` along the MRO that holds it. Not `inspect.getattr_static(cls, ...)`, which
-    also searches the metaclass, as for an attribute of the class object itself: an instance
-    has no ``__name__`` even though its class has one (``type.__name__``)."""
-    for klass in cls.__mro__:
-        d = type.__dict__["__dict__"].__get__(klass)
-        if name in d:
-            return d[name]
-    return default
-
-
 def _class_attr(obj: V.Var, cls: type, name: str) -> V.Var:
     ctx = current()
-    raw = _mro_lookup(cls, name, _MISSING)
+    raw = instance_lookup(cls, name)
     if raw is _MISSING:
-        getattr_fn = _mro_lookup(cls, "__getattr__")
+        getattr_fn = inspect.getattr_static(cls, "__getattr__", None)
         if getattr_fn is not None and getattr_fn is not torch.nn.Module.__getattr__:
             from torchfuse.capture.calls import call
 
@@ -363,6 +353,18 @@ def _class_attr(obj: V.Var, cls: type, name: str) -> V.Var:
 
 
 _MISSING = object()
+
+
+def instance_lookup(cls: type, name: str) -> Any:
+    """What an *instance* of ``cls`` finds for ``name`` in its class: the first entry in the
+    dicts of ``cls.__mro__``, else ``_MISSING``. Not ``inspect.getattr_static(cls, name)``,
+    which also looks in the metaclass: ``type.__name__`` is a class's name, and no instance
+    has it (``getattr(obj, "__name__", None)`` is ``None`` in eager)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _MISSING)
+        if found is not _MISSING:
+            return found
+    return _MISSING
 
 
 def bind_class_attr(obj: V.Var, cls: type, raw: Any, name: str) -> V.Var:

@@ -229,6 +229,11 @@ def _reduce_builtin(name: str) -> Handler:
         key = kwargs.get("key")
         if key is None:
             vals = [i.python() for i in items]
+            if vals and "default" not in kwargs and any(isinstance(v, torch.SymInt) for v in vals) and \
+                    all(type(v) is int or isinstance(v, torch.SymInt) for v in vals):
+                # max(n, 3) of an int symbol stays symbolic: no guard on which one is larger
+                sym = torch.sym_max if name == "max" else torch.sym_min
+                return V.ConstVar(functools.reduce(sym, vals))
             kw = {"default": kwargs["default"].python()} if "default" in kwargs else {}
             return from_py(pyfn(vals, **kw))
         keyed = [(_call(key, i).python(), n) for n, i in enumerate(items)]
@@ -381,6 +386,12 @@ def _int_like(kind: type) -> Handler:
             if value is not None and value.numel() == 1 and len(args) == 1 and not kwargs:
                 return V.ConstVar(kind(value))
             raise Unsupported(f"{kind.__name__}(tensor) reads a value (data-dependent)", current().loc)
+        if kind is float and len(args) == 1 and not kwargs:
+            from torchfuse.capture import floats
+
+            kept = floats.to_float(args[0])  # float(n) of an int symbol stays in the graph
+            if kept is not None:
+                return kept
         return _fold(kind)(args, kwargs)
     return h
 

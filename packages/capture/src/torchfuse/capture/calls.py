@@ -20,17 +20,19 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import operator
 import sys
 import types
 import weakref
 from typing import Any
 
 import torch
+from torchfuse.capture import pyrandom
 from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
 from torchfuse.capture.distributed import is_distributed_runtime
-from torchfuse.capture.dynamic import SYM_TYPES, concrete
+from torchfuse.capture.dynamic import SYM_TYPES, concrete, contains_symbolic
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.source import AttrSource, ItemSource, Source
 from torchfuse.capture.values import from_py, to_py
@@ -74,6 +76,19 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         if traced is not None:
             return traced
         return call(_attr(fn, "__call__"), args, kwargs)
+    if isinstance(fn, V.ContextVar) and len(args) == 1 and not kwargs and \
+            isinstance(args[0], V.FunctionVar | V.ObjVar | V.BoundMethodVar):
+        return V.DecoratedVar(fn, args[0])  # @torch.no_grad() on a function made here
+    if isinstance(fn, V.DecoratedVar):
+        region = V.ContextVar(fn.context.kind, fn.context.args)  # one per call, as Python's
+        B.enter_context(region)
+        try:
+            out = call(fn.func, args, kwargs)
+        except UserException:
+            B.exit_context(region)
+            raise
+        B.exit_context(region)
+        return out
     if isinstance(fn, V.SuperVar | V.NullVar | V.CellVar | V.IteratorVar):
         raise Unsupported(f"call of {fn.describe()}", ctx.loc)
     if isinstance(fn, V.ConstVar | V.TensorVar | V.ListVar | V.DictVar | V.SetVar):
@@ -97,6 +112,11 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     handler = B.handler_for(value)
     if handler is not None:
         return handler(args, kwargs)
+    drawn = pyrandom.draw(value, args, kwargs)  # random.random(): a graph input drawn per call
+    if drawn is not None:
+        return drawn
+    if type(value) in (operator.itemgetter, operator.attrgetter) and len(args) == 1 and not kwargs:
+        return _getter_call(value, args[0])
     if type(value) is weakref.ref and not args and not kwargs:
         # the referent, as an object the capture already knows when it is one (identity
         # checks such as ``ref() is weight`` then fold)
@@ -202,6 +222,40 @@ def _symbolic_scalar_tensor(value: Any, kwargs: dict[str, Any]) -> tuple[Any, li
     return torch.tensor, [concrete(value)], kwargs
 
 
+def _symbolic_list_tensor(items: Any, rest: list[Any], kwargs: dict[str, Any]) -> V.Var:
+    """``torch.tensor([n, m * 2])`` of a flat list of ints and size values: the scalars
+    stacked, sizes kept symbolic; a list with ``SymBool``/``SymFloat`` items or nested lists is
+    made from the plain values (each relation a guard), as `_symbolic_scalar_tensor` does."""
+    ctx = current()
+    if not rest and all(type(v) is int or isinstance(v, torch.SymInt) for v in items) and \
+            not set(kwargs) - {"dtype", "device"}:
+        dtype = kwargs.get("dtype") or torch.int64
+        device = kwargs.get("device")
+        parts = [ctx.call_torch(torch.scalar_tensor, [v], {"dtype": dtype, "device": device}, "torch.tensor")
+                 for v in items]
+        return from_py(ctx.call_torch(torch.stack, [parts], {}, "torch.tensor"))
+    return from_py(ctx.call_torch(torch.tensor, [concrete(items), *rest], kwargs, "torch.tensor"))
+
+
+def _getter_call(getter: Any, obj: V.Var) -> V.Var:
+    """``operator.itemgetter(1)(obj)`` / ``attrgetter("a.b")(obj)`` (sort keys, ``Counter``'s
+    ``most_common``): the reads they stand for, one item or a tuple of them."""
+    from torchfuse.capture import operators as O
+    from torchfuse.capture.attrs import getattr_var
+
+    keys = getter.__reduce__()[1]
+    if type(getter) is operator.itemgetter:
+        got = [O.getitem(obj, V.ConstVar(k)) for k in keys]
+    else:
+        got = []
+        for dotted in keys:
+            v = obj
+            for part in dotted.split("."):
+                v = getattr_var(v, part)
+            got.append(v)
+    return got[0] if len(got) == 1 else V.ListVar(got, tuple)
+
+
 _UNSUPPORTED_TORCH = {"manual_seed", "set_grad_enabled", "save", "load", "compile"}
 
 
@@ -236,6 +290,9 @@ def call_torch_function(value: Any, args: list[V.Var], kwargs: dict[str, V.Var])
     pkwargs = {k: to_py(v) for k, v in kwargs.items()}
     if value in (torch.tensor, torch.as_tensor) and pargs and isinstance(pargs[0], SYM_TYPES):
         return from_py(ctx.call_torch(*_symbolic_scalar_tensor(pargs[0], pkwargs)))
+    if value in (torch.tensor, torch.as_tensor) and pargs and \
+            type(pargs[0]) in (list, tuple, torch.Size) and contains_symbolic(pargs[0]):
+        return _symbolic_list_tensor(list(pargs[0]), pargs[1:], pkwargs)
     if value is SDPA:  # the fused kernel eager would run, not the composite's math fallback
         pargs, pkwargs = without_noop_mask(pargs, pkwargs, ctx.rec.known)
         fused = fused_call(pargs, pkwargs)
@@ -398,6 +455,9 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         return _construct_data_mapping(cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         return _construct_stateless_module(cls, args, kwargs)
+    if cls in (operator.itemgetter, operator.attrgetter) and not kwargs and \
+            all(type(a) is V.ConstVar for a in args):  # called later by `_getter_call`
+        return V.ObjVar(cls(*[a.python() for a in args]))
     if cls.__module__ == "builtins" or cls.__module__.startswith("torch"):
         if all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
             return from_py(cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()}))

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torchfuse.capture import codegen
+from torchfuse.capture import codegen, pyrandom
 from torchfuse.capture import config as C
 from torchfuse.capture import distributed as D
 from torchfuse.capture.backends import Backend, backend_parameters, lookup_backend
@@ -39,6 +39,7 @@ from torchfuse.capture.dynamic import (
     SizeChange,
     dynamic_requests,
     mark_dynamic,
+    module_changes,
     out_of_range,
     scalar_changes,
     size_changes,
@@ -99,6 +100,8 @@ class CompiledFunction:
         """Automatic dynamic: input dims (by source expression) seen changing size."""
         self.auto_scalars: set[str] = set()
         """Automatic dynamic: int arguments (by source expression) seen changing value."""
+        self.auto_modules: set[str] = set()
+        """Module arguments seen to be a new module of the same class: type-guarded."""
         self.results: list[CaptureResult] = []
         self.root: CompiledFunction = self
         self.resumes: dict[tuple, ResumeFunction] = {}
@@ -166,7 +169,8 @@ class CompiledFunction:
         return capture(self.fn, L, self.name, dynamic=self._policy())
 
     def _policy(self) -> DynamicPolicy:
-        return DynamicPolicy(self.dynamic, self.auto_dynamic, frozenset(self.auto_scalars))
+        return DynamicPolicy(self.dynamic, self.auto_dynamic, frozenset(self.auto_scalars),
+                             frozenset(self.auto_modules))
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
@@ -304,6 +308,13 @@ class CompiledFunction:
                 ints = [ch for ch in scalar_changes([e.result.checks.entries for e in self.entries], L)
                         if ch.source not in self.auto_scalars]
                 self.auto_scalars.update(ch.source for ch in ints)
+            # a module made in the frame reaches a resume function anew on each call: type-
+            # guarded from now on (the first entry keeps serving its module by identity)
+            for src in module_changes([e.result.checks for e in self.entries], L):
+                if self.dynamic is not False and src not in self.auto_modules:
+                    self.auto_modules.add(src)
+                    C.logger("recompiles").info("%s: %s is a new module of the same class; recompiling "
+                                                "with it guarded on its type", self.name, src)
         result = self._capture(L, C_)
         for ic in ints:
             symbol = result.scalar_symbols.get(ic.source)
@@ -354,7 +365,8 @@ class CompiledFunction:
             self._backend_fn = lookup_backend(self.backend)
         ns = dict(result.checks.namespace)
         gather, fetch = _gather_functions(result.inputs, ns)
-        examples = list(gather(L, self.globals, C_, fetch(L, self.globals, C_)))
+        with pyrandom.states_kept(result.random_generators):  # the call draws them again
+            examples = list(gather(L, self.globals, C_, fetch(L, self.globals, C_)))
         # Every stage the backend runs (aot, inductor, ...) files its artifacts under this graph.
         kwargs = self._backend_kwargs()
         with observe.compiling(_debug_name(result)), \
@@ -434,6 +446,7 @@ class CompiledFunction:
         self.recompiles = 0
         self.auto_dynamic.clear()
         self.auto_scalars.clear()
+        self.auto_modules.clear()
         self._warned = False
         self._warned_eager = False
         self._checked_graphs = False
@@ -489,6 +502,7 @@ class ResumeFunction(CompiledFunction):
         self.recompiles = 0
         self.auto_dynamic = {}
         self.auto_scalars = set()
+        self.auto_modules = set()
         self.results = []
         self.root = root
         self.resumes = {}

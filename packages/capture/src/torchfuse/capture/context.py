@@ -21,19 +21,21 @@ from typing import Any
 import torch
 from torchfuse.capture import variables as V
 from torchfuse.capture.dtype_rules import CheckingRecorder
-from torchfuse.capture.dynamic import DynamicPolicy, symbolic_dims
+from torchfuse.capture.dynamic import DynamicPolicy, is_float_scalar, symbolic_dims
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.guards import GuardSet, SymbolBinding, watch
 from torchfuse.capture.source import (
     AttrSource,
     DictItemSource,
     DictValueSource,
+    FreshModuleSource,
     GlobalSource,
     ItemSource,
     LocalSource,
     ModuleStateSource,
     Source,
     qualified_name,
+    under_fresh_module,
 )
 from torchfuse.graph import schema as S
 from torchfuse.graph.symbolic import SizeEnv, SpecializationError
@@ -114,6 +116,12 @@ class Capture:
         """Grad mode when the call began."""
         self.grad_entry = False
         """See [`grad_entry`][torchfuse.capture.convert.CaptureResult.grad_entry]."""
+        self.random_draws = 0
+        """Python random draws made graph inputs so far (`torchfuse.capture.pyrandom`)."""
+        self.break_draws: set[int] = set()
+        """The draws (by order) whose value Python needs: a graph break at each."""
+        self.random_generators: list[Any] = []
+        """The generators those draws come from."""
 
     def close_contexts(self) -> None:
         while self.open_autocasts:
@@ -181,7 +189,7 @@ class Capture:
         """A Var for a value read from outside the frame, guarding what it must."""
         if isinstance(value, torch.Tensor):
             return self.wrap_tensor(value, source)
-        if V.is_constant(value):
+        if V.is_constant(value) or is_float_scalar(value):  # np.float32 is no float subclass
             return V.ConstVar(value, source)
         known = self.object_vars.get(id(value))
         if known is not None:
@@ -198,6 +206,12 @@ class Capture:
         if isinstance(value, torch.nn.Module):
             self.uses_modules = True
             watch(value)
+            if type(source) is LocalSource and self.dynamic.fresh_module(source.expr()):
+                guards.type_(source, type(value))  # a new module each call: see FreshModuleSource
+                return V.ModuleVar(value, FreshModuleSource(source.index, source.name))
+            if source is not None and under_fresh_module(source):  # its children are new too
+                guards.type_(source, type(value))
+                return V.ModuleVar(value, source)
             if source is not None and not source.is_module_state:
                 guards.identity(source, value)
             return V.ModuleVar(value, source)

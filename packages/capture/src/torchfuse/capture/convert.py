@@ -28,7 +28,14 @@ from torchfuse.capture.errors import DynamicShapeError, Unsupported
 from torchfuse.capture.frame import Frame
 from torchfuse.capture.guards import CheckFunctions, autocast_state, storage_groups
 from torchfuse.capture.output import OutputBuilder, Spec
-from torchfuse.capture.source import ClosureSource, FromNumpySource, LocalSource, ScalarCarrierSource
+from torchfuse.capture.pyrandom import DrawNeeded
+from torchfuse.capture.source import (
+    ClosureSource,
+    FloatCarrierSource,
+    FromNumpySource,
+    LocalSource,
+    ScalarCarrierSource,
+)
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import resolve_op
 from torchfuse.graph.symbolic import SpecializationError
@@ -69,6 +76,8 @@ class CaptureResult:
     ddp_plan: Any = None
     """A [`BucketPlan`][torchfuse.capture.distributed.BucketPlan] when the graph was captured
     inside a DDP forward: where it was cut into pieces, one per gradient bucket."""
+    random_generators: list[Any] = dataclasses.field(default_factory=list)
+    """The ``random.Random`` s that gathering this graph's inputs draws from (`pyrandom`)."""
     debug_name: str = ""
     """The folder its artifacts go to (``<function>/entry_<n>``, given when it is recorded;
     see ``torchfuse.graph.observe.entry_folder``)."""
@@ -164,8 +173,10 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
     code = fn.__code__
     grad = torch.is_grad_enabled()
     stop: tuple[int, Unsupported] | None = None
+    break_draws: set[int] = set()
     while True:  # twice when a break resumes: the second run stops cleanly before it
         ctx = Capture(name, fn.__globals__, fn.__closure__, dynamic)
+        ctx.break_draws = break_draws
         ctx.entry_grad = grad
         out_spec = None
         effects: list[tuple] = []
@@ -207,7 +218,12 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                 graph = _finish(ctx, name)
             except Unsupported as e:
                 error = e
-                if stop is None and _resumable(e):
+                if isinstance(e, DrawNeeded) and e.ordinal not in break_draws:
+                    # Python needs a random draw's value: start over, breaking at the draw
+                    break_draws.add(e.ordinal)
+                    stop = None
+                    again = True
+                elif stop is None and _resumable(e):
                     # capture again, stopping before the breaking instruction: what it did
                     # before raising (an inlined call that broke deep inside) leaves no trace
                     at = Unsupported(e.reason, e.loc, e.hint)
@@ -216,7 +232,15 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                     first = e
                     again = True
                 else:
-                    plan = _plan(ctx, e)
+                    try:
+                        plan = _plan(ctx, e)
+                    except DrawNeeded as live:  # a draw live at the break: break at the draw
+                        plan = None
+                        e.fallback = f"cannot resume: {live.reason}"
+                        if live.ordinal not in break_draws:
+                            break_draws.add(live.ordinal)
+                            stop, again = None, True
+                            continue
                     if stop is not None:
                         error = stop[1].original = first  # the user sees the real break
                         error.fallback = getattr(e, "fallback", None)
@@ -240,7 +264,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                          seconds=time.perf_counter() - t0, uses_modules=ctx.uses_modules,
                          plan=plan, dynamic_dims=dict(ctx.dynamic_dims), effect_notes=notes,
                          scalar_symbols=dict(ctx.scalar_symbols),
-                         grad_entry=ctx.grad_entry)
+                         grad_entry=ctx.grad_entry, random_generators=list(ctx.random_generators))
 
 
 def _finish(ctx: Capture, name: str) -> S.Graph:
@@ -250,9 +274,10 @@ def _finish(ctx: Capture, name: str) -> S.Graph:
         builder.add_node(SET_GRAD_ENABLED, [S.Bool(value=False)], {}, [])
         builder.nodes.insert(0, builder.nodes.pop())  # see CaptureResult.grad_entry
         ctx.grad_entry = True
-    # a tensor made of an ndarray argument is a new object on every call: never one of these
+    # a tensor made of an ndarray argument, or a carrier of a number, is a new object on
+    # every call: never one of these (evaluating a random draw's carrier would draw)
     tensor_args = [s.source for s in ctx.inputs if s.kind == "user_input" and s.source is not None
-                   and not isinstance(s.source, FromNumpySource | ScalarCarrierSource)]
+                   and not isinstance(s.source, FromNumpySource | ScalarCarrierSource | FloatCarrierSource)]
     if len(tensor_args) > 1:
         ctx.guards.distinct(tensor_args)
     _guard_overlap(ctx)
@@ -320,6 +345,8 @@ def _plan(ctx: Capture, error: Unsupported) -> Any:
 
     try:
         return plan_break(ctx, error)
+    except DrawNeeded:
+        raise  # the resume would need a random draw's value: capture starts over (above)
     except Unsupported as why:
         error.fallback = why.reason if isinstance(why, Fallback) else f"cannot resume: {why.reason}"
         return None

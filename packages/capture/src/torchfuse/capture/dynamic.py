@@ -114,13 +114,20 @@ class DynamicPolicy:
     auto: Mapping[str, set[int]] = dataclasses.field(default_factory=dict)
     scalars: Set[str] = frozenset()
     """Automatic dynamic for Python ints: the arguments (``L[1]``) seen changing value."""
+    modules: Set[str] = frozenset()
+    """Module arguments seen to be a new module of the same class on a later call (a module
+    made in the function, passed to a resume function): guarded on their type
+    (`torchfuse.capture.source.FreshModuleSource`)."""
+
+    def fresh_module(self, source_expr: str) -> bool:
+        return self.mode is not False and source_expr in self.modules
 
     def scalar(self, source_expr: str, value: Any) -> bool:
         """Whether the int or float argument ``value`` read through ``source_expr`` becomes a
         symbol (an int) or a graph input (a float): in automatic mode once it changed, with
         ``dynamic=True`` always, never with ``dynamic=False``; ints only from 2 (a symbol's
         range, as for sizes)."""
-        if self.mode is False or not (type(value) is float or (type(value) is int and value >= 2)):
+        if self.mode is False or not (is_float_scalar(value) or (type(value) is int and value >= 2)):
             return False
         return self.mode is True or source_expr in self.scalars
 
@@ -316,7 +323,7 @@ def bind_scalar_arguments(ctx: Any, local_vars: dict[str, Any]) -> None:
         if not ctx.dynamic.scalar(src, var.value):
             continue
         n = var.value
-        if type(n) is float:
+        if is_float_scalar(n):
             _float_input(ctx, name, var, local_vars, device)
             continue
         k = len(ctx.rec.builder.inputs)  # the graph input the carrier is about to become
@@ -349,7 +356,9 @@ def _carrier_device(local_vars: dict[str, Any]) -> str | None:
 
 
 def _float_input(ctx: Any, name: str, var: Any, local_vars: dict[str, Any], device: str | None) -> None:
-    """A float argument as a 0-d float64 graph input, guarded on its type only."""
+    """A float argument (a Python or numpy float) as a 0-d float64 graph input, guarded on
+    its type only (``type(L[1]) is numpy.float32``): with a tensor, a numpy float computes
+    as a Python float does, so the carrier serves both."""
     from torchfuse.capture import variables as V
     from torchfuse.capture.context import InputSlot
     from torchfuse.capture.source import FloatCarrierSource
@@ -359,7 +368,7 @@ def _float_input(ctx: Any, name: str, var: Any, local_vars: dict[str, Any], devi
     ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input",
                                 FloatCarrierSource(var.source, device)))
     ctx._keep.append(carrier)
-    ctx.guards.type_(var.source, float)
+    ctx.guards.type_(var.source, type(var.value))
     ctx.scalar_symbols[var.source.expr()] = ctx.rec.names[id(fake)]
     local_vars[name] = V.FloatArgVar(var.value, var.source, fake)
 
@@ -370,7 +379,7 @@ class ScalarChange:
 
     source: str
     display: str
-    old: int
+    old: Any  # an int, a float or a numpy float
     new: Any
 
 
@@ -391,8 +400,44 @@ def scalar_changes(entries: list[Any], L: Any) -> list[ScalarChange]:
     return list(found.values())
 
 
-def _number(text: str) -> int | float | None:
-    """The int or float a constant guard's value text is the repr of, else ``None``."""
+_NUMPY_FLOATS = ("float16", "float32", "float64")
+
+
+def is_float_scalar(value: Any) -> bool:
+    """A Python float, or a numpy float scalar (``np.float32(0.5)``; numpy stays optional)."""
+    cls = type(value)
+    return cls is float or (cls.__module__ == "numpy" and cls.__name__ in _NUMPY_FLOATS)
+
+
+def module_changes(checks: list[Any], L: Any) -> list[str]:
+    """The module arguments (``L[k]``) whose identity guard in ``checks`` (`CheckFunctions`)
+    fails because the call passes another module of the same class."""
+    from torchfuse.capture.source import LocalSource
+
+    found: list[str] = []
+    for ch in checks:
+        for e in ch.entries:
+            if not isinstance(e.record, S.IdentityGuard) or type(e.source) is not LocalSource:
+                continue
+            old = ch.namespace.get(e.condition.rpartition(" is ")[2])
+            new = L[e.source.index] if e.source.index < len(L) else None
+            if isinstance(old, torch.nn.Module) and type(new) is type(old) and new is not old:
+                found.append(e.source.expr())
+    return list(dict.fromkeys(found))
+
+
+def _number(text: str) -> Any:
+    """The int or float a constant guard's value text is the repr of (numpy floats as numpy
+    2 prints them, ``np.float32(0.5)``), else ``None``."""
+    for name in _NUMPY_FLOATS:
+        if text.startswith(f"np.{name}(") and text.endswith(")"):
+            import numpy as np
+
+            try:
+                value = getattr(np, name)(text[len(name) + 4:-1])
+            except ValueError:
+                return None
+            return value if repr(value) == text else None
     for cls in (int, float):
         try:
             value = cls(text)
@@ -475,7 +520,9 @@ __all__ = [
     "bind_scalar_arguments",
     "concrete",
     "dynamic_requests",
+    "is_float_scalar",
     "mark_dynamic",
+    "module_changes",
     "out_of_range",
     "plain",
     "read_expr",

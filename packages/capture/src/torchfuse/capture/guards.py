@@ -274,7 +274,7 @@ class GuardSet:
         src = source.expr()
         desc = getattr(obj, "__qualname__", None) or f"{type(obj).__name__} at {id(obj):#x}"
         rec = S.IdentityGuard(source=src, description=str(desc), loc=self._loc_of())
-        self._add(("id", src), rec, f"{src} is {self._obj(obj, 'O')}", source.is_module_state)
+        self._add(("id", src), rec, f"{src} is {self._obj(obj, 'O')}", source.is_module_state, source)
 
     def alias(self, source: Source, same_as: Source) -> None:
         """``source`` is the very object already read through ``same_as``."""

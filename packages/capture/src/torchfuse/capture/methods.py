@@ -8,6 +8,7 @@ import torch
 from torchfuse.capture import operators as O
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
+from torchfuse.capture.dynamic import contains_symbolic
 from torchfuse.capture.errors import Unsupported, UserException
 from torchfuse.capture.values import from_py, size_of, to_py
 
@@ -44,10 +45,41 @@ def call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Va
     if isinstance(obj, V.SetVar):
         return set_method(obj, name, args, kwargs)
     if isinstance(obj, V.ConstVar):  # str.format, int.bit_length, torch.Size.numel …
+        kept = _number_method(obj, name, args, kwargs)
+        if kept is not None:
+            return kept
         names = list(kwargs)
         return O.fold(lambda v, *a: getattr(v, name)(*a[:len(args)], **dict(
             zip(names, a[len(args):], strict=True))), obj, *args, *kwargs.values())
     raise Unsupported(f"method {name} of {obj.describe()}", ctx.loc)
+
+
+def _number_method(obj: V.ConstVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """Methods of an int symbol or a float graph input that need not specialize it:
+    ``n.bit_length()`` guards the power-of-two range of ``n`` (``4 <= s0 < 8`` for 3), not its
+    value; ``conjugate()`` is the number itself; ``f.is_integer()`` guards that answer only."""
+    if args or kwargs:
+        return None
+    if isinstance(obj, V.FloatArgVar):
+        if name == "conjugate":
+            return obj
+        if name == "is_integer" and obj.source is not None:
+            from torchfuse.capture.source import MethodCallSource
+
+            answer = bool(obj.value.is_integer())
+            current().guards.constant(MethodCallSource(obj.source, name), answer)
+            return V.ConstVar(answer)
+        return None
+    value = obj.value
+    if not isinstance(value, torch.SymInt):
+        return None
+    if name == "conjugate":
+        return obj
+    if name == "bit_length":
+        k = int(value.node.hint).bit_length()
+        if bool(value >= 2 ** (k - 1)) and bool(value < 2 ** k):  # each a guard on the symbol
+            return V.ConstVar(k)
+    return None
 
 
 def _as_subclass(obj: V.TensorVar, cls: Any) -> V.Var:
@@ -67,6 +99,12 @@ def _as_subclass(obj: V.TensorVar, cls: Any) -> V.Var:
 
 def tensor_method(obj: V.TensorVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     ctx = current()
+    if name == "new_tensor" and len(args) == 1 and isinstance(args[0], V.ListVar | V.ConstVar) and \
+            contains_symbolic(to_py(args[0])):  # t.new_tensor([n]) of sizes: torch.tensor's path
+        from torchfuse.capture.calls import call_torch_function
+
+        kw = {"dtype": V.ConstVar(obj.fake.dtype), "device": V.ConstVar(obj.fake.fake_device), **kwargs}
+        return call_torch_function(torch.tensor, args, kw)
     if name in _KNOWN_READS and not args and not kwargs:
         value = ctx.rec.known.get(obj.fake)  # made from constants alone: eager's answer
         if value is not None and (name == "tolist" or value.numel() == 1):

@@ -6,11 +6,11 @@ does. numpy calls over such arrays and Python constants are recorded as the torc
 the same meaning, and the result is again a traced array:
 
 * creation: ``np.ones``/``zeros``/``empty``/``full`` (and ``*_like``), ``np.arange``,
-  ``np.array``/``asarray``, ``np.meshgrid``;
+  ``np.array``/``asarray``, ``np.meshgrid``, ``np.linspace`` of constants;
 * reductions: ``np.sum``/``mean``/``prod``/``max``/``min`` (``amax``/``amin``), as functions
   and methods, with ``axis`` and ``keepdims``;
-* elementwise ufuncs (``np.exp``, ``np.sqrt``, ``np.maximum`` …), the arithmetic and
-  comparison operators, ``np.where``, ``np.concatenate``/``stack``;
+* elementwise ufuncs (``np.exp``, ``np.sqrt``, ``np.maximum`` …), ``np.clip`` by constants,
+  the arithmetic and comparison operators, ``np.where``, ``np.concatenate``/``stack``;
 * shape: ``reshape``, ``transpose``/``.T``, ``astype``, ``copy``, ``flatten``/``ravel``,
   indexing by constants; attributes ``shape``, ``ndim``, ``dtype``, ``size``, ``itemsize``.
 
@@ -320,6 +320,22 @@ def _array(obj: Any, dtype: Any = None, copy: bool = True) -> V.Var:
     return _out(_torch(torch.tensor, real.tolist(), dtype=_DTYPES[real.dtype]))
 
 
+def _linspace(*args: Any, **kwargs: Any) -> V.Var:
+    """``np.linspace`` of constants: numpy's own values (its rounding differs from
+    ``torch.linspace``'s), made as a constant array."""
+    if any(isinstance(a, V.Var) for a in [*args, *kwargs.values()]) or kwargs.get("retstep"):
+        raise Unsupported("numpy.linspace of traced values", current().loc)
+    return _array(np.linspace(*args, **kwargs))
+
+
+def _clip(a: Any, a_min: Any = None, a_max: Any = None) -> V.Var:
+    """``np.clip(a, lo, hi)`` with constant bounds: ``clamp`` in numpy's result dtype."""
+    if not isinstance(a, V.TracedArrayVar) or isinstance(a_min, V.Var) or isinstance(a_max, V.Var):
+        raise Unsupported("numpy.clip of a non-traced array or traced bounds", current().loc)
+    dt = _torch_dtype(np.clip(np.ones((), a.np_dtype), a_min, a_max).dtype)
+    return _out(_torch(torch.clamp, _operand(a, dt), a_min, a_max))
+
+
 def _meshgrid(*xi: Any, indexing: str = "xy") -> V.Var:
     ts = [x.fake if isinstance(x, V.TracedArrayVar) else None for x in xi]
     if None in ts:
@@ -376,7 +392,7 @@ FUNCTIONS: dict[Any, Any] = {
     np.zeros_like: _like(torch.zeros_like, np.zeros_like),
     np.arange: _arange, np.array: _array,
     np.asarray: lambda obj, dtype=None: _array(obj, dtype, copy=False),
-    np.meshgrid: _meshgrid, np.where: _where,
+    np.meshgrid: _meshgrid, np.where: _where, np.linspace: _linspace, np.clip: _clip,
     np.concatenate: _join(torch.cat), np.stack: _join(torch.stack),
     np.sum: lambda a, axis=None, dtype=None, keepdims=False: _reduce(np.sum, a, axis, keepdims, dtype),
     np.mean: lambda a, axis=None, dtype=None, keepdims=False: _reduce(np.mean, a, axis, keepdims, dtype),

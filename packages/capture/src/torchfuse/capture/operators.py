@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torchfuse.capture import floats
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
@@ -47,7 +48,7 @@ def _float_operands(a: V.Var, b: V.Var) -> list[Any] | None:
     so that the result has the dtype a Python float gives: the tensor's for a floating
     tensor, the default dtype for an integral one. ``None`` where that cannot be kept."""
     tensor, flt = (a, b) if isinstance(a, V.TensorVar) else (b, a)
-    if not isinstance(tensor, V.TensorVar) or type(flt) is not V.FloatArgVar:
+    if not isinstance(tensor, V.TensorVar) or not isinstance(flt, V.FloatArgVar):
         return None
     dt = tensor.fake.dtype
     if dt.is_complex:
@@ -82,7 +83,13 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
         if operands is not None:
             return from_py(current().call_torch(fn, operands, {}, f"operator {op}"))
         return from_py(current().call_torch(fn, [to_py(a), to_py(b)], {}, f"operator {op}"))
+    kept = floats.binary(op, a, b)  # f * 2 of a float input, n / 2 of an int symbol
+    if kept is not None:
+        return kept
     base = op.rstrip("=") if op not in ("==",) else op
+    if base in _SET_OPS and (_is_set_view(a) or _is_set_view(b)):
+        # a keys/items view is a set, the result a ``set`` whatever the other iterable was
+        return fold(lambda x, y: fn(_plain_set(x), _plain_set(y)), _as_set(a), _as_set(b))
     if isinstance(a, V.ListVar) and isinstance(b, V.ListVar) and base == "+":
         if op == "+=" and not a.is_tuple:
             mutate(a)
@@ -113,6 +120,28 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
     return fold(fn, a, b)
 
 
+_SET_OPS = frozenset({"&", "|", "-", "^"})
+
+
+def _is_set_view(v: V.Var) -> bool:
+    """``d.keys()`` and ``d.items()`` are sets for operators (``d.values()`` is not)."""
+    return isinstance(v, V.DictViewVar) and v.part != "values"
+
+
+def _as_set(v: V.Var) -> V.Var:
+    """The operand of a set operator or comparison with a view: a view, list or tuple as
+    the set of its items (a view takes any iterable), anything else as it is."""
+    if isinstance(v, V.DictViewVar | V.ListVar):
+        return V.ConstVar(frozenset(i.python() for i in v.items))
+    if isinstance(v, V.SetVar):
+        return V.ConstVar(frozenset(v.python()))
+    return v
+
+
+def _plain_set(value: Any) -> Any:
+    return set(value) if isinstance(value, frozenset) else value
+
+
 def fold(fn: Any, *vars_: V.Var) -> V.Var:
     """Apply a Python function to constant operands."""
     vals = [v.python() for v in vars_]
@@ -132,6 +161,10 @@ def unary(op: str, a: V.Var) -> V.Var:
         return V.ConstVar(not truth(a))
     if isinstance(a, V.TensorVar):
         return from_py(current().call_torch(UNARY[op], [a.fake], {}, f"operator {op}"))
+    if op == "-":
+        kept = floats.neg(a)
+        if kept is not None:
+            return kept
     return fold(UNARY[op], a)
 
 
@@ -150,6 +183,10 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
         if operands is not None:
             return from_py(current().call_torch(COMPARE[op], operands, {}, f"operator {op}"))
         return from_py(current().call_torch(COMPARE[op], [to_py(a), to_py(b)], {}, f"operator {op}"))
+    if _is_set_view(a) or _is_set_view(b):  # d.keys() == {1, 2}, d.keys() <= other.keys()
+        a, b = (_as_set(v) if _is_set_view(v) or isinstance(v, V.SetVar) else v for v in (a, b))
+        if not all(isinstance(v, V.ConstVar) and isinstance(v.value, frozenset) for v in (a, b)):
+            return V.ConstVar(op == "!=") if op in ("==", "!=") else fold(COMPARE[op], a, b)
     structural = V.ConstVar | V.ListVar | V.DictVar | V.SetVar
     if op in ("==", "!=") and not (isinstance(a, structural) and isinstance(b, structural)):
         same = is_same(a, b)

@@ -72,8 +72,12 @@ class OutputBuilder:
                 self.count += 1
             return self._tensor_spec(var, self.index[key])
         if isinstance(var, V.ConstVar):
-            if var.source is not None:  # the caller's value, read again: no guard baked in
-                return ("s", var.source.expr())
+            if var.source is not None and not rewritten(var.source.expr(), _targets(self.ctx.side_effects)):
+                return ("s", var.source.expr())  # the caller's value, read again: no guard baked in
+            if var.source is not None:  # a write replayed before it is read changed its place
+                return ("c", var.python())
+            if isinstance(var, V.FloatArgVar):  # computed from varying numbers: guards them
+                return ("c", var.python())
             if contains_symbolic(var.value):
                 return self.size_spec(var.value)
             return ("c", var.value)
@@ -130,6 +134,7 @@ class OutputBuilder:
         ops: list[tuple] = []
         self.effect_notes: list[EffectNote] = []
         last_write = {(id(e[1]), e[2]): n for n, e in enumerate(self.ctx.side_effects) if e[0] == "setattr"}
+        written: set[str] = set()  # attributes an earlier replayed write has changed
         for n, effect in enumerate(self.ctx.side_effects):
             kind, loc = effect[0], effect[-1]
             if kind == "contents":
@@ -140,15 +145,49 @@ class OutputBuilder:
                 self.effect_notes.append(EffectNote(f"contents of {var.source.expr()}", loc, False))
             elif kind == "setattr":
                 _, obj, name, value, _ = effect
-                ops.append(("setattr", obj.source.expr(), name, self.spec(value), _plain_store(obj)))
+                ops.append(("setattr", obj.source.expr(), name, self._effect_value(value, written),
+                            _plain_store(obj)))
+                written.add(f"{obj.source.expr()}.{name}")
                 same = last_write[(id(obj), name)] != n or _unchanged(obj, name, value)
                 self.effect_notes.append(EffectNote(f"{obj.source.expr()}.{name} = {value.describe()}",
                                                     loc, same))
             elif kind == "setglobal":
                 _, name, value, _ = effect
-                ops.append(("setglobal", name, self.spec(value)))
+                ops.append(("setglobal", name, self._effect_value(value, written)))
+                written.add(f"G[{name!r}]")
                 self.effect_notes.append(EffectNote(f"global {name} = {value.describe()}", loc, False))
         return ops
+
+
+    def _effect_value(self, value: V.Var, written: set[str]) -> Spec:
+        """A written value's spec. A constant read from outside is normally read again at
+        replay (no guard); when an earlier replayed write changed where it is read from
+        (``token = self.var; self.var = new; ...; self.var = token``), it is the value read
+        at capture, guarded, since at replay time that place already holds the new value."""
+        if isinstance(value, V.ConstVar) and value.source is not None:
+            if rewritten(value.source.expr(), written):
+                return ("c", value.python())
+            return ("s", value.source.expr())
+        return self.spec(value)
+
+
+def _targets(effects: list[tuple]) -> set[str]:
+    """Where the side effects write: ``G['S'].a`` for an attribute, ``G['n']`` for a global,
+    the container's source for its contents."""
+    out: set[str] = set()
+    for e in effects:
+        if e[0] == "setattr" and e[1].source is not None:
+            out.add(f"{e[1].source.expr()}.{e[2]}")
+        elif e[0] == "setglobal":
+            out.add(f"G[{e[1]!r}]")
+        elif e[0] == "contents" and e[1].source is not None:
+            out.add(e[1].source.expr())
+    return out
+
+
+def rewritten(src: str, targets: set[str]) -> bool:
+    """Whether the value read through ``src`` lives where one of ``targets`` is written."""
+    return any(src == w or src.startswith((w + ".", w + "[")) for w in targets)
 
 
 def _plain_store(obj: Any) -> bool:

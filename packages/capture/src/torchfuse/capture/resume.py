@@ -36,7 +36,7 @@ from torchfuse.capture import codegen
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import Capture
 from torchfuse.capture.errors import Unsupported
-from torchfuse.capture.output import OutputBuilder, Spec, new_object
+from torchfuse.capture.output import OutputBuilder, Spec, _targets, new_object, rewritten
 from torchfuse.capture.source import AttrSource, ClosureSource, ItemSource, Source
 from torchfuse.capture.variables import TRACE_RANGE
 from torchfuse.capture.versions import (
@@ -170,6 +170,9 @@ class LiveBuilder(OutputBuilder):
             raise Fallback(f"a {var.describe()} value is live at the break", self.ctx.loc)
         if isinstance(var, V.TensorVar):
             return super().spec(var)
+        if isinstance(var, V.ConstVar) and var.source is not None and \
+                rewritten(var.source.expr(), _targets(self.ctx.side_effects)):
+            return ("c", var.python())  # its place is written before the break: the old value
         if isinstance(var, OpaqueVar) or (isinstance(var, V.ConstVar) and var.source is not None):
             return ("s", var.source.expr())  # read again on each call: no guard needed
         if isinstance(var, V.IteratorVar):

@@ -46,6 +46,23 @@ class LocalSource(Source):
 
 
 @dataclass(frozen=True, slots=True)
+class FreshModuleSource(LocalSource):
+    """An ``nn.Module`` argument that is a new object on every call (a module made in the
+    function, handed to the resume function after its constructor's break): guarded on its
+    type, not its identity. What hangs off it is no module state: the module version never
+    moves for a module nobody watched, so its guards and parameters are read on every call."""
+
+
+def under_fresh_module(source: Source) -> bool:
+    """Whether ``source`` is a `FreshModuleSource` or hangs off one."""
+    while not isinstance(source, LocalSource):
+        source = getattr(source, "base", None)
+        if source is None:
+            return False
+    return isinstance(source, FreshModuleSource)
+
+
+@dataclass(frozen=True, slots=True)
 class GlobalSource(Source):
     name: str
 
@@ -90,7 +107,7 @@ class ModuleStateSource(Source):
 
     @property
     def is_module_state(self) -> bool:
-        return True
+        return not under_fresh_module(self.base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +116,7 @@ class ModuleAttrSource(AttrSource):
 
     @property
     def is_module_state(self) -> bool:
-        return True
+        return not under_fresh_module(self.base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +176,18 @@ class ClassAttrSource(Source):
 
     def expr(self) -> str:
         return f"type({self.base.expr()}).{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class MethodCallSource(Source):
+    """What a method of a number returns (``L[1].is_integer()``): guarded without guarding
+    the number itself."""
+
+    base: Source
+    name: str
+
+    def expr(self) -> str:
+        return f"{self.base.expr()}.{self.name}()"
 
 
 @dataclass(frozen=True, slots=True)

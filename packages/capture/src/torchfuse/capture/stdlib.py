@@ -17,9 +17,9 @@ make them as user objects; instead each constructor here builds what capture alr
 The endless iterators (``count``, ``cycle``, ``repeat`` without ``times``) are *lazy*
 ``IteratorVar`` s: each item is made when it is pulled (``next``, a ``for`` that breaks out,
 ``zip``/``map``/``enumerate``/``islice`` over them, which are lazy too), so nothing runs
-ahead of Python. Consuming one whole (``list(count())``) is a graph break. Those that call
-back into user code lazily (``starmap``, ``groupby``) are not modelled: calling them is an
-ordinary unsupported call, a graph break.
+ahead of Python. Consuming one whole (``list(count())``) is a graph break. ``starmap`` is lazy
+as well: ``f(*row)`` runs when its item is pulled. ``groupby`` is not modelled: calling it
+is an ordinary unsupported call, a graph break.
 """
 
 from __future__ import annotations
@@ -168,6 +168,18 @@ def _accumulate(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Va
         else:
             acc.append(core.call(func, [acc[-1], v], {}))
     return V.IteratorVar(acc)
+
+
+def _starmap(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``starmap(f, rows)``: lazy, as Python's: ``f(*row)`` is called when an item is pulled."""
+    if kwargs or len(args) != 2:
+        raise Unsupported("itertools.starmap with these arguments", current().loc)
+    func, rows = args[0], core.pull(args[1])
+
+    def gen() -> Iterator[V.Var]:
+        for row in rows:
+            yield core.call(func, core.iterate(row), {})
+    return V.IteratorVar([], gen())
 
 
 # ----------------------------------------------------------------------------- collections
@@ -375,6 +387,7 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     itertools.count: _count,
     itertools.cycle: _cycle,
     itertools.accumulate: _accumulate,
+    itertools.starmap: _starmap,
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
     collections.deque: _deque,

@@ -532,6 +532,18 @@ class ContextVar(Var):
         return f"context {self.kind}{self.args}"
 
 
+class DecoratedVar(Var):
+    """A function decorated by a context manager made in the frame (``@torch.no_grad()`` on
+    a nested ``def``): calling it enters ``context``, calls ``func`` and exits again."""
+
+    def __init__(self, context: ContextVar, func: Var) -> None:
+        self.context = context
+        self.func = func
+
+    def describe(self) -> str:
+        return f"{self.func.describe()} decorated by {self.context.describe()}"
+
+
 class UserExitVar(Var):
     """The ``__exit__`` that ``BEFORE_WITH`` pushes for a context manager whose methods are
     interpreted (a user class): called like the bound method it wraps; at a graph break it is
