@@ -130,19 +130,26 @@ def test_an_object_address_in_a_guard_does_not_change_the_cache_key(counted_lowe
         torch.testing.assert_close(second, other(x).sum(dim=1))
 
 
-def test_identity_guard_addresses_are_left_out_of_keys_and_nothing_else():
+def test_keys_cover_size_guards_and_no_other_guard():
     from torchfuse.graph import schema as S
     from torchfuse.graph import trace
     from torchfuse.inductor.config import config
 
     graph, _ = trace(lambda a: a * 2 + 1, torch.randn(4))
+    other_graph, _ = trace(lambda a: a * 3 + 1, torch.randn(4))
 
-    def with_guard(text: str) -> S.Graph:
-        return msgspec.structs.replace(graph, guards=(*graph.guards, S.IdentityGuard(source="C[0]", description=text)))
+    def with_guard(guard: S.Guard, g: S.Graph = graph) -> S.Graph:
+        return msgspec.structs.replace(g, guards=(*g.guards, guard))
 
     key = lambda g: cache.program_key(g, mode="default", cfg=config)
-    assert key(with_guard("C[0] is Net at 0x7f01")) == key(with_guard("C[0] is Net at 0x7f99"))
-    assert key(with_guard("C[0] is Net at 0x7f01")) != key(with_guard("C[0] is Other at 0x7f01"))
+    ident = lambda text: S.IdentityGuard(source="C[0]", description=text)
+    keys_of = lambda value: S.ConstantGuard(source="tuple(L[3].keys())", value=value)
+    assert key(with_guard(ident("C[0] is Net at 0x7f01"))) == key(with_guard(ident("C[0] is Net at 0x7f99")))
+    # an id()-keyed dict's keys: addresses as integers, another in every process
+    assert key(with_guard(keys_of("(140572007951632,)"))) == key(with_guard(keys_of("(140462443278864,)")))
+    assert key(with_guard(keys_of("(1,)"))) == key(graph)
+    assert key(with_guard(S.SymbolGuard(expr="s0 > 4"))) != key(with_guard(S.SymbolGuard(expr="s0 > 5")))
+    assert key(with_guard(ident("C[0] is Net"), other_graph)) != key(with_guard(ident("C[0] is Net")))
     plans = cache.PlanCache()
     assert plans.key(b'{"d":"C[0] is Net at 0x7f01"}') == plans.key(b'{"d":"C[0] is Net at 0x7f99"}')
     assert plans.key(b'{"d":"C[0] is Net"}') != plans.key(b'{"d":"C[0] is Other"}')

@@ -237,3 +237,26 @@ def test_a_record_naming_no_input_is_invalid_and_the_plan_rebuilt():
     ex, ew, ecount = _mutating_inputs()
     torch.testing.assert_close(loss, _scaled_and_counted(ex, ew, ecount)[0])
     torch.testing.assert_close(count, ecount)
+
+
+def test_guards_other_than_size_guards_do_not_change_the_plan_key():
+    import msgspec
+    from torchfuse.graph import schema as S
+
+    graph, _ = trace(_loss, *_inputs())
+    store = MemoryCache()
+
+    def guarded(*guards):
+        return msgspec.structs.replace(graph, guards=(*graph.guards, *guards))
+
+    # the keys of a dict keyed by id(): another value in every process, nothing compiled differs
+    aot(guarded(S.ConstantGuard(source="tuple(L[3].keys())", value="(140572007951632,)")),
+        interpreter_compiler, cache=store)(*_inputs())
+    fn = aot(guarded(S.ConstantGuard(source="tuple(L[3].keys())", value="(140462443278864,)"),
+                     S.IdentityGuard(source="C[0]", description="C[0] is Net at 0x7f99")),
+             interpreter_compiler, cache=store)
+    for a, b in zip(_grads(fn, _inputs()), _grads(_loss, _inputs()), strict=True):
+        torch.testing.assert_close(a, b)
+    assert (store.hits, len(store.entries)) == (1, 1)
+    aot(guarded(S.SymbolGuard(expr="s0 > 4")), interpreter_compiler, cache=store)(*_inputs())
+    assert len(store.entries) == 2, "a size guard is part of the key"

@@ -348,6 +348,12 @@ class AotFunction:
         # "flat": the key is the graph before functionalization (keys of the functional
         # graph, written before, can never match one of these)
         settings = msgspec.json.encode(["flat", list(requires_grad), self.strategy, self.memory_budget])
+        # only size guards decide a plan (the passes assume them); the others are capture's to
+        # check, and some hold process-local addresses (an identity guard's description, a
+        # constant guard on the keys of a dict keyed by ``id()``)
+        sized = tuple(g for g in flat.guards if isinstance(g, S.SymbolGuard))
+        if sized != flat.guards:
+            flat = msgspec.structs.replace(flat, guards=sized)
         return settings + b"\0" + to_json(flat)
 
     def _cached_plan(self, material: bytes) -> _Plan | None:
