@@ -9,12 +9,12 @@ import msgspec
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torchfuse.autograd.config import config
-from torchfuse.autograd.meta_memo import MEMO, Entry
 from torchfuse.graph import printer
 from torchfuse.graph import schema as S
 from torchfuse.graph.collector import gc_paused
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import no_autocast
+from torchfuse.graph.meta_memo import MEMO, Entry
 from torchfuse.graph.ops import (
     decode_arg,
     encode_arg,
