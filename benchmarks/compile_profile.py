@@ -339,7 +339,9 @@ def real_first_call(row: Row, device: str, scale: str, eager_first: bool = True,
         step(fn)
     sync()
     gc.collect()
-    with observe.collect():  # every entry keeps its stages and counts while this runs
+    # every entry keeps its stages and counts while this runs, and renders no debug text
+    # (graph.py, guards.txt, IR dumps: what a real first call without TORCHFUSE_DEBUG skips)
+    with observe.collect(artifacts=False):
         if prof:
             prof.enable()
         t0 = time.perf_counter()

@@ -70,6 +70,38 @@ def test_every_stage_of_an_entry_is_timed_and_counted():
     assert "count" in sink.get("timings.txt", name)
 
 
+def _shifted(ids):
+    # transformers' shift_tokens_right: writes into slices of a new tensor (not functional)
+    out = ids.new_zeros(ids.shape)
+    out[:, 1:] = ids[:, :-1].clone()
+    out[:, 0] = 7
+    return out * 2
+
+
+def test_a_warm_inference_graph_that_writes_intermediates_skips_functionalize(monkeypatch):
+    import importlib
+
+    fz = importlib.import_module("torchfuse.autograd.functionalize")  # the package exports a function of that name
+    ids = torch.arange(12).reshape(3, 4)
+    with torch.no_grad():
+        cold = tf.compile(_shifted)(ids)
+    tf.reset()
+    calls = []
+    real = fz._functionalize_node  # what every functionalization runs, whoever imported it
+    monkeypatch.setattr(fz, "_functionalize_node", lambda *a: calls.append(a[0]) or real(*a))
+    with torch.no_grad(), observe.collect(artifacts=False):
+        warm = tf.compile(_shifted)(ids)
+        counts = observe.timings_of([g for g in observe.timed_graphs() if "_shifted" in g][-1])[1]
+    assert counts["inductor.cache.program_hits"] == 1 and calls == []
+    torch.testing.assert_close(warm, cold)
+    torch.testing.assert_close(warm, _shifted(ids))
+    with torch.no_grad():
+        # without the cache the graph is functionalized as before, and computes the same
+        uncached = tf.compile(_shifted, options={"cache": False})(ids + 1)
+    assert calls
+    torch.testing.assert_close(uncached, _shifted(ids + 1))
+
+
 def test_perf_hints_prints_each_entry_once_after_its_first_call(monkeypatch, capsys):
     monkeypatch.setattr(observe, "config", dataclasses.replace(observe.config, logs=frozenset({"perf_hints"})))
     x, w = _inputs()

@@ -234,7 +234,7 @@ def emit(filename: str, text: str, *, fallback_name: str = "graph") -> Path | No
 def keeps_timings() -> bool:
     """Whether stage durations and counts are kept: for the debug folder, a `collect` block or
     the ``perf_hints`` channel (a stage asks before doing extra work to measure)."""
-    return wants_artifacts() or "perf_hints" in config.logs
+    return wants_artifacts() or bool(_timing_blocks) or "perf_hints" in config.logs
 
 
 def record_time(stage: str, seconds: float) -> None:
@@ -364,6 +364,8 @@ class Collector:
 
 
 _collectors: list[Collector] = []
+_timing_blocks: list[object] = []
+"""Open `collect` blocks with ``artifacts=False``: they keep timings and counts only."""
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("torchfuse_graph", default=None)
 _role: contextvars.ContextVar[str] = contextvars.ContextVar("torchfuse_role", default="")
 _timings: dict[str, dict[str, float]] = {}
@@ -373,15 +375,20 @@ _flushed: dict[str, set[str]] = {}
 
 
 @contextlib.contextmanager
-def collect() -> Iterator[Collector]:
+def collect(artifacts: bool = True) -> Iterator[Collector]:
     """Keep every artifact emitted inside the block in memory (the main job and tests use it
-    to show what each stage produced without a debug directory)."""
+    to show what each stage produced without a debug directory).
+
+    ``artifacts=False`` keeps only the stage timings and counts (`timings_of`): the stages
+    then render no text nobody asked for, and cost what they cost without the block
+    (``benchmarks/compile_profile.py`` measures first calls this way)."""
     sink = Collector()
-    _collectors.append(sink)
+    owner = _collectors if artifacts else _timing_blocks
+    owner.append(sink)
     try:
         yield sink
     finally:
-        _collectors.remove(sink)
+        owner.remove(sink)
 
 
 @contextlib.contextmanager
