@@ -18,8 +18,13 @@ the most own time over all the workloads' compile stages; ``--slowest N`` (with 
 lists the N slowest single Triton compiles.
 
 The numbers are one process's, in table order, after one warm-up compile (imports paid), like
-the "cold" column of ``benchmarks/run.py``. ``--cache`` runs each compile a second time
-through the program cache (``torchfuse.inductor.cache``) and reports the hit's time.
+the "cold" column of ``benchmarks/run.py``. Each graph's stages run with the garbage collector
+paused (`torchfuse.graph.collector.gc_paused`), as in the real path, where capture holds the
+pause around an inference graph's compile and ``aot`` around a training plan and its
+compilers; ``--gc-pause on,off`` measures both settings (``TORCHFUSE_GC_PAUSE``), in turn.
+``--repeat N`` runs everything N times and keeps the minimum of every cell. ``--cache`` runs
+each compile a second time through the program cache (``torchfuse.inductor.cache``) and
+reports the hit's time.
 
 ``--models gpt2,llama`` (or ``all``) profiles the real ``transformers`` models of
 ``benchmarks/models.py`` instead (``--model-modes inference,training``), as rows
@@ -31,20 +36,28 @@ Two more modes run the real first call instead of the stages one by one, on any 
     python benchmarks/compile_profile.py --warm --small --device cpu --only softmax,layer_norm_train
     python benchmarks/compile_profile.py --warm --models gpt2 --model-modes training --device cuda
 
-``--real``: each row compiled by the ``inductor`` backend and called once, with what every
-compiled entry recorded (``torchfuse.graph.observe``: the stages of ``timings.json``, the
-runtime's first-call phases, Triton compiles and cache hits, the on-disk cache lookups) summed
-over the row's entries, forward and backward together. ``--warm``: the same in two fresh
-processes over one fresh cache directory (``TORCHFUSE_CACHE_DIR``, ``TRITON_CACHE_DIR``), a
-cold one and a warm one, printed side by side: where a warm start's time goes, and whether it
-missed a cache (the counts say). On the CPU the ``run`` phase is Triton's interpreter running
-the kernels (use ``--small``); on a GPU it is the first launches.
+``--real``: each row compiled by the ``inductor`` backend and called once, in a fresh process
+over a fresh cache directory, with what every compiled entry recorded
+(``torchfuse.graph.observe``: the stages of ``timings.json``, the runtime's first-call phases,
+Triton compiles and cache hits, the on-disk cache lookups) summed over the row's entries,
+forward and backward together, after one untimed eager step (``--no-eager-first``: without).
+``--warm``: a cold process and then a warm one over one fresh
+cache directory (``TORCHFUSE_CACHE_DIR``, ``TRITON_CACHE_DIR``), printed side by side: where a
+warm start's time goes, and whether it missed a cache (the counts say). On the CPU the
+kernels are the C++ ones (``TORCHFUSE_CPU_BACKEND=cpp``, the CPU default; the cold process
+builds them with the system compiler, the warm one loads the shared objects from the cache);
+``--cpu-backend triton`` runs Triton's interpreter instead (slow: use ``--small``). On a GPU
+``runtime.run`` is the first launches. ``--repeat N``: N (cold, warm) pairs, each over a fresh
+cache, the minimum per cell; ``--gc-pause on,off``: each row under both settings;
+``--cprofile N`` (with ``--warm``): the warm process's first call under cProfile, its N
+hottest functions by own time and by cumulative time.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import os
@@ -75,7 +88,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the real first call, with every entry's recorded stages")
     p.add_argument("--warm", action="store_true", help="--real in a cold and then a warm fresh process")
     p.add_argument("--device", default="cpu", help="with --real/--warm: cpu or cuda")
-    p.add_argument("--timeout", type=float, default=540, help="with --warm: seconds per child process")
+    p.add_argument("--timeout", type=float, default=540, help="with --real/--warm: seconds per child process")
+    p.add_argument("--cpu-backend", default="cpp", choices=("cpp", "triton"),
+                   help="with --real/--warm on the CPU: C++ kernels, or Triton's interpreter")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run N times, keep the minimum per cell")
+    p.add_argument("--gc-pause", default="on", help="on, off or on,off: TORCHFUSE_GC_PAUSE for the compiles")
+    p.add_argument("--no-eager-first", action="store_true",
+                   help="with --real/--warm: no untimed eager step before the compiled first call")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -155,9 +175,16 @@ def _timed(times: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
 
 def compile_stages(graph: Any, times: dict[str, float], triton: bool, cache: bool) -> Any:
     """The inductor pipeline + the runtime's load on one graph, each stage added to ``times``."""
+    from torchfuse.graph.collector import gc_paused
     from torchfuse.inductor import compile_graph_stages
     from torchfuse.runtime import load
 
+    with gc_paused():  # as in the real path: capture's (inference) or aot's (training) pause
+        return _compile_stages(graph, times, triton, cache, compile_graph_stages, load)
+
+
+def _compile_stages(graph: Any, times: dict[str, float], triton: bool, cache: bool,
+                    compile_graph_stages: Callable[..., Any], load: Callable[..., Any]) -> Any:
     t0 = time.perf_counter()
     result = compile_graph_stages(graph)
     total = time.perf_counter() - t0
@@ -211,9 +238,12 @@ def aot_stages(graph: Any, rg: tuple[bool, ...], examples: Sequence[Any], times:
                cache: bool) -> Any:
     """autograd's training plan for ``graph``, its stages added to ``times``."""
     from torchfuse.autograd import aot
+    from torchfuse.graph.collector import gc_paused
 
-    fn = _timed(times, "aot.functionalize", lambda: aot(graph, _keep, _keep))
-    plan = fn.plan(rg, True, fn.sizes_key(examples))
+    fn = aot(graph, _keep, _keep)
+    with gc_paused():  # aot holds it around functionalize and the plan in the real path
+        _timed(times, "aot.functionalize", lambda: fn.functional)
+        plan = fn.plan(rg, True, fn.sizes_key(examples))
     for stage in fn.stages[1:]:
         name = "aot." + stage.name.split(".")[0]
         times[name] = times.get(name, 0.0) + stage.seconds
@@ -222,7 +252,8 @@ def aot_stages(graph: Any, rg: tuple[bool, ...], examples: Sequence[Any], times:
 
         def plan_through_cache() -> None:
             cached = aot(graph, _keep, _keep, cache=PlanCache())
-            cached.plan(rg, True, cached.sizes_key(examples))
+            with gc_paused():
+                cached.plan(rg, True, cached.sizes_key(examples))
 
         plan_through_cache()  # a miss: builds and stores
         _timed(times, "cache_hit", plan_through_cache)
@@ -287,20 +318,38 @@ REAL_COUNTS = ("runtime.triton_compiles", "runtime.triton_cache_hits", "inductor
                "inductor.cache.program_misses", "aot.cache.hits", "aot.cache.misses", "runtime.kernels")
 
 
-def real_first_call(row: Row, device: str, scale: str) -> dict[str, Any]:
-    """Compile ``row`` with the inductor backend and call it once; what its entries recorded."""
+def real_first_call(row: Row, device: str, scale: str, eager_first: bool = True,
+                    prof: cProfile.Profile | None = None) -> dict[str, Any]:
+    """Compile ``row`` with the inductor backend and call it once; what its entries recorded.
+
+    ``eager_first``: one eager step before, untimed, as ``models.py`` runs eager before the
+    compilers: the model's own first-use costs (``transformers`` imports modules lazily on a
+    first forward: 0.5-1.3 s of small Llama's first call) are not the compiler's. Then one full
+    collection, untimed: the objects those imports left would otherwise make the compiled
+    call's first collection a full one (0.3-0.6 s in a warm small-Llama process, where the
+    warm compile itself adds some 36k tracked objects to 394k). ``prof`` profiles the
+    compiled first call."""
     import torch
     import torchfuse.capture as tf
     from torchfuse.graph import observe
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     fn, step = row.build(device, scale)
+    if eager_first:
+        step(fn)
     sync()
-    with observe.collect():  # every entry keeps its stages and counts while this runs
+    gc.collect()
+    # every entry keeps its stages and counts while this runs, and renders no debug text
+    # (graph.py, guards.txt, IR dumps: what a real first call without TORCHFUSE_DEBUG skips)
+    with observe.collect(artifacts=False):
+        if prof:
+            prof.enable()
         t0 = time.perf_counter()
         step(tf.compile(fn))
         sync()
         seconds = time.perf_counter() - t0
+        if prof:
+            prof.disable()
         stages: dict[str, float] = {}
         counts: dict[str, int] = {}
         for graph in observe.timed_graphs():
@@ -330,41 +379,92 @@ def real_child(args: argparse.Namespace) -> int:
     x = torch.ones(8, device=args.device)
     tf.compile(lambda t: t * 2 + 1)(x)  # imports and first-use costs paid, as in run.py
     tf.reset()
-    result = real_first_call(row, args.device, "small" if args.small else "full")
+    prof = cProfile.Profile() if args.cprofile else None
+    scale = "small" if args.small else "full"
+    result = real_first_call(row, args.device, scale, not args.no_eager_first, prof)
     print(REAL_MARK + json.dumps(result), flush=True)
+    if prof:
+        for order, n in (("tottime", args.cprofile), ("cumulative", args.cprofile * 2)):
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats(order).print_stats(n)
+            print(out.getvalue(), flush=True)
     return 0
 
 
-def warm_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
-    """Each row cold, then warm, in fresh processes over one fresh cache directory."""
+def child_env(args: argparse.Namespace, root: str, gc_pause: str) -> dict[str, str]:
+    """A child's environment: fresh caches under ``root``, the CPU kernels asked for, the
+    collector's pause on or off."""
+    env = dict(os.environ, TORCHFUSE_CACHE_DIR=os.path.join(root, "torchfuse"),
+               TRITON_CACHE_DIR=os.path.join(root, "triton"),
+               TORCHFUSE_GC_PAUSE="1" if gc_pause == "on" else "0")
+    if not args.device.startswith("cuda"):
+        env["TORCHFUSE_CPU_BACKEND"] = args.cpu_backend
+        if args.cpu_backend == "triton":
+            env["TRITON_INTERPRET"] = "1"
+        else:
+            env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def _min_cells(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The minimum of every cell over repeated runs of one row (counts: the first run's)."""
+    stages: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["stages_s"].items():
+            stages[k] = min(stages.get(k, v), v)
+    return {"first_call_s": min(r["first_call_s"] for r in runs), "stages_s": stages,
+            "counts": runs[0]["counts"], "runs": len(runs)}
+
+
+def child_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """Each row (under each ``--gc-pause`` setting) cold -- and with ``--warm`` then warm --
+    in fresh processes over one fresh cache directory, ``--repeat`` times, min per cell."""
     from run import _pin_ptxas
 
     _pin_ptxas()  # one ptxas for both children (Triton keys its cache by its version)
+    phases = ("cold", "warm") if args.warm else ("cold",)
+    settings = [g.strip() for g in args.gc_pause.split(",") if g.strip()]
     out = []
     for row in rows:
-        root = tempfile.mkdtemp(prefix="torchfuse_profile_warm_")
-        env = dict(os.environ, TORCHFUSE_CACHE_DIR=os.path.join(root, "torchfuse"),
-                   TRITON_CACHE_DIR=os.path.join(root, "triton"))
         flag = ["--models", row.name.split("/")[0], "--model-modes", row.name.split("/")[1]] \
             if "/" in row.name else ["--only", row.name]
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--device", args.device, *flag]
         cmd += ["--small"] if args.small else []
-        for phase in ("cold", "warm"):
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE,
-                                      timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                print(f"{row.name} {phase}: timed out after {args.timeout:.0f} s", file=sys.stderr)
-                break
-            found = [json.loads(line[len(REAL_MARK):]) for line in proc.stdout.splitlines()
-                     if line.startswith(REAL_MARK)]
-            if not found:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                print(f"{row.name} {phase}: failed: {' | '.join(tail)}", file=sys.stderr)
-                break
-            out.append((f"{row.name} {phase}", found[0]))
-            print(f"{row.name} {phase}: {found[0]['first_call_s']:.2f} s", file=sys.stderr, flush=True)
+        cmd += ["--no-eager-first"] if args.no_eager_first else []
+        for gc_pause in settings:
+            label = row.name if settings == ["on"] else f"{row.name} gc={gc_pause}"
+            runs: dict[str, list[dict[str, Any]]] = {p: [] for p in phases}
+            for rep in range(args.repeat):
+                env = child_env(args, tempfile.mkdtemp(prefix="torchfuse_profile_warm_"), gc_pause)
+                for phase in phases:
+                    profiled = ["--cprofile", str(args.cprofile)] if args.cprofile and phase == phases[-1] \
+                        and rep == args.repeat - 1 else []
+                    result = _run_child([*cmd, *profiled], env, args.timeout, f"{label} {phase}")
+                    if result is None:
+                        break
+                    runs[phase].append(result)
+            out += [(f"{label} {p}", _min_cells(r)) for p, r in runs.items() if r]
     return out
+
+
+def _run_child(cmd: list[str], env: dict[str, str], timeout: float, label: str) -> dict[str, Any] | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{label}: timed out after {timeout:.0f} s", file=sys.stderr)
+        return None
+    lines = proc.stdout.splitlines()
+    found = [k for k, line in enumerate(lines) if line.startswith(REAL_MARK)]
+    if not found:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        print(f"{label}: failed: {' | '.join(tail)}", file=sys.stderr)
+        return None
+    result = json.loads(lines[found[0]][len(REAL_MARK):])
+    print(f"{label}: {result['first_call_s']:.2f} s", file=sys.stderr, flush=True)
+    rest = "\n".join(lines[found[0] + 1:]).strip()
+    if rest:  # the child's cProfile tables
+        print(f"--- {label}: cProfile of the first call\n{rest}\n")
+    return result
 
 
 def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
@@ -383,8 +483,10 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
         cnt = [str(r["counts"].get(c, "")) for c in counts]
         print(f"| {name} | {r['first_call_s'] * 1e3:.0f} | " + " | ".join(cells)
               + f" | {sum(st.values()) * 1e3:.0f} | " + " | ".join(cnt) + " |")
+    runs = max((int(r.get("runs", 1)) for _, r in rows), default=1)
     print("(milliseconds, forward and backward entries summed; first call = wall time of the step; "
-          "runtime.run on the CPU is Triton's interpreter running the kernels)")
+          "runtime.run = the kernels' first run"
+          + (f"; the minimum of {runs} runs per cell" if runs > 1 else "") + ")")
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for name, r in rows:
         base, _, phase = name.rpartition(" ")
@@ -424,22 +526,23 @@ def print_table(rows: list[tuple[str, dict[str, float]]]) -> None:
     print("(milliseconds; k = kernels generated / Triton compiles a cold first call runs)")
 
 
+def _set_gc_pause(setting: str) -> None:
+    """``TORCHFUSE_GC_PAUSE`` for the compiles that follow in this process."""
+    from torchfuse.graph import observe
+
+    if setting not in ("on", "off"):
+        raise SystemExit(f"--gc-pause: {setting!r}; use on, off or on,off")
+    os.environ["TORCHFUSE_GC_PAUSE"] = "1" if setting == "on" else "0"
+    observe.reload_config()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.real or args.warm or args.child:
-        if not args.device.startswith("cuda"):
-            os.environ.setdefault("TRITON_INTERPRET", "1")
         sys.path.insert(0, str(HERE))
-        if args.child:
+        if args.child:  # the parent set the environment (`child_env`)
             return real_child(args)
-        rows = select_rows(args)
-        if args.warm:
-            results = warm_rows(rows, args)
-        else:
-            os.environ.setdefault("TORCHFUSE_CACHE_DIR", tempfile.mkdtemp(prefix="torchfuse_profile_"))
-            results = [(row.name, real_first_call(row, args.device, "small" if args.small else "full"))
-                       for row in rows]
-        print_real_table(results)
+        print_real_table(child_rows(select_rows(args), args))
         return 0
     if args.triton:
         os.environ.pop("TRITON_INTERPRET", None)  # real JITFunctions for triton.compile
@@ -463,21 +566,28 @@ def main(argv: list[str] | None = None) -> int:
     profile_workload(workload_rows(["seed_fn_1k"])[0], "small", False, False)
     prof = cProfile.Profile() if args.cprofile else None
     rows = []
+    settings = [g.strip() for g in args.gc_pause.split(",") if g.strip()]
     for wl in selected:
-        try:
-            if prof:
-                prof.enable()
-            times = profile_workload(wl, scale, args.triton, args.cache)
-        except Exception as e:  # keep going: one failing workload must not hide the others
-            print(f"{wl.name}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-            continue
-        finally:
-            if prof:
-                prof.disable()
-        rows.append((wl.name, times))
-        spent = sum(v for k, v in times.items() if k not in NOT_SECONDS)
-        print(f"{wl.name}: {spent:.2f} s",
-              file=sys.stderr, flush=True)
+        for gc_pause in settings:
+            _set_gc_pause(gc_pause)
+            label = wl.name if settings == ["on"] else f"{wl.name} gc={gc_pause}"
+            runs = []
+            for _ in range(args.repeat):
+                try:
+                    if prof:
+                        prof.enable()
+                    runs.append(profile_workload(wl, scale, args.triton, args.cache))
+                except Exception as e:  # keep going: one failing workload must not hide the others
+                    print(f"{label}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                    break
+                finally:
+                    if prof:
+                        prof.disable()
+                spent = sum(v for k, v in runs[-1].items() if k not in NOT_SECONDS)
+                print(f"{label}: {spent:.2f} s", file=sys.stderr, flush=True)
+            if runs:
+                rows.append((label, {k: min(r.get(k, float("inf")) for r in runs) for k in runs[0]}))
+    _set_gc_pause("on")
     print_table(rows)
     if args.slowest and SLOWEST:
         print(f"\nThe {args.slowest} slowest Triton compiles:")

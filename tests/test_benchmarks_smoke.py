@@ -157,6 +157,15 @@ def test_compile_profile_warm_shows_a_warm_process_hitting_every_cache(tmp_path:
     assert "warm / cold" in proc.stdout
 
 
+def test_compile_profile_repeats_under_both_collector_settings() -> None:
+    proc = _run(str(BENCH / "compile_profile.py"), "--small", "--only", "softmax", "--repeat", "2",
+                "--gc-pause", "on,off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| softmax")]
+    assert rows == ["softmax gc=on", "softmax gc=off"]
+    assert proc.stderr.count("softmax gc=off:") == 2, "each setting runs --repeat times"
+
+
 def test_cache_hit_child_gets_the_compile_environment_of_the_cold_compile(monkeypatch) -> None:
     """run.py's torchfuse hit child sets each workload's compile-related variables to what its
     cold compile saw: a variable torch.compile set in the parent later is dropped, one it

@@ -70,6 +70,38 @@ def test_every_stage_of_an_entry_is_timed_and_counted():
     assert "count" in sink.get("timings.txt", name)
 
 
+def _shifted(ids):
+    # transformers' shift_tokens_right: writes into slices of a new tensor (not functional)
+    out = ids.new_zeros(ids.shape)
+    out[:, 1:] = ids[:, :-1].clone()
+    out[:, 0] = 7
+    return out * 2
+
+
+def test_a_warm_inference_graph_that_writes_intermediates_skips_functionalize(monkeypatch):
+    import importlib
+
+    fz = importlib.import_module("torchfuse.autograd.functionalize")  # the package exports a function of that name
+    ids = torch.arange(12).reshape(3, 4)
+    with torch.no_grad():
+        cold = tf.compile(_shifted)(ids)
+    tf.reset()
+    calls = []
+    real = fz._functionalize_node  # what every functionalization runs, whoever imported it
+    monkeypatch.setattr(fz, "_functionalize_node", lambda *a: calls.append(a[0]) or real(*a))
+    with torch.no_grad(), observe.collect(artifacts=False):
+        warm = tf.compile(_shifted)(ids)
+        counts = observe.timings_of([g for g in observe.timed_graphs() if "_shifted" in g][-1])[1]
+    assert counts["inductor.cache.program_hits"] == 1 and calls == []
+    torch.testing.assert_close(warm, cold)
+    torch.testing.assert_close(warm, _shifted(ids))
+    with torch.no_grad():
+        # without the cache the graph is functionalized as before, and computes the same
+        uncached = tf.compile(_shifted, options={"cache": False})(ids + 1)
+    assert calls
+    torch.testing.assert_close(uncached, _shifted(ids + 1))
+
+
 def test_perf_hints_prints_each_entry_once_after_its_first_call(monkeypatch, capsys):
     monkeypatch.setattr(observe, "config", dataclasses.replace(observe.config, logs=frozenset({"perf_hints"})))
     x, w = _inputs()
@@ -130,19 +162,26 @@ def test_an_object_address_in_a_guard_does_not_change_the_cache_key(counted_lowe
         torch.testing.assert_close(second, other(x).sum(dim=1))
 
 
-def test_identity_guard_addresses_are_left_out_of_keys_and_nothing_else():
+def test_keys_cover_size_guards_and_no_other_guard():
     from torchfuse.graph import schema as S
     from torchfuse.graph import trace
     from torchfuse.inductor.config import config
 
     graph, _ = trace(lambda a: a * 2 + 1, torch.randn(4))
+    other_graph, _ = trace(lambda a: a * 3 + 1, torch.randn(4))
 
-    def with_guard(text: str) -> S.Graph:
-        return msgspec.structs.replace(graph, guards=(*graph.guards, S.IdentityGuard(source="C[0]", description=text)))
+    def with_guard(guard: S.Guard, g: S.Graph = graph) -> S.Graph:
+        return msgspec.structs.replace(g, guards=(*g.guards, guard))
 
     key = lambda g: cache.program_key(g, mode="default", cfg=config)
-    assert key(with_guard("C[0] is Net at 0x7f01")) == key(with_guard("C[0] is Net at 0x7f99"))
-    assert key(with_guard("C[0] is Net at 0x7f01")) != key(with_guard("C[0] is Other at 0x7f01"))
+    ident = lambda text: S.IdentityGuard(source="C[0]", description=text)
+    keys_of = lambda value: S.ConstantGuard(source="tuple(L[3].keys())", value=value)
+    assert key(with_guard(ident("C[0] is Net at 0x7f01"))) == key(with_guard(ident("C[0] is Net at 0x7f99")))
+    # an id()-keyed dict's keys: addresses as integers, another in every process
+    assert key(with_guard(keys_of("(140572007951632,)"))) == key(with_guard(keys_of("(140462443278864,)")))
+    assert key(with_guard(keys_of("(1,)"))) == key(graph)
+    assert key(with_guard(S.SymbolGuard(expr="s0 > 4"))) != key(with_guard(S.SymbolGuard(expr="s0 > 5")))
+    assert key(with_guard(ident("C[0] is Net"), other_graph)) != key(with_guard(ident("C[0] is Net")))
     plans = cache.PlanCache()
     assert plans.key(b'{"d":"C[0] is Net at 0x7f01"}') == plans.key(b'{"d":"C[0] is Net at 0x7f99"}')
     assert plans.key(b'{"d":"C[0] is Net"}') != plans.key(b'{"d":"C[0] is Other"}')

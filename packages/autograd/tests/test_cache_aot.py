@@ -159,3 +159,104 @@ def test_backward_compiled_late_by_default():
     assert events == ["forward"]
     out.sum().backward()
     assert events == ["forward", "backward"]
+
+
+def test_a_hit_runs_no_functionalize_and_gives_the_same_plan(monkeypatch):
+    graph, _ = trace(_loss, *_inputs())
+    store = MemoryCache()
+    first = aot(graph, interpreter_compiler, cache=store)
+    cold = _grads(first, _inputs())
+    assert "functionalize" in _stage_names(first)
+    calls = []
+    real = glue_module.functionalize
+    monkeypatch.setattr(glue_module, "functionalize", lambda g: calls.append(g) or real(g))
+    second = aot(graph, interpreter_compiler, cache=store)
+    warm = _grads(second, _inputs())
+    assert store.hits == 1 and calls == []
+    assert "functionalize" not in _stage_names(second)
+    p1 = first.plan((True, True, True), True)
+    p2 = second.plan((True, True, True), True)
+    assert (p2.partition.forward, p2.partition.backward) == (p1.partition.forward, p1.partition.backward)
+    assert (p2.partition.saved, p2.partition.recomputed) == (p1.partition.saved, p1.partition.recomputed)
+    assert (p2.tangent_of, p2.grad_of, p2.guards) == (p1.tangent_of, p1.grad_of, p1.guards)
+    assert p2.mutated_input_positions == p1.mutated_input_positions
+    for a, b in zip(warm, cold, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the functional graph is still there for whoever asks (computed then, once)
+    assert second.functional == first.functional and len(calls) == 1
+
+
+def _scaled_and_counted(x, w, count):
+    count.add_(1)  # an input written in place: a mutated_input output, copied back by the call
+    y = (x @ w).t()  # a view of an intermediate, returned
+    return y.relu().sum(), x.view(-1)  # the second output aliases the input x
+
+
+def _mutating_inputs():
+    torch.manual_seed(1)
+    return torch.randn(4, 3, requires_grad=True), torch.randn(3, 2, requires_grad=True), torch.zeros(())
+
+
+def test_a_hit_writes_mutated_inputs_back_and_views_inputs_like_eager():
+    graph, _ = trace(_scaled_and_counted, *_mutating_inputs())
+    store = MemoryCache()
+    aot(graph, interpreter_compiler, cache=store)(*_mutating_inputs())
+    warm_fn = aot(graph, interpreter_compiler, cache=store)
+    x, w, count = _mutating_inputs()
+    loss, flat = warm_fn(x, w, count)
+    assert store.hits == 1 and "functionalize" not in _stage_names(warm_fn)
+    ex, ew, ecount = _mutating_inputs()
+    eloss, eflat = _scaled_and_counted(ex, ew, ecount)
+    torch.testing.assert_close(count, ecount)  # written back on the hit too
+    torch.testing.assert_close(loss, eloss)
+    assert flat.data_ptr() == x.data_ptr() and flat.shape == eflat.shape  # a view of the real input
+    got = torch.autograd.grad(loss + flat.sum(), (x, w))
+    want = torch.autograd.grad(eloss + eflat.sum(), (ex, ew))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_record_naming_no_input_is_invalid_and_the_plan_rebuilt():
+    import msgspec
+
+    graph, _ = trace(_scaled_and_counted, *_mutating_inputs())
+    store = MemoryCache()
+    aot(graph, interpreter_compiler, cache=store)(*_mutating_inputs())
+    (material,) = store.entries
+    rec = msgspec.json.decode(store.entries[material], type=glue_module._PlanRecord)
+    outs = tuple(msgspec.structs.replace(o, target="not_an_input") if o.kind == "mutated_input" else o
+                 for o in rec.interface.outputs)
+    assert outs != rec.interface.outputs, "the graph must write an input for this test"
+    bad = msgspec.structs.replace(rec, interface=msgspec.structs.replace(rec.interface, outputs=outs))
+    store.entries[material] = msgspec.json.encode(bad)
+    fn = aot(graph, interpreter_compiler, cache=store)
+    x, w, count = _mutating_inputs()
+    loss, _ = fn(x, w, count)
+    assert len(store.invalid_reasons) == 1 and "not_an_input" in store.invalid_reasons[0]
+    assert "functionalize" in _stage_names(fn) and "joint_graph" in _stage_names(fn)
+    ex, ew, ecount = _mutating_inputs()
+    torch.testing.assert_close(loss, _scaled_and_counted(ex, ew, ecount)[0])
+    torch.testing.assert_close(count, ecount)
+
+
+def test_guards_other_than_size_guards_do_not_change_the_plan_key():
+    import msgspec
+    from torchfuse.graph import schema as S
+
+    graph, _ = trace(_loss, *_inputs())
+    store = MemoryCache()
+
+    def guarded(*guards):
+        return msgspec.structs.replace(graph, guards=(*graph.guards, *guards))
+
+    # the keys of a dict keyed by id(): another value in every process, nothing compiled differs
+    aot(guarded(S.ConstantGuard(source="tuple(L[3].keys())", value="(140572007951632,)")),
+        interpreter_compiler, cache=store)(*_inputs())
+    fn = aot(guarded(S.ConstantGuard(source="tuple(L[3].keys())", value="(140462443278864,)"),
+                     S.IdentityGuard(source="C[0]", description="C[0] is Net at 0x7f99")),
+             interpreter_compiler, cache=store)
+    for a, b in zip(_grads(fn, _inputs()), _grads(_loss, _inputs()), strict=True):
+        torch.testing.assert_close(a, b)
+    assert (store.hits, len(store.entries)) == (1, 1)
+    aot(guarded(S.SymbolGuard(expr="s0 > 4")), interpreter_compiler, cache=store)(*_inputs())
+    assert len(store.entries) == 2, "a size guard is part of the key"

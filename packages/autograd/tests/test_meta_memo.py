@@ -1,4 +1,4 @@
-"""The meta-kernel memo of the passes (`torchfuse.autograd.meta_memo`): with it, every pass
+"""The meta-kernel memo of the passes (`torchfuse.graph.meta_memo`): with it, every pass
 produces the graph it produces without it, node for node and name for name; and it answers
 only calls whose output metadata the key determines."""
 
@@ -11,9 +11,9 @@ import torch
 import torchfuse.autograd.common as common
 from autograd_cases import CASES
 from torchfuse.autograd import decompose, functionalize, joint_graph, partition
-from torchfuse.autograd.meta_memo import MEMO
 from torchfuse.graph import run, trace
 from torchfuse.graph.archive import to_json
+from torchfuse.graph.meta_memo import MEMO
 
 
 def _pipeline(graph, flags):

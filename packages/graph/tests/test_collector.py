@@ -86,3 +86,49 @@ def test_overlapping_pauses_of_two_threads():
         t.join(10)
     assert seen == {"b after a left": False}
     assert gc.isenabled()
+
+
+@pytest.fixture
+def gc_pause_env(monkeypatch):
+    """Set ``TORCHFUSE_GC_PAUSE`` and re-read the config; the config is read back after."""
+    from torchfuse.graph import observe
+
+    def set_to(value: str | None) -> None:
+        if value is None:
+            monkeypatch.delenv("TORCHFUSE_GC_PAUSE", raising=False)
+        else:
+            monkeypatch.setenv("TORCHFUSE_GC_PAUSE", value)
+        observe.reload_config()
+
+    yield set_to
+    monkeypatch.delenv("TORCHFUSE_GC_PAUSE", raising=False)
+    observe.reload_config()
+
+
+@pytest.mark.parametrize(("value", "pauses"), [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_gc_pause_switch(gc_pause_env, value, pauses):
+    from torchfuse.graph import observe
+
+    gc_pause_env(value)
+    assert observe.config.gc_pause is pauses
+    with gc_paused():
+        with gc_paused():
+            assert gc.isenabled() is not pauses
+        assert gc.isenabled() is not pauses
+    assert gc.isenabled()
+
+
+def test_gc_pause_off_leaves_a_disabled_collector_disabled(gc_pause_env):
+    gc_pause_env("0")
+    gc.disable()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()
+
+
+def test_gc_pause_off_leaves_the_users_switch_alone(gc_pause_env):
+    # the user turns the collector off inside an unpaused compile: it stays off after
+    gc_pause_env("0")
+    with gc_paused():
+        gc.disable()
+    assert not gc.isenabled()

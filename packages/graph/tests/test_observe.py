@@ -58,3 +58,24 @@ def test_format_timings_groups_by_package():
     assert lines[1].split() == ["capture", "1.00"]
     assert ["aot", "5.00"] in [line.split() for line in lines]
     assert lines[-1].split() == ["total", "6.00"]
+
+
+def test_collect_without_artifacts_keeps_timings_and_renders_nothing(monkeypatch):
+    monkeypatch.delenv("TORCHFUSE_DEBUG", raising=False)
+    monkeypatch.delenv("TORCHFUSE_LOGS", raising=False)
+    observe.reload_config()
+    assert not observe.keeps_timings()
+    with observe.collect(artifacts=False) as sink:
+        assert observe.keeps_timings() and not observe.wants_artifacts()
+        with observe.compiling("g/entry_0"):
+            observe.record_time("capture", 0.25)
+            observe.record_count("inductor.cache.program_hits")
+            observe.emit("graph.py", "print('not kept')")
+        assert observe.timings_of("g/entry_0") == ({"capture": 0.25}, {"inductor.cache.program_hits": 1})
+    assert sink.artifacts == [] and not observe.keeps_timings()
+    with observe.collect() as full:
+        assert observe.wants_artifacts()
+        with observe.compiling("g/entry_0"):
+            observe.emit("graph.py", "x = 1")
+    assert full.get("graph.py") == "x = 1"
+    observe.reload_config()

@@ -9,12 +9,12 @@ import msgspec
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torchfuse.autograd.config import config
-from torchfuse.autograd.meta_memo import MEMO, Entry
 from torchfuse.graph import printer
 from torchfuse.graph import schema as S
 from torchfuse.graph.collector import gc_paused
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import no_autocast
+from torchfuse.graph.meta_memo import MEMO, Entry
 from torchfuse.graph.ops import (
     decode_arg,
     encode_arg,
@@ -199,9 +199,13 @@ def retracing(env: SizeEnv | None) -> contextlib.AbstractContextManager:
     """The context every pass re-runs a graph in: autocast off, since a graph's ops already
     carry the dtypes autocast gave them at capture (see `torchfuse.graph.interpreter.no_autocast`;
     an enclosing ``torch.autocast`` would cast them again, and the backward formulas too); the
-    garbage collector paused (`torchfuse.graph.collector.gc_paused`); and, for symbolic fakes,
-    the Python dispatcher (see ``SizeEnv.tracing``)."""
+    garbage collector paused (`torchfuse.graph.collector.gc_paused`); the grad mode restored
+    on exit (a graph's ``torchfuse.set_grad_enabled`` nodes set it while they are re-run: a
+    functionalize that ran inside a call, as a plan-cache miss does, left the call's grad
+    mode off and its outputs without grads); and, for symbolic fakes, the Python dispatcher
+    (see ``SizeEnv.tracing``)."""
     stack = contextlib.ExitStack()
+    stack.enter_context(torch.set_grad_enabled(torch.is_grad_enabled()))
     stack.enter_context(gc_paused())
     stack.enter_context(no_autocast())
     if env is not None:

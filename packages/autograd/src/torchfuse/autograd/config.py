@@ -8,7 +8,7 @@ backward graphs are logged on the ``torchfuse.autograd`` logger at INFO level. A
 ``TORCHFUSE_DEBUG`` (``1``, ``true``, ``yes``) turns on the graph verifier after every pass.
 
 ``TORCHFUSE_META_MEMO=0`` makes every pass run every meta kernel again (see
-`torchfuse.autograd.meta_memo`).
+`torchfuse.graph.meta_memo`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Config:
     verify_passes: bool = False
     """Run ``torchfuse.graph.verify`` on every graph a pass produces (``TORCHFUSE_DEBUG``)."""
     meta_memo: bool = True
-    """Answer a pass's meta-kernel calls from `torchfuse.autograd.meta_memo` when the same op
+    """Answer a pass's meta-kernel calls from `torchfuse.graph.meta_memo` when the same op
     met arguments of the same metadata before (``TORCHFUSE_META_MEMO=0``: off)."""
 
 

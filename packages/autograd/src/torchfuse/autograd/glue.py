@@ -26,8 +26,15 @@ reference one is ``lambda g, ex: functools.partial(torchfuse.graph.run, g)``.
 
 With a *plan cache* (``aot(..., cache=)``, any object with the methods of `PlanCache`;
 the inductor backend passes an on-disk one), a training plan built once -- by this process or
-another -- is read back instead of rebuilt: joint graph, decompositions and partition are
-skipped, and the forward and backward graphs are exactly those built the first time.
+another -- is read back instead of rebuilt: functionalize, joint graph, decompositions and
+partition are skipped, and the forward and backward graphs are exactly those built the first
+time. The key is the graph *before* functionalization (plus the requires-grad pattern and
+the partition settings), so a hit runs no pass at all; functionalization runs only when a
+plan is built (`AotFunction.functional` is computed on first use). The record keeps, beside
+the two halves, the functional graph's *interface* (its inputs, outputs and their metadata,
+no nodes): what the call needs to write mutated inputs back and re-make views of inputs. A
+record read back is data from outside: one whose names do not fit the graph is reported as
+invalid and the plan rebuilt.
 
 ``compile_backward_early=True`` (for compilers that need no example inputs, such as
 inductor's) compiles the backward graph together with the forward, on the first call, and
@@ -81,8 +88,10 @@ class PlanCache(Protocol):
 
 
 class _PlanRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What a plan cache keeps of a training plan: the partition."""
+    """What a plan cache keeps of a training plan: the partition, and the interface of the
+    functional graph it was cut from (`_interface`)."""
 
+    interface: S.Graph
     forward: S.Graph
     backward: S.Graph
     saved: tuple[tuple[str, int], ...]
@@ -110,7 +119,8 @@ class _Plan:
 
     training: bool
     functional: S.Graph
-    """The functionalized graph this plan was built from."""
+    """The functionalized graph this plan was built from (from a plan cache: its interface,
+    the inputs and outputs without nodes)."""
     forward_graph: S.Graph
     forward: Compiled | None = None
     partition: Partition | None = None
@@ -122,6 +132,8 @@ class _Plan:
     stages: list[Stage] = field(default_factory=list)
     guards: tuple[S.SymbolGuard, ...] = ()
     """Size relations the passes added (the input graph's own guards are the caller's to check)."""
+    mutated_input_positions: list[int] = field(default_factory=list)
+    """Positions of the inputs the graph writes (its ``mutated_input`` outputs, in order)."""
 
     def failing_guard(self, sizes: dict[str, int]) -> S.SymbolGuard | None:
         """The first of `guards` that ``sizes`` violate, else None."""
@@ -204,18 +216,26 @@ class AotFunction:
         self._autocast_types = device_types(graph)
         flat, self._spec = _flatten_outputs(graph)
         self._flat = flat
-        t0 = time.perf_counter()
-        self.functional = functionalize(flat)
-        self.stages = [Stage("functionalize", self.functional, time.perf_counter() - t0)]
-        observe.record_time("aot.functionalize", self.stages[0].seconds)
-        _verify("functionalize", self.functional)
+        self._functional: S.Graph | None = None
+        self.stages: list[Stage] = []
         self.num_user_outputs = len(flat.outputs)
-        position = {i.name: k for k, i in enumerate(self.functional.inputs)}
-        self.mutated_input_positions = [position[o.target or ""] for o in self.functional.outputs
-                                        if o.kind == "mutated_input"]
         self._hints = tuple(sorted((s.name, s.hint) for s in graph.symbols if s.hint is not None))
         self._own_guards = {g.expr for g in graph.guards if isinstance(g, S.SymbolGuard)}
         self._plans: dict[tuple[Any, ...], list[_Plan]] = {}
+
+    @property
+    def functional(self) -> S.Graph:
+        """The functionalized graph (computed on first use: a plan read from the cache needs
+        none)."""
+        if self._functional is None:
+            t0 = time.perf_counter()
+            with gc_paused():
+                functional = functionalize(self._flat)
+            self.stages.append(Stage("functionalize", functional, time.perf_counter() - t0))
+            observe.record_time("aot.functionalize", self.stages[-1].seconds)
+            _verify("functionalize", functional)
+            self._functional = functional
+        return self._functional
 
     @property
     def num_plans(self) -> int:
@@ -247,7 +267,7 @@ class AotFunction:
                 return plan
         if not plans:
             with gc_paused():
-                plans.append(self._build(requires_grad, training, self.functional))
+                plans.append(self._build(requires_grad, training, self._flat, lambda: self.functional))
             if plans[0].failing_guard(env) is None:
                 return plans[0]
         failed = plans[-1].failing_guard(env)
@@ -255,8 +275,9 @@ class AotFunction:
         where = f" (added at {failed.loc})" if failed.loc else ""
         _log_text(f"aot: guard {failed.expr}{where} of the compiled plan fails for sizes "
                   f"{_sizes_text(env)}; building a plan for these sizes")
+        flat = self._flat_for(env)
         with gc_paused():
-            plan = self._build(requires_grad, training, self._functional_for(env))
+            plan = self._build(requires_grad, training, flat, lambda: functionalize(flat))
         bad = plan.failing_guard(env)
         if bad is not None:
             raise AutogradError(f"graph {self.graph.name!r}: a plan built for sizes "
@@ -264,9 +285,9 @@ class AotFunction:
         plans.append(plan)
         return plan
 
-    def _functional_for(self, sizes: dict[str, int]) -> S.Graph:
-        """The functional graph with ``sizes`` as the symbols' hints: the passes then decide
-        every relation the way these sizes need."""
+    def _flat_for(self, sizes: dict[str, int]) -> S.Graph:
+        """The graph with ``sizes`` as the symbols' hints: the passes then decide every
+        relation the way these sizes need."""
         for sym in self.graph.symbols:
             n = sizes.get(sym.name)
             if n is not None and not (max(sym.min, 2) <= n <= (sym.max or n)):
@@ -277,7 +298,7 @@ class AotFunction:
                                     "the capture, which must guard on them")
         symbols = tuple(msgspec.structs.replace(s, hint=sizes.get(s.name, s.hint))
                         for s in self.graph.symbols)
-        return functionalize(msgspec.structs.replace(self._flat, symbols=symbols))
+        return msgspec.structs.replace(self._flat, symbols=symbols)
 
     def _added_guards(self, graph: S.Graph) -> tuple[S.SymbolGuard, ...]:
         return tuple(g for g in graph.guards
@@ -292,42 +313,52 @@ class AotFunction:
         _verify(name, graph)
         return graph
 
-    def _build(self, requires_grad: tuple[bool, ...], training: bool, functional: S.Graph) -> _Plan:
+    def _build(self, requires_grad: tuple[bool, ...], training: bool, flat: S.Graph,
+               functional_of: Callable[[], S.Graph]) -> _Plan:
+        """A plan for ``flat`` (the graph before functionalization); ``functional_of()``
+        functionalizes it, called only when the plan is not read from the cache."""
         if not training:
+            functional = functional_of()
             plan = _Plan(training=False, functional=functional, forward_graph=functional)
             plan.forward_graph = self._stage(plan, "decompose",
                                              lambda: decompose(functional, self.decompositions))
             plan.guards = self._added_guards(plan.forward_graph)
+            plan.mutated_input_positions = _mutated_positions(functional)
             _log("aot inference graph", plan.forward_graph, "forward.py")
             return plan
+        material = self._cache_material(flat, requires_grad) if self.cache is not None else b""
+        if self.cache is not None:
+            cached = self._cached_plan(material)
+            if cached is not None:
+                return cached
+        functional = functional_of()
         plan = _Plan(training=True, functional=functional, forward_graph=functional)
-        material = self._cache_material(functional, requires_grad) if self.cache is not None else b""
-        part = self._cached_partition(plan, material) if self.cache is not None else None
-        if part is None:
-            part = self._partition(plan, functional, requires_grad)
-            if self.cache is not None:
-                record = _PlanRecord(forward=part.forward, backward=part.backward, saved=part.saved,
-                                     recomputed=part.recomputed, strategy=part.strategy)
-                self.cache.put(material, msgspec.json.encode(record))
-        _log("aot forward graph", part.forward, "forward.py")
-        _log("aot backward graph", part.backward, "backward.py")
-        plan.partition = part
-        plan.forward_graph = part.forward
-        plan.guards = self._added_guards(part.forward)
-        n_saved = num_saved(part.backward)
-        tangents = part.backward.inputs[n_saved:]
-        plan.tangent_of = {tangent_index(t.target): k for k, t in enumerate(tangents)}
-        position = {i.name: k for k, i in enumerate(functional.inputs)}
-        plan.grad_of = [position[o.target or ""] for o in part.backward.outputs]
+        part = self._partition(plan, functional, requires_grad)
+        _fill_training_plan(plan, part, self._added_guards(part.forward))
+        if self.cache is not None:
+            record = _PlanRecord(interface=_interface(functional), forward=part.forward,
+                                 backward=part.backward, saved=part.saved,
+                                 recomputed=part.recomputed, strategy=part.strategy)
+            self.cache.put(material, msgspec.json.encode(record))
         return plan
 
-    def _cache_material(self, functional: S.Graph, requires_grad: tuple[bool, ...]) -> bytes:
+    def _cache_material(self, flat: S.Graph, requires_grad: tuple[bool, ...]) -> bytes:
         from torchfuse.graph.archive import to_json
 
-        settings = msgspec.json.encode([list(requires_grad), self.strategy, self.memory_budget])
-        return settings + b"\0" + to_json(functional)
+        # "flat": the key is the graph before functionalization (keys of the functional
+        # graph, written before, can never match one of these)
+        settings = msgspec.json.encode(["flat", list(requires_grad), self.strategy, self.memory_budget])
+        # only size guards decide a plan (the passes assume them); the others are capture's to
+        # check, and some hold process-local addresses (an identity guard's description, a
+        # constant guard on the keys of a dict keyed by ``id()``)
+        sized = tuple(g for g in flat.guards if isinstance(g, S.SymbolGuard))
+        if sized != flat.guards:
+            flat = msgspec.structs.replace(flat, guards=sized)
+        return settings + b"\0" + to_json(flat)
 
-    def _cached_partition(self, plan: _Plan, material: bytes) -> Partition | None:
+    def _cached_plan(self, material: bytes) -> _Plan | None:
+        """The training plan the cache holds for ``material``, or None (a record that does not
+        decode, or whose names do not fit this graph, is reported invalid)."""
         assert self.cache is not None
         t0 = time.perf_counter()
         data = self.cache.get(material)
@@ -335,17 +366,20 @@ class AotFunction:
             return None
         try:
             rec = msgspec.json.decode(data, type=_PlanRecord)
-        except (msgspec.MsgspecError, ValueError) as e:
+            _check_record(rec, self._flat)
+            part = Partition(forward=rec.forward, backward=rec.backward, saved=rec.saved,
+                             recomputed=rec.recomputed, strategy=rec.strategy)
+            plan = _Plan(training=True, functional=rec.interface, forward_graph=rec.interface)
+            _fill_training_plan(plan, part, self._added_guards(part.forward))
+        except (msgspec.MsgspecError, ValueError, KeyError, AutogradError) as e:
             self.cache.invalid(material, f"{type(e).__name__}: {e}")
             return None
-        part = Partition(forward=rec.forward, backward=rec.backward, saved=rec.saved,
-                         recomputed=rec.recomputed, strategy=rec.strategy)
         seconds = time.perf_counter() - t0
         observe.record_time("aot.cache_lookup", seconds)
         plan.stages += [Stage("cache.forward", part.forward, seconds),
                         Stage("cache.backward", part.backward, 0.0)]
         self.stages += plan.stages[-2:]
-        return part
+        return plan
 
     def _partition(self, plan: _Plan, functional: S.Graph, requires_grad: tuple[bool, ...]) -> Partition:
         """joint graph -> decompose -> cse -> partition (the passes a cached plan skips)."""
@@ -410,6 +444,59 @@ class AotFunction:
         for n in self._spec:
             grouped.append(next(it) if n < 0 else [next(it) for _ in range(n)])
         return grouped
+
+
+def _fill_training_plan(plan: _Plan, part: Partition, guards: tuple[S.SymbolGuard, ...]) -> None:
+    """Everything a training plan derives from its partition and its functional graph."""
+    _log("aot forward graph", part.forward, "forward.py")
+    _log("aot backward graph", part.backward, "backward.py")
+    plan.partition = part
+    plan.forward_graph = part.forward
+    plan.guards = guards
+    tangents = part.backward.inputs[num_saved(part.backward):]
+    plan.tangent_of = {tangent_index(t.target): k for k, t in enumerate(tangents)}
+    position = {i.name: k for k, i in enumerate(plan.functional.inputs)}
+    plan.grad_of = [position[o.target or ""] for o in part.backward.outputs]
+    plan.mutated_input_positions = _mutated_positions(plan.functional)
+
+
+def _mutated_positions(functional: S.Graph) -> list[int]:
+    position = {i.name: k for k, i in enumerate(functional.inputs)}
+    return [position[o.target or ""] for o in functional.outputs if o.kind == "mutated_input"]
+
+
+def _interface(functional: S.Graph) -> S.Graph:
+    """``functional`` without its nodes: inputs, outputs, symbols and the metadata of the
+    values they name (what a call reads of a plan's functional graph)."""
+    names = {i.name for i in functional.inputs}
+    names |= {o.value.name for o in functional.outputs if isinstance(o.value, S.TensorRef)}
+    values = {k: v for k, v in functional.values.items() if k in names}
+    return msgspec.structs.replace(functional, nodes=(), values=values, guards=(), meta={})
+
+
+def _check_record(rec: _PlanRecord, flat: S.Graph) -> None:
+    """Raise ValueError when a plan record read from a cache does not fit ``flat``: its
+    interface must have the graph's inputs and at least its outputs, every name it writes
+    back or re-views an input, and the halves the graph's input and output counts."""
+    inputs = [i.name for i in flat.inputs]
+    interface = rec.interface
+    if [i.name for i in interface.inputs] != inputs:
+        raise ValueError("the record's inputs are not the graph's")
+    if len(interface.outputs) < len(flat.outputs):
+        raise ValueError("the record has fewer outputs than the graph")
+    known = set(inputs)
+    for k, o in enumerate(interface.outputs):
+        for name in (o.target if o.kind == "mutated_input" else None, o.aliases_input):
+            if name is not None and name not in known:
+                raise ValueError(f"output {k} names {name!r}, not an input")
+        if isinstance(o.value, S.TensorRef) and o.value.name not in interface.values:
+            raise ValueError(f"output {k}: no metadata for {o.value.name!r}")
+    if len(rec.forward.inputs) != len(inputs):
+        raise ValueError("the forward graph does not take the graph's inputs")
+    if len(rec.forward.outputs) < len(interface.outputs):
+        raise ValueError("the forward graph has fewer outputs than the graph")
+    if any(o.target not in known for o in rec.backward.outputs):
+        raise ValueError("a backward output is the gradient of no input")
 
 
 def _write_back(g: S.Graph, first: int, position: dict[str, int], inputs: Sequence[Any],
@@ -513,7 +600,7 @@ class _CompiledFunction(torch.autograd.Function):
         # weak: only needed to report double backward, must not keep activations alive
         ctx.input_refs = [weakref.ref(t) for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
         # an input written back after the call must be saved as it was before the write
-        written = {id(inputs[i]) for i in fn.mutated_input_positions}
+        written = {id(inputs[i]) for i in plan.mutated_input_positions}
         saved = [s.clone() if id(s) in written else s for s in saved]
         ctx.save_for_backward(*saved)  # saved values are tensors: the format has no others
         no_grad_outs = [u for i, u in enumerate(user)

@@ -13,6 +13,10 @@ variable                           meaning
                                    (default: cut at DDP's bucket boundaries)
 ``TORCHFUSE_RANK_CHECK``           ``warn`` (default), ``error`` or ``off``: what a rank that
                                    compiled another graph than the others gets
+``TORCHFUSE_META_MEMO``            ``0``: every op capture records runs its meta kernel
+                                   (default: answered from `torchfuse.graph.meta_memo` when
+                                   an earlier op had arguments of the same metadata; the
+                                   switch autograd's passes read too)
 ``TORCHFUSE_LOGS``                 the shared logging switch (parsed by
                                    `torchfuse.graph.observe`); this package writes the
                                    channels ``graph``, ``guards``, ``recompiles``, ``breaks``
@@ -63,6 +67,10 @@ class CaptureConfig:
     rank_check: str = "warn"
     """``"warn"``, ``"error"`` or ``"off"``: a graph compiled inside a DDP forward is compared
     across ranks (`torchfuse.capture.distributed.check_ranks`)."""
+    meta_memo: bool = True
+    """Answer an op whose outputs are new tensors from `torchfuse.graph.meta_memo` when an
+    earlier op met arguments of the same metadata (a model's repeated layers), instead of
+    running its meta kernel again (``TORCHFUSE_META_MEMO=0``: off)."""
     rank_check_timeout: float = 120.0
     """Seconds a rank waits for the others to capture the same graph before it reports them
     (the ranks compare before the backend compiles: the wait covers capture, not compile)."""
@@ -88,6 +96,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> CaptureConfig:
         default_backend=env.get("TORCHFUSE_BACKEND", "").strip() or "inductor",
         ddp_split=_flag(env, "TORCHFUSE_DDP_SPLIT", True),
         rank_check=_rank_check(env.get("TORCHFUSE_RANK_CHECK", "")),
+        meta_memo=_flag(env, "TORCHFUSE_META_MEMO", True),
     )
 
 

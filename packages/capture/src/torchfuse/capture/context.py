@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torchfuse.capture import config as C
 from torchfuse.capture import variables as V
 from torchfuse.capture.dtype_rules import CheckingRecorder
 from torchfuse.capture.dynamic import DynamicPolicy, is_float_scalar, symbolic_dims
@@ -38,6 +39,7 @@ from torchfuse.capture.source import (
     under_fresh_module,
 )
 from torchfuse.graph import schema as S
+from torchfuse.graph.meta_memo import MEMO
 from torchfuse.graph.symbolic import SizeEnv, SpecializationError
 from torchfuse.graph.tracing import DataDependentError, FakeTensor, GraphBuilder
 
@@ -79,6 +81,8 @@ class Capture:
         self.size_env = SizeEnv(loc_fn=lambda: self.loc)
         """The size symbols of this graph; guards and specialization errors name ``self.loc``."""
         self.rec.builder.size_env = self.size_env
+        # a model's layers repeat their ops: each meta kernel runs once per argument metadata
+        self.rec.meta_memo = MEMO if C.config.meta_memo else None
         self.dynamic = dynamic or DynamicPolicy()
         self.symbol_reads: dict[str, str] = {}
         """Symbol name -> the Python expression reading it on a call (``L[0].size(1)``)."""

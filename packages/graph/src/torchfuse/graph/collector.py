@@ -9,7 +9,9 @@ inductor's lower 445 -> 177 ms (``benchmarks/notes/2026-12.md``). Reference coun
 frees whatever a stage drops; only the cycles wait for the first collection after the pause.
 
 `gc_paused` is the one helper every package uses: capture around the compile of a frame,
-autograd around its passes, inductor around its retraces.
+autograd around its passes, inductor around its retraces. ``TORCHFUSE_GC_PAUSE=0``
+(`torchfuse.graph.observe.ObserveConfig.gc_pause`, read when a pause opens) turns every pause
+into a no-op, to measure what it buys.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import contextlib
 import gc
 import threading
 from typing import Any
+
+from torchfuse.graph import observe
 
 _lock = threading.Lock()
 _depth = 0
@@ -30,7 +34,8 @@ class gc_paused(contextlib.ContextDecorator):
     Re-entrant, and shared by all threads: the collector is one per process, so the
     outermost of the open pauses, over all threads, saved ``gc.isenabled()`` and the last one
     to close puts that back, on an exception too. A block that starts while the collector is
-    already off (the user's ``gc.disable()``) leaves it off.
+    already off (the user's ``gc.disable()``) leaves it off. With ``TORCHFUSE_GC_PAUSE=0``
+    a pause that opens with no other open leaves the collector as it is.
 
         >>> import gc
         >>> with gc_paused():
@@ -46,7 +51,10 @@ class gc_paused(contextlib.ContextDecorator):
         with _lock:
             if _depth == 0:
                 _was_on = gc.isenabled()
-                gc.disable()
+                if observe.config.gc_pause:
+                    gc.disable()
+                else:
+                    _was_on = False  # nothing to restore: the collector was left alone
             _depth += 1
         return self
 

@@ -5,6 +5,9 @@ turns on the named log channels. Each channel is a ``logging`` logger named
 ``torchfuse.<channel>`` that prints to stderr when enabled; ``-name`` turns a channel off
 (``-progress``: no progress line, see `torchfuse.graph.progress`). ``perf_hints`` prints
 every compiled entry's stage timings and counts after its first call (`flush_timings`).
+``TORCHFUSE_GC_PAUSE=0`` keeps Python's garbage collector running while a compile runs
+(`torchfuse.graph.collector.gc_paused` then pauses nothing; for measuring what the pause buys,
+or for a process whose compiles build cycles it cannot afford to keep until the end).
 ``TORCHFUSE_DEBUG=1`` writes
 every compiled entry's artifacts under ``torchfuse_debug/run_<time>_pid<pid>/<function>/entry_<n>/``
 (see [`entry_folder`][torchfuse.graph.observe.entry_folder]: no two entries share a folder),
@@ -40,7 +43,8 @@ a log channel of records, so ``all`` does not change it; ``-progress`` turns it 
 
 @dataclass
 class ObserveConfig:
-    """What ``TORCHFUSE_LOGS`` / ``TORCHFUSE_DEBUG`` / ``TORCHFUSE_DEBUG_DIR`` asked for."""
+    """What ``TORCHFUSE_LOGS`` / ``TORCHFUSE_DEBUG`` / ``TORCHFUSE_DEBUG_DIR`` /
+    ``TORCHFUSE_GC_PAUSE`` asked for."""
 
     logs: frozenset[str] = frozenset()
     debug: bool = False
@@ -49,6 +53,9 @@ class ObserveConfig:
     """Channels turned off with ``-name`` (``-progress``)."""
     ci: bool = False
     """The ``CI`` variable is set: no progress line."""
+    gc_pause: bool = True
+    """Whether `torchfuse.graph.collector.gc_paused` pauses the collector
+    (``TORCHFUSE_GC_PAUSE=0``: it does nothing)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> ObserveConfig:
@@ -68,6 +75,7 @@ class ObserveConfig:
             debug_root=Path(env.get("TORCHFUSE_DEBUG_DIR", "torchfuse_debug")),
             off=frozenset(off & set(CHANNELS)),
             ci=env.get("CI", "") not in ("", "0", "false", "False"),
+            gc_pause=env.get("TORCHFUSE_GC_PAUSE", "1").strip() not in ("0", "false", "False", "off"),
         )
 
 
@@ -226,7 +234,7 @@ def emit(filename: str, text: str, *, fallback_name: str = "graph") -> Path | No
 def keeps_timings() -> bool:
     """Whether stage durations and counts are kept: for the debug folder, a `collect` block or
     the ``perf_hints`` channel (a stage asks before doing extra work to measure)."""
-    return wants_artifacts() or "perf_hints" in config.logs
+    return wants_artifacts() or bool(_timing_blocks) or "perf_hints" in config.logs
 
 
 def record_time(stage: str, seconds: float) -> None:
@@ -356,6 +364,8 @@ class Collector:
 
 
 _collectors: list[Collector] = []
+_timing_blocks: list[object] = []
+"""Open `collect` blocks with ``artifacts=False``: they keep timings and counts only."""
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("torchfuse_graph", default=None)
 _role: contextvars.ContextVar[str] = contextvars.ContextVar("torchfuse_role", default="")
 _timings: dict[str, dict[str, float]] = {}
@@ -365,15 +375,20 @@ _flushed: dict[str, set[str]] = {}
 
 
 @contextlib.contextmanager
-def collect() -> Iterator[Collector]:
+def collect(artifacts: bool = True) -> Iterator[Collector]:
     """Keep every artifact emitted inside the block in memory (the main job and tests use it
-    to show what each stage produced without a debug directory)."""
+    to show what each stage produced without a debug directory).
+
+    ``artifacts=False`` keeps only the stage timings and counts (`timings_of`): the stages
+    then render no text nobody asked for, and cost what they cost without the block
+    (``benchmarks/compile_profile.py`` measures first calls this way)."""
     sink = Collector()
-    _collectors.append(sink)
+    owner = _collectors if artifacts else _timing_blocks
+    owner.append(sink)
     try:
         yield sink
     finally:
-        _collectors.remove(sink)
+        owner.remove(sink)
 
 
 @contextlib.contextmanager

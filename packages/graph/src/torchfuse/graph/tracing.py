@@ -413,6 +413,11 @@ class Recorder(TorchDispatchMode):
     Tensors that are not fakes of this recorder (a real tensor from a global, say) are
     turned into graph inputs through `on_constant`, which by default adds an input of
     kind ``constant`` and remembers the tensor in `constants`.
+
+    ``meta_memo`` (None by default; a `torchfuse.graph.meta_memo.MetaMemo`) answers an op
+    whose outputs are new tensors from the metadata an earlier call with arguments of the
+    same metadata got, instead of running its meta kernel again: the node recorded is the
+    same. Never for arguments with symbolic sizes (the size environment decides those).
     """
 
     @classmethod
@@ -426,6 +431,7 @@ class Recorder(TorchDispatchMode):
     def __init__(self, builder: GraphBuilder | None = None) -> None:
         super().__init__()
         self.builder = builder or GraphBuilder()
+        self.meta_memo: Any = None
         self.names: dict[int, str] = {}
         self._keep: list[torch.Tensor] = []  # ids stay valid while we hold the objects
         self.constants: dict[str, torch.Tensor] = {}
@@ -502,12 +508,24 @@ class Recorder(TorchDispatchMode):
         # name inputs before running, so constants become inputs in argument order
         enc_args = [encode_arg(a, self.name_of) for a in args]
         enc_kwargs = {k: encode_arg(v, self.name_of) for k, v in kwargs.items()}
+        memo = self.meta_memo
+        key = memo.key(func, args, kwargs, _never_special) if memo is not None else None
+        entry = memo.get(key) if key is not None else None
+        if entry is not None:  # what the meta kernel answered for arguments of this metadata
+            fakes = entry.fakes()
+            names = self.builder.add_node(name, enc_args, enc_kwargs, entry.metas, loc=self.loc,
+                                          module_path=self.module_path)
+            for o, n in zip(fakes, names, strict=True):
+                self.bind(o, n)
+            return fakes[0] if entry.container is None else entry.container(fakes)
         out, _ = _run_on_meta(func, args, kwargs)
         flat = out if isinstance(out, tuple | list) else [out]
         metas: list[S.TensorMeta | None] = []
         for o in flat:
             metas.append(meta_of(o, device=device_name(_fake_device(o)))
                          if isinstance(o, torch.Tensor) else None)
+        if key is not None:
+            memo.put(key, out, metas)
         # Plain numbers beside the tensors (the flash/cudnn attention kernels return max_q and
         # max_k) come from the meta kernel, i.e. from shapes, not data: the graph does not
         # name them ("" outputs) and a later op that takes them gets the literal. Symbolic
@@ -521,6 +539,10 @@ class Recorder(TorchDispatchMode):
             if n:
                 self.bind(o, n)
         return out
+
+
+def _never_special(name: str) -> bool:
+    return False  # the ops a memo must not answer were handled before it is asked
 
 
 def _is_real_scalar(t: Any) -> bool:

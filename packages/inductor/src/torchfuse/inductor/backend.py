@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torchfuse.autograd import aot  # at import, not at the first training call (networkx: ~0.3 s)
-from torchfuse.autograd.functionalize import functionalize, has_mutations
+from torchfuse.autograd.functionalize import has_mutations
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.interpreter import device_types, no_autocast
@@ -31,8 +31,10 @@ def compiler(
     *,
     mode: str = "default",
     options: dict | None = None,
+    functionalize: bool = False,
 ) -> Callable[..., list]:
     """Compile one graph and load it with the runtime: ``compiler(graph, inputs)(*inputs)``.
+    ``functionalize``: as `compile_graph`'s (the graph may write into its intermediates).
 
     A graph's ops already carry autocast's dtypes, so compiling (decompositions re-run the
     graph on fakes, autotuning runs candidates) and calling a Program with extern steps happen
@@ -42,7 +44,8 @@ def compiler(
 
     types = device_types(graph)
     with no_autocast(types):
-        program = compile_graph(graph, example_inputs, mode=mode, options=options)
+        program = compile_graph(graph, example_inputs, mode=mode, options=options,
+                                functionalize=functionalize)
         runtime_mode = "reduce-overhead" if mode == "reduce-overhead" else "default"
         t0 = time.perf_counter()
         # C++ kernels compiled here (or read from the user's own compile cache) are vouched
@@ -105,6 +108,7 @@ def inductor(
     if has_mutations(graph):
         # writes into intermediates (``s = x.new_zeros(...); s[:, 1:] = ...``, transformers'
         # ``shift_tokens_right``): the lowering takes functional graphs only; unfunctionalized,
-        # a write through a view was lost and the compiled result was the zeros
-        graph = functionalize(graph)
+        # a write through a view was lost and the compiled result was the zeros. The Program
+        # is cached under the graph as captured: a warm start skips functionalization too
+        return compiler(graph, example_inputs, mode=mode, options=options, functionalize=True)
     return compiler(graph, example_inputs, mode=mode, options=options)

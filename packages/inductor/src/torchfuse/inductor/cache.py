@@ -138,13 +138,15 @@ _ADDRESS_BYTES = re.compile(rb" at 0x[0-9a-fA-F]+")
 
 
 def key_json(graph: S.Graph) -> bytes:
-    """The canonical JSON a cache key covers: the graph's, with the process-local addresses
-    left out of identity guards' descriptions. Guards never change what is compiled (they
-    are checked at call time, by capture); an address in the key made every second process
-    miss the cache for a graph that guards on a module object (GPT-2 training, run
-    ``gpu_20261202_0106``: one Program and one autograd plan recompiled)."""
-    guards = tuple(msgspec.structs.replace(g, description=_ADDRESS.sub("", g.description))
-                   if isinstance(g, S.IdentityGuard) else g for g in graph.guards)
+    """The canonical JSON a cache key covers: the graph's, with its size guards
+    (`SymbolGuard`: the passes assume them) and none of its other guards. Those never change
+    what is compiled (they are checked at call time, by capture), and some differ in every
+    process: an identity guard's description holds the object's address (GPT-2 training, run
+    ``gpu_20261202_0106``: one Program and one autograd plan recompiled in every second
+    process), a constant guard on ``tuple(d.keys())`` of a dict keyed by ``id()`` holds
+    addresses as integers (the ``kernels`` package's layer registry on Llama's modules: two
+    Programs and two autograd plans recompiled in every warm process, December 2026)."""
+    guards = tuple(g for g in graph.guards if isinstance(g, S.SymbolGuard))
     if guards == graph.guards:
         return to_json(graph)
     return to_json(msgspec.structs.replace(graph, guards=guards))

@@ -287,12 +287,16 @@ def compile_graph(
     *,
     mode: str = "default",
     options: dict | None = None,
+    functionalize: bool = False,
 ) -> S.Program:
     """Compile a functional Graph into a Program of Triton kernels and a launch plan.
 
     Results are cached on disk by the graph, ``mode`` and options (see
     ``torchfuse.inductor.cache``): a graph compiled before, by any process, is loaded instead
-    of compiled. [`compile_graph_stages`][torchfuse.inductor.compile_graph_stages] always runs
+    of compiled. ``functionalize=True`` takes a graph that may write into its intermediates
+    and functionalizes it (``torchfuse.autograd.functionalize``) before the passes, only
+    when the cache misses: the key is the graph's as given, so a hit skips functionalization
+    too. [`compile_graph_stages`][torchfuse.inductor.compile_graph_stages] always runs
     the passes and keeps each one's output.
 
     Args:
@@ -303,6 +307,7 @@ def compile_graph(
             epilogues, autotuned) or ``"reduce-overhead"`` (the runtime replays CUDA graphs).
         options: Overrides of [`InductorConfig`][torchfuse.inductor.InductorConfig] fields,
             e.g. ``{"persistent_rnumel_max": 1024}``.
+        functionalize: ``graph`` may have mutations; functionalize it first when it does.
 
     Returns:
         The [`Program`][torchfuse.graph.Program]. Its ``meta`` keeps the debug artifacts
@@ -325,6 +330,7 @@ def compile_graph(
     """
     cfg, _ = _config(options)
     if not cfg.cache:
+        graph = _functional(graph) if functionalize else graph
         return compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
     from torchfuse.inductor import cache
 
@@ -337,11 +343,23 @@ def compile_graph(
         vouch(program)  # the user's own cache: as much ours as a Program compiled now
         _publish(program, graph.name, cfg)
         return program
-    program = compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
+    functional = _functional(graph) if functionalize else graph
+    program = compile_graph_stages(functional, example_inputs, mode=mode, options=options).program
     t0 = time.perf_counter()
     cache.store_program(key, program)
     observe.record_time("inductor.cache_store", time.perf_counter() - t0)
     return program
+
+
+def _functional(graph: S.Graph) -> S.Graph:
+    from torchfuse.autograd.functionalize import functionalize, has_mutations
+
+    if not has_mutations(graph):
+        return graph
+    t0 = time.perf_counter()
+    out = functionalize(graph)
+    observe.record_time("inductor.functionalize", time.perf_counter() - t0)
+    return out
 
 
 def write_debug(program: S.Program, directory: str | os.PathLike) -> list[str]:

@@ -1,11 +1,13 @@
 """The metadata an op's meta kernel computed, remembered by what it was computed from.
 
-Every pass of this package re-runs a graph on fake tensors, and every op it meets runs its
-meta kernel: half of a pass's time on a transformer, most of it in torch's Python reference
-kernels (``aten.mul.Tensor``'s broadcasting and type promotion: 0.1-0.25 ms a call). A model
-repeats its layers, and the passes re-run the same graph one after the other
-(functionalize, the joint graph's forward, decompose, inductor's decompose), so most calls
-ask again what an earlier one answered: the same op, with arguments of the same metadata.
+Every pass of ``torchfuse.autograd`` re-runs a graph on fake tensors, and capture runs the
+user's code on them; every op either meets runs its meta kernel: half of a pass's time on a
+transformer, most of it in torch's Python reference kernels (``aten.mul.Tensor``'s
+broadcasting and type promotion: 0.1-0.25 ms a call). A model repeats its layers, and the
+passes re-run the same graph one after the other (functionalize, the joint graph's forward,
+decompose, inductor's decompose), so most calls ask again what an earlier one answered: the
+same op, with arguments of the same metadata. Capture meets each layer's ops once per
+layer, in every process, a warm one included (capture is not cached across processes).
 
 A meta kernel's answer depends only on the op and its arguments: the dtype, sizes, strides,
 offset and device of each tensor, and the value and Python type of everything else
@@ -13,14 +15,16 @@ offset and device of each tensor, and the value and Python type of everything el
 from a call; `MetaMemo` maps it to the metadata of the outputs, and the
 [`PassRecorder`][torchfuse.autograd.common.PassRecorder] records a call found there as it would
 have recorded its meta kernel's answer (the same node, the same names) with fresh fakes of
-that metadata.
+that metadata; so does the base [`Recorder`][torchfuse.graph.tracing.Recorder] when given a
+memo (``Recorder.meta_memo``: capture's recorder is, `torchfuse.capture.config`).
 
 Only calls whose outputs are new tensors are remembered: an op whose schema lets an output
 alias an argument (views, in-place and ``out=`` ops) must return a tensor sharing the
 argument's storage, which a fake made from metadata does not. Nor calls on symbolic sizes
 (``SymInt``s: the size environment decides relations as they are asked), on real tensors, or
 of ops the recorder treats specially (metadata queries, ``prim`` ops, ``lift_fresh``).
-``TORCHFUSE_META_MEMO=0`` turns the memo off (`torchfuse.autograd.config`).
+``TORCHFUSE_META_MEMO=0`` turns the memo off (`torchfuse.autograd.config` and
+`torchfuse.capture.config` both read it).
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ class _Uncacheable(Exception):
 def _arg_key(a: Any) -> Any:
     if isinstance(a, FakeTensor):
         # not the fake's requires_grad: autograd runs above the dispatcher, meta kernels never see it
-        return (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.fake_device)
+        key = (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.fake_device)
+        if not all(type(n) is int for n in (*key[1], *key[2], key[3])):
+            raise _Uncacheable  # a symbolic size: the size environment decides, not the memo
+        return key
     kind = type(a)
     if kind is list or kind is tuple:
         return (kind, *map(_arg_key, a))
@@ -141,4 +148,5 @@ class MetaMemo:
 
 
 MEMO = MetaMemo()
-"""The process's memo, shared by every pass (they re-run the same ops one after the other)."""
+"""The process's memo, shared by every pass (they re-run the same ops one after the other)
+and by capture."""

@@ -1,0 +1,76 @@
+"""Capture answers repeated ops from the meta-kernel memo (`torchfuse.graph.meta_memo`):
+the graph is the one captured with every meta kernel run, and computes what eager does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchfuse.capture as tf
+from torchfuse.capture import config
+from torchfuse.capture.config import from_environment
+from torchfuse.graph.meta_memo import MEMO
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.fc(self.norm(x))) * 0.5
+
+
+class _Stack(torch.nn.Module):
+    """Identical layers: the second and third meet the first one's ops with the same metadata."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(3))
+
+    def forward(self, x, mask):
+        for b in self.blocks:
+            x = b(x)
+        # a view, an in-place op and a dtype change: answered by their meta kernels
+        y = x.transpose(0, 1)
+        y.mul_(2)
+        return y.masked_fill(mask.t(), 0).to(torch.float64).sum(dim=0)
+
+
+def _captured(memo_on: bool):
+    torch.manual_seed(0)
+    model = _Stack()
+    x, mask = torch.randn(4, 8), torch.rand(4, 8) > 0.5
+    graphs = []
+
+    def keep(graph, example_inputs):
+        graphs.append(graph)
+        return tf.backends.eager(graph, example_inputs)
+
+    MEMO.clear()
+    with config.patch(meta_memo=memo_on):
+        out = tf.compile(model, backend=keep)(x, mask)
+    (graph,) = graphs
+    return graph, out, model(x, mask), MEMO.hits
+
+
+@pytest.mark.parametrize("memo_on", [True, False])
+def test_values_equal_eager(memo_on):
+    _, out, expected, hits = _captured(memo_on)
+    torch.testing.assert_close(out, expected)
+    assert out.dtype == expected.dtype and out.stride() == expected.stride()
+    assert (hits > 0) is memo_on
+
+
+def test_the_graph_is_the_one_every_meta_kernel_makes():
+    with_memo, _, _, hits = _captured(True)
+    without, _, _, _ = _captured(False)
+    assert hits >= 4, "the second and third layers should be answered from the memo"
+    # the guards name the two model objects' addresses; everything computed is equal
+    for field in ("inputs", "outputs", "nodes", "values", "symbols"):
+        assert getattr(with_memo, field) == getattr(without, field), field
+
+
+def test_the_switch():
+    assert from_environment({}).meta_memo
+    assert not from_environment({"TORCHFUSE_META_MEMO": "0"}).meta_memo
