@@ -773,20 +773,7 @@ def run_dynamo(p: Probe) -> str:
     first = None
     ok = True
     for i in range(p.calls):
-        args = p.make(i)
-        eager_args, compiled_args = copy.deepcopy(args), copy.deepcopy(args)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _seed(i, p)
-            try:
-                want = p.fn(*eager_args)
-            except Exception as e:
-                want = e
-            _seed(i, p)
-            try:
-                got = cf(*compiled_args)
-            except Exception as e:
-                got = e
+        want, got, _, _ = _call_both(p, i, cf)
         try:
             if not isinstance(want, Exception):
                 assert_same(got, want)
@@ -795,6 +782,24 @@ def run_dynamo(p: Probe) -> str:
         if first is None:
             first = len(graphs)
     return f"dynamo: graphs={first} total={len(graphs)}{'' if ok else ' WRONG'}"
+
+
+def _call_both(p: Probe, i: int, cf) -> tuple[object, object, object, object]:
+    """Call ``i`` of the probe in eager and through ``cf``, each on its own copy of the
+    arguments and from the same seeds: ``(eager's result, cf's result, eager's arguments,
+    cf's arguments)`` after the calls, an exception in place of a result that raised."""
+    args = p.make(i)
+    eager_args, compiled_args = copy.deepcopy(args), copy.deepcopy(args)
+    results = []
+    for fn, a in ((p.fn, eager_args), (cf, compiled_args)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _seed(i, p)
+            try:
+                results.append(fn(*a))
+            except Exception as e:
+                results.append(e)
+    return results[0], results[1], eager_args, compiled_args
 
 
 def _recompiles(cf) -> int:
@@ -809,20 +814,7 @@ def run_probe(p: Probe) -> tuple[bool, str]:
     problems = []
     graphs = None
     for i in range(p.calls):
-        args = p.make(i)
-        eager_args, compiled_args = copy.deepcopy(args), copy.deepcopy(args)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _seed(i, p)
-            try:
-                want = p.fn(*eager_args)
-            except Exception as e:
-                want = e
-            _seed(i, p)
-            try:
-                got = cf(*compiled_args)
-            except Exception as e:
-                got = e
+        want, got, eager_args, compiled_args = _call_both(p, i, cf)
         if isinstance(want, Exception) or isinstance(got, Exception):
             if type(want) is not type(got):
                 problems.append(f"call {i}: {got!r} vs eager {want!r}")
