@@ -709,8 +709,13 @@ def hb_torch_rng_more(x):
 
 
 @probe("RNG")
-def hb_python_random_int(x):  # an int draw: a break (TorchDynamo: the same)
+def hb_python_random_int(x):  # an int draw: a graph input drawn per call (TorchDynamo: a break)
     return x * random.randint(1, 5)
+
+
+@probe("RNG")
+def hb_python_random_choice_randrange(x):
+    return x + random.choice([1, 2, 3]), x > random.randrange(0, 10, 2), x * random.choice((0.5, 2.0))
 
 
 @probe("varying numbers", make=_floats, calls=4, recompiles=1)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torchfuse.capture import floats
+from torchfuse.capture import floats, pyrandom
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
@@ -43,11 +43,30 @@ _FLOAT_OPS = frozenset({"+", "-", "*", "/", "//", "%", "**", "+=", "-=", "*=", "
                         "%=", "**="})
 
 
-def _float_operands(a: V.Var, b: V.Var) -> list[Any] | None:
+_INT_DRAW_OPS = frozenset({"+", "-", "*", "/", "//", "%", "+=", "-=", "*=", "/=", "//=", "%="})
+
+
+def _int_operands(tensor: V.TensorVar, draw: pyrandom.IntDrawVar, tensor_first: bool) -> list[Any] | None:
+    """Operands for a tensor op with an int draw's 0-d int64 carrier in place of the int:
+    against a 0-d integral tensor of another dtype the carrier is cast to it, which is the
+    dtype a Python int keeps (0-d against 0-d would promote to int64)."""
+    dt = tensor.fake.dtype
+    if dt.is_complex:
+        return None
+    carrier = draw.carrier
+    if tensor.fake.dim() == 0 and not dt.is_floating_point and dt not in (torch.bool, torch.int64):
+        carrier = current().call_torch(torch.Tensor.to, [carrier, dt], {})
+    return [tensor.fake, carrier] if tensor_first else [carrier, tensor.fake]
+
+
+def _float_operands(a: V.Var, b: V.Var, op: str = "==") -> list[Any] | None:
     """Operands for a tensor op with a float argument's carrier in place of the float, cast
     so that the result has the dtype a Python float gives: the tensor's for a floating
-    tensor, the default dtype for an integral one. ``None`` where that cannot be kept."""
+    tensor, the default dtype for an integral one. ``None`` where that cannot be kept.
+    An int draw's carrier is used likewise (`_int_operands`)."""
     tensor, flt = (a, b) if isinstance(a, V.TensorVar) else (b, a)
+    if isinstance(tensor, V.TensorVar) and isinstance(flt, pyrandom.IntDrawVar):
+        return _int_operands(tensor, flt, tensor is a) if op in _INT_DRAW_OPS or op in COMPARE else None
     if not isinstance(tensor, V.TensorVar) or not isinstance(flt, V.FloatArgVar):
         return None
     dt = tensor.fake.dtype
@@ -79,7 +98,7 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
     if np_trace is not None:
         return np_trace.binary(op, a, b)
     if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
-        operands = _float_operands(a, b) if op in _FLOAT_OPS else None
+        operands = _float_operands(a, b, op) if op in _FLOAT_OPS else None
         if operands is not None:
             return from_py(current().call_torch(fn, operands, {}, f"operator {op}"))
         return from_py(current().call_torch(fn, [to_py(a), to_py(b)], {}, f"operator {op}"))
