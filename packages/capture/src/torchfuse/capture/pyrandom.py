@@ -254,5 +254,5 @@ def states_kept(generators: list[Any]) -> Iterator[None]:
             g.setstate(state)
 
 
-__all__ = ["FLOAT_METHODS", "INT_METHODS", "DrawNeeded", "IntDrawVar", "RandomDrawSource", "RandomDrawVar", "draw",
-           "states_kept"]
+__all__ = ["FLOAT_METHODS", "INT_METHODS", "DrawNeeded", "IntDrawVar", "RandomDrawSource", "RandomDrawVar",
+           "draw", "states_kept"]
