@@ -105,6 +105,9 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
     kept = floats.binary(op, a, b)  # f * 2 of a float input, n / 2 of an int symbol
     if kept is not None:
         return kept
+    got = _dict_subclass_binary(op, a, b)  # Counter's + - | &, interpreted
+    if got is not None:
+        return got
     base = op.rstrip("=") if op not in ("==",) else op
     if base in _SET_OPS and (_is_set_view(a) or _is_set_view(b)):
         # a keys/items view is a set, the result a ``set`` whatever the other iterable was
@@ -140,6 +143,34 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
 
 
 _SET_OPS = frozenset({"&", "|", "-", "^"})
+_DUNDER_NAMES = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod",
+                 "**": "pow", "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift",
+                 ">>": "rshift"}
+
+
+def _dict_subclass_binary(op: str, a: V.Var, b: V.Var) -> V.Var | None:
+    """``a op b`` where an operand is a dict subclass made of Python (``Counter``) whose class
+    defines the operator in Python: its methods, as Python tries them (in-place, then plain,
+    then the right operand's reflected one), interpreted. ``None`` when no such method."""
+    base = op.rstrip("=") if op.endswith("=") and op not in ("==",) else op
+    name = _DUNDER_NAMES.get(base)
+    if name is None:
+        return None
+    tries = []
+    if isinstance(a, V.DictVar) and a.kind is not dict:
+        tries += [(a, f"__i{name}__", b)] if op != base else []
+        tries.append((a, f"__{name}__", b))
+    same_kind = isinstance(a, V.DictVar) and isinstance(b, V.DictVar) and a.kind is b.kind
+    if isinstance(b, V.DictVar) and b.kind is not dict and not same_kind:  # Python skips __r…__ then
+        tries.append((b, f"__r{name}__", a))
+    tries = [t for t in tries if isinstance(python_override(t[0].kind, t[1], dict), types.FunctionType)]
+    if not tries:
+        return None
+    for x, method, y in tries:
+        got = _dunder(x, method, [y])
+        if not _not_implemented(got):
+            return got
+    return None
 
 
 def _is_set_view(v: V.Var) -> bool:
@@ -384,6 +415,9 @@ def getitem(obj: V.Var, key: V.Var) -> V.Var:
 
             if is_defaultdict(obj):
                 return missing_item(STDLIB_CORE, obj, k)
+            if obj.kind is not dict and isinstance(python_override(obj.kind, "__missing__", dict),
+                                                   types.FunctionType):
+                return _dunder(obj, "__missing__", [key])  # Counter's 0, as dict.__getitem__ calls it
             raise UserException(KeyError(k), ctx.loc)
         return obj.items[k]
     if isinstance(obj, V.ModuleVar):

@@ -10,9 +10,10 @@ make them as user objects; instead each constructor here builds what capture alr
   ``islice`` over a live iterator pulls only the items it yields, as Python's does.
 * ``collections.namedtuple(...)`` with constant arguments makes its class for real.
 * ``collections.deque`` is a `DequeVar`: a list of Vars and its ``maxlen``.
-* ``collections.OrderedDict`` and ``defaultdict`` are a `DictVar` whose ``kind`` is that
-  class; a ``defaultdict`` keeps its ``default_factory`` among the DictVar's ``attrs`` and a
-  missing key calls it (`missing_item`).
+* ``collections.OrderedDict``, ``defaultdict`` and ``Counter`` are a `DictVar` whose ``kind``
+  is that class; a ``defaultdict`` keeps its ``default_factory`` among the DictVar's ``attrs``
+  and a missing key calls it (`missing_item`); ``Counter``'s Python methods are interpreted
+  on the DictVar (its ``__missing__`` gives 0), ``_count_elements`` is modelled.
 
 The endless iterators (``count``, ``cycle``, ``repeat`` without ``times``) are *lazy*
 ``IteratorVar`` s: each item is made when it is pulled (``next``, a ``for`` that breaks out,
@@ -194,6 +195,40 @@ def _defaultdict(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.V
     factory = args[0] if args else V.ConstVar(None)
     plain = core.make_dict(list(args[1:]), kwargs)
     return V.DictVar(plain.items, kind=collections.defaultdict, attrs={"default_factory": factory})
+
+
+def _counter(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``Counter(iterable_or_mapping, **counts)``: a `DictVar` of kind ``Counter``, whose
+    Python methods (``most_common``, ``update``, ``__missing__`` …) are then interpreted on
+    it. Made here because ``Counter.__init__`` goes through ``super().__init__()`` and the C
+    helper ``_count_elements``."""
+    if len(args) > 1:
+        raise UserException(TypeError(f"expected at most 1 argument, got {len(args)}"), current().loc)
+    var = V.DictVar({}, kind=collections.Counter)
+    if args and not (isinstance(args[0], V.ConstVar) and args[0].value is None):
+        src = args[0]
+        if isinstance(src, V.DictVar) or (isinstance(src, V.ConstVar) and isinstance(src.value, dict)):
+            var.items.update(core.make_dict([src], {}).items)  # an empty Counter's update copies
+        else:
+            _count_elements(core, [var, src], {})
+    for k, v in kwargs.items():
+        var.items[k] = v if k not in var.items else core.binary("+", v, var.items[k])
+    return var
+
+
+def _count_elements(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``collections._count_elements(mapping, iterable)`` (C): ``mapping[e] = mapping.get(e,
+    0) + 1`` for each element, on a dict Var with constant keys."""
+    if kwargs or len(args) != 2 or not isinstance(args[0], V.DictVar):
+        raise Unsupported("collections._count_elements of these arguments", current().loc)
+    mapping = args[0]
+    core.mutate(mapping)
+    for e in core.iterate(args[1]):
+        if not isinstance(e, V.ConstVar) or isinstance(e, V.FloatArgVar):
+            raise Unsupported("counting elements that are not constants", current().loc)
+        key = e.python()
+        mapping.items[key] = core.binary("+", mapping.items.get(key, V.ConstVar(0)), V.ConstVar(1))
+    return V.ConstVar(None)
 
 
 def _fromkeys(kind: type) -> Handler:
@@ -391,6 +426,8 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
     collections.deque: _deque,
+    collections.Counter: _counter,
+    collections._count_elements: _count_elements,
     dict.fromkeys: _fromkeys(dict),
     collections.OrderedDict.fromkeys: _fromkeys(collections.OrderedDict),
     collections.defaultdict.fromkeys: _fromkeys(collections.defaultdict),
