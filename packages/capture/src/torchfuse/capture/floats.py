@@ -19,10 +19,26 @@ Only ``+``, ``-``, ``*``, and ``/`` by a nonzero constant are kept (Python raise
 ``ZeroDivisionError`` where a tensor gives ``inf``; ``//``, ``%`` and ``**`` differ from
 torch's float ops at their edges); numpy float32/16 arguments compute in their own precision
 and specialize too.
+
+One-argument ``math`` functions of such a float (`MATH`: ``math.sqrt``, ``exp``, ``log``,
+``sin``, ``cos`` …) are kept too, as the torch op on the float64 carrier (a 0-d tensor runs
+the same C library function Python does)::
+
+    def h(x, f):
+        return x * math.sqrt(f + 1)
+    # graph: add(f_float, 1) -> t; sqrt(t) -> u; mul(x, u)
+    # guard: _math_ok(math.sqrt, (L[1] + 1))
+
+Where Python raises (``math.sqrt(-1)``, ``math.exp(1000)``, ``math.sin(inf)``) a tensor gives
+``nan`` or ``inf``; so each such call adds a guard that runs the Python function on the
+call's value (the Var's ``text``, an expression over the arguments' sources) and holds while
+it does not raise: a value out of the domain recompiles, and that capture raises as eager
+does. A float with no such expression (one computed from a random draw) specializes.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -42,13 +58,15 @@ class FloatExprVar(V.FloatArgVar):
 
     py_float = True
 
-    def __init__(self, compute: Any, record: Any, roots: list[V.Var]) -> None:
+    def __init__(self, compute: Any, record: Any, roots: list[V.Var], text: str | None = None) -> None:
         V.Var.__init__(self)
         self.compute = compute
         self.record = record
         self._carrier: Any = None
         self.roots = roots
         self.source = None
+        self.text = text
+        """Python computing the value from the call's arguments (for guards), or None."""
 
     @property
     def carrier(self) -> Any:  # type: ignore[override]
@@ -129,8 +147,10 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var | None:
         return ctx.call_torch(fn, [left, _operand(b)], {}, f"operator {base}")
 
     roots = [v for v, k in zip((a, b), kinds, strict=True) if k != "const"]
+    ta, tb = _text(a), _text(b)
     return FloatExprVar(lambda: fn(_hint(a), _hint(b)), record,
-                        [r for v in roots for r in getattr(v, "roots", [v])])
+                        [r for v in roots for r in getattr(v, "roots", [v])],
+                        f"({ta} {base} {tb})" if ta is not None and tb is not None else None)
 
 
 def neg(a: V.Var) -> V.Var | None:
@@ -139,8 +159,9 @@ def neg(a: V.Var) -> V.Var | None:
     from torchfuse.capture.context import current
 
     ctx = current()
+    ta = _text(a)
     return FloatExprVar(lambda: -a.value, lambda: ctx.call_torch(operator.neg, [a.carrier], {}, "operator -"),
-                        list(getattr(a, "roots", [a])))
+                        list(getattr(a, "roots", [a])), f"(-{ta})" if ta is not None else None)
 
 
 def as_carrier(v: V.Var) -> Any:
@@ -157,7 +178,73 @@ def to_float(v: V.Var) -> V.Var | None:
         return v
     if kind != "sym":
         return None
-    return FloatExprVar(lambda: float(_hint(v)), lambda: as_carrier(v), [v])
+    ta = _text(v)
+    return FloatExprVar(lambda: float(_hint(v)), lambda: as_carrier(v), [v], f"float({ta})" if ta else None)
 
 
-__all__ = ["FloatExprVar", "binary", "neg", "to_float"]
+def _text(v: V.Var) -> str | None:
+    """Python that computes ``v``'s value on a call, over the sources of the arguments
+    (``(L[1] + 1)``), or None where there is none (a random draw, an int symbol of a size)."""
+    kind = _kind(v)
+    if kind == "const":
+        return repr(v.value)
+    if isinstance(v, FloatExprVar):
+        return v.text
+    if kind == "float":
+        return v.source.expr() if v.source is not None else None
+    if kind == "sym":
+        from torchfuse.capture.context import current
+
+        name = str(v.value.node.expr)
+        found = [src for src, sym in current().scalar_symbols.items() if sym == name]
+        return found[0] if found else None
+    return None
+
+
+MATH = {math.sqrt: torch.sqrt, math.exp: torch.exp, math.log: torch.log, math.log2: torch.log2,
+        math.log10: torch.log10, math.log1p: torch.log1p, math.expm1: torch.expm1, math.sin: torch.sin,
+        math.cos: torch.cos, math.tan: torch.tan, math.tanh: torch.tanh, math.atan: torch.atan,
+        math.fabs: torch.abs}
+"""``math`` functions kept in the graph, with the torch op that computes them on a carrier."""
+
+
+def _math_ok(fn: Any, value: Any) -> bool:
+    """The guard of a kept ``math`` call: Python's function does not raise on this value."""
+    try:
+        fn(value)
+    except (ValueError, OverflowError, TypeError):
+        return False
+    return True
+
+
+def math_call(fn: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """``math.sqrt(f)`` of a float input or int symbol kept in the graph, guarded on the
+    domain (see the module docstring); ``None`` when it is not that (then Python folds it)."""
+    op = MATH.get(fn)
+    if op is None or len(args) != 1 or kwargs:
+        return None
+    v = args[0]
+    kind = _kind(v)
+    text = _text(v) if kind in ("float", "sym") else None
+    if text is None:
+        return None
+    from torchfuse.capture.context import current
+    from torchfuse.capture.source import PythonExprSource
+
+    ctx = current()
+    hint = _hint(v) if kind == "sym" else v.value
+    if not _math_ok(fn, hint):
+        return None  # Python raises on this call's value: folding raises it as eager does
+    guards = ctx.guards
+    call_text = f"{guards._obj(fn, 'F')}({text})"
+    guards.constant(PythonExprSource(f"{guards._obj(_math_ok, 'F')}({guards._obj(fn, 'F')}, {text})"), True)
+
+    def record() -> Any:
+        carrier = as_carrier(v) if kind == "sym" else v.carrier
+        return ctx.call_torch(op, [carrier], {}, f"math.{fn.__name__}")
+
+    return FloatExprVar(lambda: fn(_hint(v) if kind == "sym" else v.value), record,
+                        list(getattr(v, "roots", [v])), call_text)
+
+
+__all__ = ["MATH", "FloatExprVar", "binary", "math_call", "neg", "to_float"]

@@ -242,6 +242,17 @@ class FloatCarrierSource(Source):
 
 
 @dataclass(frozen=True, slots=True)
+class PythonExprSource(Source):
+    """A Python expression over other sources, evaluated by a guard (the domain check of a
+    ``math`` call kept in the graph: `torchfuse.capture.floats.math_call`)."""
+
+    text: str
+
+    def expr(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
 class IntCarrierSource(FloatCarrierSource):
     """The graph input that carries a Python int drawn on each call (``random.randint``):
     a 0-d int64 tensor of its value (`torchfuse.capture.pyrandom`)."""
