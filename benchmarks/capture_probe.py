@@ -661,6 +661,12 @@ def hb_counter_ops(x):
 
 
 @probe("stdlib/itertools")
+def hb_groupby(x):
+    runs = [(k, len(list(g))) for k, g in itertools.groupby("aabccc")]
+    return x * runs[-1][1], runs, [list(g) for _, g in itertools.groupby([1, 3, 2], key=lambda v: v % 2)]
+
+
+@probe("stdlib/itertools")
 def hb_chainmap_starmap(x):
     cm = collections.ChainMap({"a": 1}, {"a": 2, "b": 3})
     return x + cm["a"] + cm["b"], list(itertools.starmap(lambda a, b: a * b, [(1, 2), (3, 4)]))

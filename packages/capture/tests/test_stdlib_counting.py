@@ -72,3 +72,43 @@ def test_a_c_classmethod_read_from_a_module_is_not_a_recompile():
 
     cf = _same_each_call(f, (torch.randn(2),), calls=4)
     assert len(cf.entries) == 1 and cf.recompiles == 0
+
+
+# ============================================================ itertools.groupby
+
+
+def test_groupby_is_one_graph_and_cuts_groups_short_as_python():
+    def f(x):
+        a = [(k, list(g)) for k, g in itertools.groupby("aabbbc")]
+        b = [(k, len(list(g))) for k, g in itertools.groupby([1, 3, 2, 4, 5], key=lambda v: v % 2)]
+        rows = list(itertools.groupby("aab"))
+        c = [(k, list(g)) for k, g in rows]  # advancing past a group empties it, in Python too
+        scaled = [k * x for k, _ in itertools.groupby([1, 1, 2])]
+        by_rank = {k: len(list(g)) for k, g in itertools.groupby([x, x[0], x], key=lambda t: t.dim())}
+        return a, b, c, scaled, by_rank
+
+    cf = _same_each_call(f, (torch.randn(3),))
+    assert cf.graph_count() == 1 and len(cf.entries) == 1
+    assert all(r.error is None for r in cf.results)
+
+
+def test_groupby_next_and_a_key_that_is_a_tensor():
+    def pulled(x):
+        it = itertools.groupby([1, 1, 2, 3, 3])
+        k1, g1 = next(it)
+        first = next(g1)
+        k2, _ = next(it)
+        return x * k1 + first, k2, list(g1)
+
+    cf = _same_each_call(pulled, (torch.randn(2),))
+    assert cf.graph_count() == 1
+
+    def tensor_keys(x):
+        return [len(list(g)) for _, g in itertools.groupby([x, x], key=lambda t: t + 1)]
+
+    cf = compile(tensor_keys, backend="eager")
+    x = torch.randn(2)
+    with pytest.raises(RuntimeError):  # a tensor key's == is ambiguous in eager
+        tensor_keys(x)
+    with pytest.raises(RuntimeError):
+        cf(x)

@@ -19,8 +19,8 @@ The endless iterators (``count``, ``cycle``, ``repeat`` without ``times``) are *
 ``IteratorVar`` s: each item is made when it is pulled (``next``, a ``for`` that breaks out,
 ``zip``/``map``/``enumerate``/``islice`` over them, which are lazy too), so nothing runs
 ahead of Python. Consuming one whole (``list(count())``) is a graph break. ``starmap`` is lazy
-as well: ``f(*row)`` runs when its item is pulled. ``groupby`` is not modelled: calling it
-is an ordinary unsupported call, a graph break.
+as well: ``f(*row)`` runs when its item is pulled. ``groupby`` runs the real one lazily over
+the Vars with constant keys (`_groupby`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
+from torchfuse.capture.dynamic import contains_symbolic
 from torchfuse.capture.errors import Unsupported, UserException
 
 Handler = Callable[[list[V.Var], dict[str, V.Var]], V.Var]
@@ -180,6 +181,44 @@ def _starmap(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     def gen() -> Iterator[V.Var]:
         for row in rows:
             yield core.call(func, core.iterate(row), {})
+    return V.IteratorVar([], gen())
+
+
+class _GroupKey:
+    """A key of ``groupby`` as the real ``itertools.groupby`` sees it: equal when the constant
+    keys are; ``var`` is what the user's code gets back."""
+
+    __slots__ = ("value", "var")
+
+    def __init__(self, var: V.Var) -> None:
+        if not isinstance(var, V.ConstVar) or isinstance(var, V.FloatArgVar) or contains_symbolic(var.value):
+            raise Unsupported("itertools.groupby with keys that are not constants", current().loc)
+        self.var, self.value = var, var.python()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _GroupKey) and bool(self.value == other.value)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _groupby(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``groupby(iterable, key=None)``: the real ``itertools.groupby`` run lazily over the
+    Vars, comparing constant keys (the user's ``key`` is called as items are pulled), so a
+    group is cut short by advancing past it exactly as in Python. Each row is the tuple
+    ``(key, iterator of the group's Vars)``."""
+    if len(args) not in (1, 2) or set(kwargs) - {"key"} or (len(args) == 2 and kwargs):
+        raise Unsupported("itertools.groupby with these arguments", current().loc)
+    key = args[1] if len(args) == 2 else kwargs.get("key", V.ConstVar(None))
+    plain = isinstance(key, V.ConstVar) and key.value is None
+
+    def keyfunc(item: V.Var) -> _GroupKey:
+        return _GroupKey(item if plain else core.call(key, [item], {}))
+
+    groups = itertools.groupby(core.pull(args[0]), keyfunc)
+
+    def gen() -> Iterator[V.Var]:
+        for k, group in groups:
+            yield V.ListVar([k.var, V.IteratorVar([], iter(group))], tuple)
     return V.IteratorVar([], gen())
 
 
@@ -423,6 +462,7 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     itertools.cycle: _cycle,
     itertools.accumulate: _accumulate,
     itertools.starmap: _starmap,
+    itertools.groupby: _groupby,
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
     collections.deque: _deque,
