@@ -92,3 +92,29 @@ def test_a_math_function_of_a_random_draw_is_drawn_per_call():
         random.seed(seed)
         want.append(f(x))
     assert_same(got, want)
+
+
+def test_floor_ceil_trunc_of_a_varying_float_are_int_carriers():
+    def f(x, i, v):
+        return x * math.floor(v) + math.ceil(v * 2), i * math.trunc(v), x > math.floor(v)
+
+    cf = compile(f, backend="eager")
+    x, i = torch.randn(3) * 4, torch.arange(3, dtype=torch.int32)
+    for v in [0.25, 1.25, 2.75, -3.5, 7.0]:
+        assert_same(cf(x, i, v), f(x, i, v))  # int32 stays int32, as with a Python int
+    assert len(cf.entries) == 2 and cf.recompiles == 1
+    with pytest.raises(OverflowError):
+        f(x, i, math.inf)
+    with pytest.raises(OverflowError):
+        cf(x, i, math.inf)
+
+
+def test_floor_of_a_float_python_needs_specializes():
+    def f(x, v):
+        return [x * k for k in range(math.floor(v))]
+
+    cf = compile(f, backend="eager")
+    x = torch.ones(2)
+    for v in [1.5, 2.5, 3.5, 2.25]:
+        assert_same(cf(x, v), f(x, v))
+    assert len(cf.entries) == 4  # the float itself is guarded: one entry per value, as before

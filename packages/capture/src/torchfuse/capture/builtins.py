@@ -690,7 +690,7 @@ def handler_for(value: Any) -> Handler | None:
         return h
     mod = getattr(value, "__module__", None)
     if mod == "math" or getattr(value, "__self__", None) is math:
-        if value in floats.MATH:
+        if value in floats.MATH or value in floats.INT_MATH:
             return _math(value)
         return _fold(value)
     if isinstance(value, type) and issubclass(value, torch.autocast):

@@ -34,6 +34,7 @@ Where Python raises (``math.sqrt(-1)``, ``math.exp(1000)``, ``math.sin(inf)``) a
 call's value (the Var's ``text``, an expression over the arguments' sources) and holds while
 it does not raise: a value out of the domain recompiles, and that capture raises as eager
 does. A float with no such expression (one computed from a random draw) specializes.
+``math.floor``/``ceil``/``trunc`` of a float give an `IntExprVar`, an int64 carrier.
 """
 
 from __future__ import annotations
@@ -208,23 +209,68 @@ MATH = {math.sqrt: torch.sqrt, math.exp: torch.exp, math.log: torch.log, math.lo
 """``math`` functions kept in the graph, with the torch op that computes them on a carrier."""
 
 
+INT_MATH = {math.floor: torch.floor, math.ceil: torch.ceil, math.trunc: torch.trunc}
+"""``math`` functions of a float that give an int, kept as an int64 carrier (`IntExprVar`)."""
+
+
 def _math_ok(fn: Any, value: Any) -> bool:
-    """The guard of a kept ``math`` call: Python's function does not raise on this value."""
+    """The guard of a kept ``math`` call: Python's function does not raise on this value (and
+    an int result fits the int64 carrier)."""
     try:
-        fn(value)
+        got = fn(value)
     except (ValueError, OverflowError, TypeError):
         return False
-    return True
+    return type(got) is not int or -2 ** 63 <= got < 2 ** 63
+
+
+class IntExprVar(V.ConstVar):
+    """An int computed in the graph from a varying float (``math.floor(f)``): ``carrier`` is a
+    0-d int64 graph value, which tensor operators use as they use an int draw's
+    (`torchfuse.capture.operators`). Any read of ``value`` is Python needing the int: it
+    guards the roots (specializes) and gives it."""
+
+    int_carrier = True
+
+    def __init__(self, compute: Any, record: Any, roots: list[V.Var]) -> None:
+        V.Var.__init__(self)
+        self.compute = compute
+        self.record = record
+        self._carrier: Any = None
+        self.roots = roots
+        self.source = None
+
+    carrier = FloatExprVar.carrier
+
+    @property
+    def value(self) -> Any:  # type: ignore[override]
+        return self.python()
+
+    @value.setter
+    def value(self, _: Any) -> None:
+        pass
+
+    def python(self) -> Any:
+        for r in self.roots:
+            r.python() if isinstance(r, V.FloatArgVar) else concrete(r.value)
+        return self.compute()
+
+    def python_type(self) -> type:
+        return int
+
+    def describe(self) -> str:
+        return "an int computed from a varying float (in the graph)"
 
 
 def math_call(fn: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
     """``math.sqrt(f)`` of a float input or int symbol kept in the graph, guarded on the
     domain (see the module docstring); ``None`` when it is not that (then Python folds it)."""
-    op = MATH.get(fn)
+    op = MATH.get(fn) or INT_MATH.get(fn)
     if op is None or len(args) != 1 or kwargs:
         return None
     v = args[0]
     kind = _kind(v)
+    if fn in INT_MATH and kind != "float":
+        return None  # of an int it is the int itself: folded
     text = _text(v) if kind in ("float", "sym") else None
     if text is None:
         return None
@@ -241,10 +287,13 @@ def math_call(fn: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | N
 
     def record() -> Any:
         carrier = as_carrier(v) if kind == "sym" else v.carrier
-        return ctx.call_torch(op, [carrier], {}, f"math.{fn.__name__}")
+        out = ctx.call_torch(op, [carrier], {}, f"math.{fn.__name__}")
+        return ctx.call_torch(torch.Tensor.to, [out, torch.int64], {}) if fn in INT_MATH else out
 
+    if fn in INT_MATH:
+        return IntExprVar(lambda: fn(v.value), record, list(getattr(v, "roots", [v])))
     return FloatExprVar(lambda: fn(_hint(v) if kind == "sym" else v.value), record,
                         list(getattr(v, "roots", [v])), call_text)
 
 
-__all__ = ["MATH", "FloatExprVar", "binary", "math_call", "neg", "to_float"]
+__all__ = ["INT_MATH", "MATH", "FloatExprVar", "IntExprVar", "binary", "math_call", "neg", "to_float"]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torchfuse.capture import floats, pyrandom
+from torchfuse.capture import floats
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
@@ -46,8 +46,9 @@ _FLOAT_OPS = frozenset({"+", "-", "*", "/", "//", "%", "**", "+=", "-=", "*=", "
 _INT_DRAW_OPS = frozenset({"+", "-", "*", "/", "//", "%", "+=", "-=", "*=", "/=", "//=", "%="})
 
 
-def _int_operands(tensor: V.TensorVar, draw: pyrandom.IntDrawVar, tensor_first: bool) -> list[Any] | None:
-    """Operands for a tensor op with an int draw's 0-d int64 carrier in place of the int:
+def _int_operands(tensor: V.TensorVar, draw: V.ConstVar, tensor_first: bool) -> list[Any] | None:
+    """Operands for a tensor op with the 0-d int64 carrier of an int draw or of
+    ``math.floor(f)`` (an ``int_carrier`` Var) in place of the int:
     against a 0-d integral tensor of another dtype the carrier is cast to it, which is the
     dtype a Python int keeps (0-d against 0-d would promote to int64)."""
     dt = tensor.fake.dtype
@@ -65,7 +66,7 @@ def _float_operands(a: V.Var, b: V.Var, op: str = "==") -> list[Any] | None:
     tensor, the default dtype for an integral one. ``None`` where that cannot be kept.
     An int draw's carrier is used likewise (`_int_operands`)."""
     tensor, flt = (a, b) if isinstance(a, V.TensorVar) else (b, a)
-    if isinstance(tensor, V.TensorVar) and isinstance(flt, pyrandom.IntDrawVar):
+    if isinstance(tensor, V.TensorVar) and getattr(type(flt), "int_carrier", False):
         return _int_operands(tensor, flt, tensor is a) if op in _INT_DRAW_OPS or op in COMPARE else None
     if not isinstance(tensor, V.TensorVar) or not isinstance(flt, V.FloatArgVar):
         return None

@@ -120,6 +120,7 @@ class IntDrawVar(V.ConstVar):
         self.what = what
         self.source = None
 
+    int_carrier = True  # tensor operators use the carrier (torchfuse.capture.operators)
     value = RandomDrawVar.value
     python = RandomDrawVar.python
 
