@@ -34,6 +34,16 @@ def test_counter_made_in_the_function_is_one_graph():
     assert all(r.error is None for r in cf.results)
 
 
+def test_counter_comparisons_are_counters_not_dicts():
+    def f(x):
+        c = collections.Counter("ab")
+        c["z"] = 0  # a zero count: Counter's == ignores it, dict's does not
+        return x, c == collections.Counter("ba"), c != collections.Counter("b"), c <= collections.Counter("abc")
+
+    cf = _same_each_call(f, (torch.randn(3),))
+    assert cf.graph_count() == 1 and all(r.error is None for r in cf.results)
+
+
 def test_counter_of_tensor_sizes_and_of_a_list_argument():
     def f(x, names):
         c = collections.Counter(names)

@@ -234,6 +234,9 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
         if operands is not None:
             return from_py(current().call_torch(COMPARE[op], operands, {}, f"operator {op}"))
         return from_py(current().call_torch(COMPARE[op], [to_py(a), to_py(b)], {}, f"operator {op}"))
+    got = _dict_subclass_compare(op, a, b)  # Counter's ==, <=, … (zero counts ignored)
+    if got is not None:
+        return got
     if _is_set_view(a) or _is_set_view(b):  # d.keys() == {1, 2}, d.keys() <= other.keys()
         a, b = (_as_set(v) if _is_set_view(v) or isinstance(v, V.SetVar) else v for v in (a, b))
         if not all(isinstance(v, V.ConstVar) and isinstance(v.value, frozenset) for v in (a, b)):
@@ -248,6 +251,20 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
         eq = all(truth(compare("==", x, y)) for x, y in zip(a.items, b.items, strict=True))
         return V.ConstVar(eq if op == "==" else not eq)
     return fold(COMPARE[op], a, b)
+
+
+def _dict_subclass_compare(op: str, a: V.Var, b: V.Var) -> V.Var | None:
+    """``a op b`` where a dict subclass made of Python (``Counter``) defines the comparison
+    in Python: the left operand's method, then the right one's reflected one, interpreted;
+    ``None`` when neither is such a method or both give ``NotImplemented``."""
+    tries = [(a, _RICH[op], b), (b, _RICH[_REFLECTED[op]], a)]
+    tries = [t for t in tries if isinstance(t[0], V.DictVar) and t[0].kind is not dict and
+             isinstance(python_override(t[0].kind, t[1], dict), types.FunctionType)]
+    for x, method, y in tries:
+        got = _dunder(x, method, [y])
+        if not _not_implemented(got):
+            return got
+    return None
 
 
 _RICH = {"==": "__eq__", "!=": "__ne__", "<": "__lt__", ">": "__gt__", "<=": "__le__",
