@@ -44,6 +44,16 @@ def test_counter_comparisons_are_counters_not_dicts():
     assert cf.graph_count() == 1 and all(r.error is None for r in cf.results)
 
 
+def test_counters_from_outside_compare_as_counters():
+    def f(x, c, d):
+        return x, c == d, c >= d
+
+    c = collections.Counter("ab")
+    c["z"] = 0
+    cf = _same_each_call(f, (torch.ones(1), c, collections.Counter("ba")))  # dict == said False
+    assert cf.graph_count() == 1
+
+
 def test_counter_of_tensor_sizes_and_of_a_list_argument():
     def f(x, names):
         c = collections.Counter(names)
