@@ -647,9 +647,23 @@ def hb_accumulate_zip_longest_counter(x):
 
 
 @probe("stdlib/itertools")
-def hb_counter(x):  # not yet: a dict subclass made in the function (Counter) is a break
+def hb_counter(x):  # a Counter made in the function: a DictVar of kind Counter, methods interpreted
     c = collections.Counter("abca")
     return x * c["a"], c.most_common(1)
+
+
+@probe("stdlib/itertools")
+def hb_counter_ops(x):
+    c = collections.Counter(["a", "b", "a"])
+    c.update("bz")
+    c["q"] += 1
+    return x * (c + collections.Counter(a=1))["a"], sorted(c.elements()), c.total()
+
+
+@probe("stdlib/itertools")
+def hb_groupby(x):
+    runs = [(k, len(list(g))) for k, g in itertools.groupby("aabccc")]
+    return x * runs[-1][1], runs, [list(g) for _, g in itertools.groupby([1, 3, 2], key=lambda v: v % 2)]
 
 
 @probe("stdlib/itertools")
@@ -709,8 +723,13 @@ def hb_torch_rng_more(x):
 
 
 @probe("RNG")
-def hb_python_random_int(x):  # an int draw: a break (TorchDynamo: the same)
+def hb_python_random_int(x):  # an int draw: a graph input drawn per call (TorchDynamo: a break)
     return x * random.randint(1, 5)
+
+
+@probe("RNG")
+def hb_python_random_choice_randrange(x):
+    return x + random.choice([1, 2, 3]), x > random.randrange(0, 10, 2), x * random.choice((0.5, 2.0))
 
 
 @probe("varying numbers", make=_floats, calls=4, recompiles=1)

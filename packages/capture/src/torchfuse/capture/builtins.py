@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torchfuse.capture import floats, stdlib
 from torchfuse.capture import operators as O
-from torchfuse.capture import stdlib
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.dynamic import SYM_TYPES, concrete
@@ -38,6 +38,17 @@ def _const_args(args: list[V.Var], kwargs: dict[str, V.Var]) -> bool:
     return all(isinstance(a, V.ConstVar | V.ObjVar | V.ListVar | V.DictVar | V.SetVar)
                and not contains_tensor(a)
                for a in [*args, *kwargs.values()])
+
+
+def _math(fn: Callable[..., Any]) -> Handler:
+    """``math.sqrt(f)`` and the like: kept in the graph for a varying float (`floats.math_call`),
+    else folded."""
+    fold = _fold(fn)
+
+    def h(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+        kept = floats.math_call(fn, args, kwargs)
+        return kept if kept is not None else fold(args, kwargs)
+    return h
 
 
 def _fold(fn: Callable[..., Any]) -> Handler:
@@ -387,8 +398,6 @@ def _int_like(kind: type) -> Handler:
                 return V.ConstVar(kind(value))
             raise Unsupported(f"{kind.__name__}(tensor) reads a value (data-dependent)", current().loc)
         if kind is float and len(args) == 1 and not kwargs:
-            from torchfuse.capture import floats
-
             kept = floats.to_float(args[0])  # float(n) of an int symbol stays in the graph
             if kept is not None:
                 return kept
@@ -681,6 +690,8 @@ def handler_for(value: Any) -> Handler | None:
         return h
     mod = getattr(value, "__module__", None)
     if mod == "math" or getattr(value, "__self__", None) is math:
+        if value in floats.MATH or value in floats.INT_MATH:
+            return _math(value)
         return _fold(value)
     if isinstance(value, type) and issubclass(value, torch.autocast):
         return _context("autocast")

@@ -266,6 +266,13 @@ class Capture:
             guards.identity(AttrSource(source, "__func__"), value.__func__)
             guards.identity(AttrSource(source, "__self__"), value.__self__)
             return V.ObjVar(value, source)
+        if source is not None and isinstance(value, types.BuiltinMethodType) and \
+                isinstance(value.__self__, type) and not source.is_module_state:
+            # a C classmethod (``chain.from_iterable``, ``dict.fromkeys``) is bound anew by
+            # every read too: guard its class and its name
+            guards.identity(AttrSource(source, "__self__"), value.__self__)
+            guards.constant(AttrSource(source, "__name__"), value.__name__)
+            return V.ObjVar(value, source)
         if source is not None and not isinstance(value, types.ModuleType) and \
                 not source.is_module_state:
             guards.identity(source, value)

@@ -19,10 +19,27 @@ Only ``+``, ``-``, ``*``, and ``/`` by a nonzero constant are kept (Python raise
 ``ZeroDivisionError`` where a tensor gives ``inf``; ``//``, ``%`` and ``**`` differ from
 torch's float ops at their edges); numpy float32/16 arguments compute in their own precision
 and specialize too.
+
+One-argument ``math`` functions of such a float (`MATH`: ``math.sqrt``, ``exp``, ``log``,
+``sin``, ``cos`` …) are kept too, as the torch op on the float64 carrier (a 0-d tensor runs
+the same C library function Python does)::
+
+    def h(x, f):
+        return x * math.sqrt(f + 1)
+    # graph: add(f_float, 1) -> t; sqrt(t) -> u; mul(x, u)
+    # guard: _math_ok(math.sqrt, (L[1] + 1))
+
+Where Python raises (``math.sqrt(-1)``, ``math.exp(1000)``, ``math.sin(inf)``) a tensor gives
+``nan`` or ``inf``; so each such call adds a guard that runs the Python function on the
+call's value (the Var's ``text``, an expression over the arguments' sources) and holds while
+it does not raise: a value out of the domain recompiles, and that capture raises as eager
+does. A float with no such expression (one computed from a random draw) specializes.
+``math.floor``/``ceil``/``trunc`` of a float give an `IntExprVar`, an int64 carrier.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -42,13 +59,15 @@ class FloatExprVar(V.FloatArgVar):
 
     py_float = True
 
-    def __init__(self, compute: Any, record: Any, roots: list[V.Var]) -> None:
+    def __init__(self, compute: Any, record: Any, roots: list[V.Var], text: str | None = None) -> None:
         V.Var.__init__(self)
         self.compute = compute
         self.record = record
         self._carrier: Any = None
         self.roots = roots
         self.source = None
+        self.text = text
+        """Python computing the value from the call's arguments (for guards), or None."""
 
     @property
     def carrier(self) -> Any:  # type: ignore[override]
@@ -129,8 +148,10 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var | None:
         return ctx.call_torch(fn, [left, _operand(b)], {}, f"operator {base}")
 
     roots = [v for v, k in zip((a, b), kinds, strict=True) if k != "const"]
+    ta, tb = _text(a), _text(b)
     return FloatExprVar(lambda: fn(_hint(a), _hint(b)), record,
-                        [r for v in roots for r in getattr(v, "roots", [v])])
+                        [r for v in roots for r in getattr(v, "roots", [v])],
+                        f"({ta} {base} {tb})" if ta is not None and tb is not None else None)
 
 
 def neg(a: V.Var) -> V.Var | None:
@@ -139,8 +160,9 @@ def neg(a: V.Var) -> V.Var | None:
     from torchfuse.capture.context import current
 
     ctx = current()
+    ta = _text(a)
     return FloatExprVar(lambda: -a.value, lambda: ctx.call_torch(operator.neg, [a.carrier], {}, "operator -"),
-                        list(getattr(a, "roots", [a])))
+                        list(getattr(a, "roots", [a])), f"(-{ta})" if ta is not None else None)
 
 
 def as_carrier(v: V.Var) -> Any:
@@ -157,7 +179,121 @@ def to_float(v: V.Var) -> V.Var | None:
         return v
     if kind != "sym":
         return None
-    return FloatExprVar(lambda: float(_hint(v)), lambda: as_carrier(v), [v])
+    ta = _text(v)
+    return FloatExprVar(lambda: float(_hint(v)), lambda: as_carrier(v), [v], f"float({ta})" if ta else None)
 
 
-__all__ = ["FloatExprVar", "binary", "neg", "to_float"]
+def _text(v: V.Var) -> str | None:
+    """Python that computes ``v``'s value on a call, over the sources of the arguments
+    (``(L[1] + 1)``), or None where there is none (a random draw, an int symbol of a size)."""
+    kind = _kind(v)
+    if kind == "const":
+        return repr(v.value)
+    if isinstance(v, FloatExprVar):
+        return v.text
+    if kind == "float":
+        return v.source.expr() if v.source is not None else None
+    if kind == "sym":
+        from torchfuse.capture.context import current
+
+        name = str(v.value.node.expr)
+        found = [src for src, sym in current().scalar_symbols.items() if sym == name]
+        return found[0] if found else None
+    return None
+
+
+MATH = {math.sqrt: torch.sqrt, math.exp: torch.exp, math.log: torch.log, math.log2: torch.log2,
+        math.log10: torch.log10, math.log1p: torch.log1p, math.expm1: torch.expm1, math.sin: torch.sin,
+        math.cos: torch.cos, math.tan: torch.tan, math.tanh: torch.tanh, math.atan: torch.atan,
+        math.fabs: torch.abs}
+"""``math`` functions kept in the graph, with the torch op that computes them on a carrier."""
+
+
+INT_MATH = {math.floor: torch.floor, math.ceil: torch.ceil, math.trunc: torch.trunc}
+"""``math`` functions of a float that give an int, kept as an int64 carrier (`IntExprVar`)."""
+
+
+def _math_ok(fn: Any, value: Any) -> bool:
+    """The guard of a kept ``math`` call: Python's function does not raise on this value (and
+    an int result fits the int64 carrier)."""
+    try:
+        got = fn(value)
+    except (ValueError, OverflowError, TypeError):
+        return False
+    return type(got) is not int or -2 ** 63 <= got < 2 ** 63
+
+
+class IntExprVar(V.ConstVar):
+    """An int computed in the graph from a varying float (``math.floor(f)``): ``carrier`` is a
+    0-d int64 graph value, which tensor operators use as they use an int draw's
+    (`torchfuse.capture.operators`). Any read of ``value`` is Python needing the int: it
+    guards the roots (specializes) and gives it."""
+
+    int_carrier = True
+
+    def __init__(self, compute: Any, record: Any, roots: list[V.Var]) -> None:
+        V.Var.__init__(self)
+        self.compute = compute
+        self.record = record
+        self._carrier: Any = None
+        self.roots = roots
+        self.source = None
+
+    carrier = FloatExprVar.carrier
+
+    @property
+    def value(self) -> Any:  # type: ignore[override]
+        return self.python()
+
+    @value.setter
+    def value(self, _: Any) -> None:
+        pass
+
+    def python(self) -> Any:
+        for r in self.roots:
+            r.python() if isinstance(r, V.FloatArgVar) else concrete(r.value)
+        return self.compute()
+
+    def python_type(self) -> type:
+        return int
+
+    def describe(self) -> str:
+        return "an int computed from a varying float (in the graph)"
+
+
+def math_call(fn: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """``math.sqrt(f)`` of a float input or int symbol kept in the graph, guarded on the
+    domain (see the module docstring); ``None`` when it is not that (then Python folds it)."""
+    op = MATH.get(fn) or INT_MATH.get(fn)
+    if op is None or len(args) != 1 or kwargs:
+        return None
+    v = args[0]
+    kind = _kind(v)
+    if fn in INT_MATH and kind != "float":
+        return None  # of an int it is the int itself: folded
+    text = _text(v) if kind in ("float", "sym") else None
+    if text is None:
+        return None
+    from torchfuse.capture.context import current
+    from torchfuse.capture.source import PythonExprSource
+
+    ctx = current()
+    hint = _hint(v) if kind == "sym" else v.value
+    if not _math_ok(fn, hint):
+        return None  # Python raises on this call's value: folding raises it as eager does
+    guards = ctx.guards
+    call_text = f"{guards._obj(fn, 'F')}({text})"
+    guards.constant(PythonExprSource(f"{guards._obj(_math_ok, 'F')}({guards._obj(fn, 'F')}, {text})"), True)
+
+    def record() -> Any:
+        carrier = as_carrier(v) if kind == "sym" else v.carrier
+        out = ctx.call_torch(op, [carrier], {}, f"math.{fn.__name__}")
+        return ctx.call_torch(torch.Tensor.to, [out, torch.int64], {}) if fn in INT_MATH else out
+
+    if fn in INT_MATH:
+        return IntExprVar(lambda: fn(v.value), record, list(getattr(v, "roots", [v])))
+    return FloatExprVar(lambda: fn(_hint(v) if kind == "sym" else v.value), record,
+                        list(getattr(v, "roots", [v])), call_text)
+
+
+__all__ = ["INT_MATH", "MATH", "FloatExprVar", "IntExprVar", "binary", "math_call", "neg", "to_float"]

@@ -43,11 +43,31 @@ _FLOAT_OPS = frozenset({"+", "-", "*", "/", "//", "%", "**", "+=", "-=", "*=", "
                         "%=", "**="})
 
 
-def _float_operands(a: V.Var, b: V.Var) -> list[Any] | None:
+_INT_DRAW_OPS = frozenset({"+", "-", "*", "/", "//", "%", "+=", "-=", "*=", "/=", "//=", "%="})
+
+
+def _int_operands(tensor: V.TensorVar, draw: V.ConstVar, tensor_first: bool) -> list[Any] | None:
+    """Operands for a tensor op with the 0-d int64 carrier of an int draw or of
+    ``math.floor(f)`` (an ``int_carrier`` Var) in place of the int:
+    against a 0-d integral tensor of another dtype the carrier is cast to it, which is the
+    dtype a Python int keeps (0-d against 0-d would promote to int64)."""
+    dt = tensor.fake.dtype
+    if dt.is_complex:
+        return None
+    carrier = draw.carrier
+    if tensor.fake.dim() == 0 and not dt.is_floating_point and dt not in (torch.bool, torch.int64):
+        carrier = current().call_torch(torch.Tensor.to, [carrier, dt], {})
+    return [tensor.fake, carrier] if tensor_first else [carrier, tensor.fake]
+
+
+def _float_operands(a: V.Var, b: V.Var, op: str = "==") -> list[Any] | None:
     """Operands for a tensor op with a float argument's carrier in place of the float, cast
     so that the result has the dtype a Python float gives: the tensor's for a floating
-    tensor, the default dtype for an integral one. ``None`` where that cannot be kept."""
+    tensor, the default dtype for an integral one. ``None`` where that cannot be kept.
+    An int draw's carrier is used likewise (`_int_operands`)."""
     tensor, flt = (a, b) if isinstance(a, V.TensorVar) else (b, a)
+    if isinstance(tensor, V.TensorVar) and getattr(type(flt), "int_carrier", False):
+        return _int_operands(tensor, flt, tensor is a) if op in _INT_DRAW_OPS or op in COMPARE else None
     if not isinstance(tensor, V.TensorVar) or not isinstance(flt, V.FloatArgVar):
         return None
     dt = tensor.fake.dtype
@@ -79,13 +99,16 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
     if np_trace is not None:
         return np_trace.binary(op, a, b)
     if isinstance(a, V.TensorVar) or isinstance(b, V.TensorVar):
-        operands = _float_operands(a, b) if op in _FLOAT_OPS else None
+        operands = _float_operands(a, b, op) if op in _FLOAT_OPS else None
         if operands is not None:
             return from_py(current().call_torch(fn, operands, {}, f"operator {op}"))
         return from_py(current().call_torch(fn, [to_py(a), to_py(b)], {}, f"operator {op}"))
     kept = floats.binary(op, a, b)  # f * 2 of a float input, n / 2 of an int symbol
     if kept is not None:
         return kept
+    got = _dict_subclass_binary(op, a, b)  # Counter's + - | &, interpreted
+    if got is not None:
+        return got
     base = op.rstrip("=") if op not in ("==",) else op
     if base in _SET_OPS and (_is_set_view(a) or _is_set_view(b)):
         # a keys/items view is a set, the result a ``set`` whatever the other iterable was
@@ -121,6 +144,34 @@ def binary(op: str, a: V.Var, b: V.Var) -> V.Var:
 
 
 _SET_OPS = frozenset({"&", "|", "-", "^"})
+_DUNDER_NAMES = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod",
+                 "**": "pow", "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift",
+                 ">>": "rshift"}
+
+
+def _dict_subclass_binary(op: str, a: V.Var, b: V.Var) -> V.Var | None:
+    """``a op b`` where an operand is a dict subclass made of Python (``Counter``) whose class
+    defines the operator in Python: its methods, as Python tries them (in-place, then plain,
+    then the right operand's reflected one), interpreted. ``None`` when no such method."""
+    base = op.rstrip("=") if op.endswith("=") and op not in ("==",) else op
+    name = _DUNDER_NAMES.get(base)
+    if name is None:
+        return None
+    tries = []
+    if isinstance(a, V.DictVar) and a.kind is not dict:
+        tries += [(a, f"__i{name}__", b)] if op != base else []
+        tries.append((a, f"__{name}__", b))
+    same_kind = isinstance(a, V.DictVar) and isinstance(b, V.DictVar) and a.kind is b.kind
+    if isinstance(b, V.DictVar) and b.kind is not dict and not same_kind:  # Python skips __r…__ then
+        tries.append((b, f"__r{name}__", a))
+    tries = [t for t in tries if isinstance(python_override(t[0].kind, t[1], dict), types.FunctionType)]
+    if not tries:
+        return None
+    for x, method, y in tries:
+        got = _dunder(x, method, [y])
+        if not _not_implemented(got):
+            return got
+    return None
 
 
 def _is_set_view(v: V.Var) -> bool:
@@ -183,6 +234,9 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
         if operands is not None:
             return from_py(current().call_torch(COMPARE[op], operands, {}, f"operator {op}"))
         return from_py(current().call_torch(COMPARE[op], [to_py(a), to_py(b)], {}, f"operator {op}"))
+    got = _dict_subclass_compare(op, a, b)  # Counter's ==, <=, … (zero counts ignored)
+    if got is not None:
+        return got
     if _is_set_view(a) or _is_set_view(b):  # d.keys() == {1, 2}, d.keys() <= other.keys()
         a, b = (_as_set(v) if _is_set_view(v) or isinstance(v, V.SetVar) else v for v in (a, b))
         if not all(isinstance(v, V.ConstVar) and isinstance(v.value, frozenset) for v in (a, b)):
@@ -197,6 +251,20 @@ def compare(op: str, a: V.Var, b: V.Var) -> V.Var:
         eq = all(truth(compare("==", x, y)) for x, y in zip(a.items, b.items, strict=True))
         return V.ConstVar(eq if op == "==" else not eq)
     return fold(COMPARE[op], a, b)
+
+
+def _dict_subclass_compare(op: str, a: V.Var, b: V.Var) -> V.Var | None:
+    """``a op b`` where a dict subclass made of Python (``Counter``) defines the comparison
+    in Python: the left operand's method, then the right one's reflected one, interpreted;
+    ``None`` when neither is such a method or both give ``NotImplemented``."""
+    tries = [(a, _RICH[op], b), (b, _RICH[_REFLECTED[op]], a)]
+    tries = [t for t in tries if isinstance(t[0], V.DictVar) and t[0].kind is not dict and
+             isinstance(python_override(t[0].kind, t[1], dict), types.FunctionType)]
+    for x, method, y in tries:
+        got = _dunder(x, method, [y])
+        if not _not_implemented(got):
+            return got
+    return None
 
 
 _RICH = {"==": "__eq__", "!=": "__ne__", "<": "__lt__", ">": "__gt__", "<=": "__le__",
@@ -365,6 +433,9 @@ def getitem(obj: V.Var, key: V.Var) -> V.Var:
 
             if is_defaultdict(obj):
                 return missing_item(STDLIB_CORE, obj, k)
+            if obj.kind is not dict and isinstance(python_override(obj.kind, "__missing__", dict),
+                                                   types.FunctionType):
+                return _dunder(obj, "__missing__", [key])  # Counter's 0, as dict.__getitem__ calls it
             raise UserException(KeyError(k), ctx.loc)
         return obj.items[k]
     if isinstance(obj, V.ModuleVar):

@@ -20,8 +20,22 @@ tensors use its input, as for a float argument (`torchfuse.capture.operators`).
 When Python needs the value itself (``if random.random() < p:``, ``random.random() * 2``,
 returning it), capture stops and starts over with a graph break *at the draw*
 (`DrawNeeded`): the draw then runs in Python and what follows resumes with the float as an
-argument of its resume function. Integer draws (``randint``, ``choice``, ``shuffle``) are
-still calls capture does not model, i.e. graph breaks.
+argument of its resume function.
+
+An integer draw — ``randint(a, b)``, ``randrange(...)``, ``getrandbits(k)``, or ``choice``
+of a constant sequence of ints — is drawn the same way, into a 0-d ``int64`` input (an
+[`IntDrawVar`][torchfuse.capture.pyrandom.IntDrawVar]; ``choice`` of floats is a float
+draw)::
+
+    def f(x):
+        return x * random.randint(1, 5)
+    # graph:  f(x, random_0) -> [mul(x, random_0)]
+    # gather: (L[0], torch.full((), R4(1, 5), dtype=torch.int64))   # R4 is random.randint
+
+Tensor arithmetic (``+ - * / // %``) and comparisons use the input, cast where a Python int
+would give another dtype; anything else that needs the int (``range(n)``, a size, Python
+arithmetic) breaks at the draw, as for floats. ``shuffle`` and ``sample`` are still calls
+capture does not model, i.e. graph breaks.
 """
 
 from __future__ import annotations
@@ -35,8 +49,9 @@ from typing import Any
 
 import torch
 from torchfuse.capture import variables as V
+from torchfuse.capture.dynamic import contains_symbolic
 from torchfuse.capture.errors import Unsupported
-from torchfuse.capture.source import FloatCarrierSource, Source
+from torchfuse.capture.source import FloatCarrierSource, IntCarrierSource, Source
 
 FLOAT_METHODS = frozenset({
     "random", "uniform", "triangular", "normalvariate", "gauss", "lognormvariate",
@@ -44,6 +59,10 @@ FLOAT_METHODS = frozenset({
     "weibullvariate",
 })
 """``random.Random`` methods whose result is a float computed from the generator alone."""
+
+INT_METHODS = frozenset({"randint", "randrange", "getrandbits", "choice"})
+"""``random.Random`` methods drawn per call as ints (``choice``: of a constant sequence of
+ints, or of floats, then a float draw)."""
 
 
 class DrawNeeded(Unsupported):
@@ -89,6 +108,29 @@ class RandomDrawVar(V.FloatArgVar):
         return f"{self.what} (a Python random draw, a graph input)"
 
 
+class IntDrawVar(V.ConstVar):
+    """An int drawn from a Python generator, a 0-d int64 graph input ``carrier`` (see the
+    module docstring). Tensor operators use the carrier (`torchfuse.capture.operators`);
+    reading the value raises `DrawNeeded`, as for a float draw."""
+
+    def __init__(self, ordinal: int, carrier: Any, what: str) -> None:
+        V.Var.__init__(self)
+        self.ordinal = ordinal
+        self.carrier = carrier
+        self.what = what
+        self.source = None
+
+    int_carrier = True  # tensor operators use the carrier (torchfuse.capture.operators)
+    value = RandomDrawVar.value
+    python = RandomDrawVar.python
+
+    def python_type(self) -> type:
+        return int
+
+    def describe(self) -> str:
+        return f"{self.what} (a Python random int draw, a graph input)"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class RandomDrawSource(Source):
     """One draw made on each call: ``R4(0.5, 1.5)``, where ``R4`` (in the checks'
@@ -107,7 +149,7 @@ def _generator_method(value: Any, args: list[V.Var]) -> tuple[Any, str, Source |
     the class's method called with an instance read from outside first (``rng.random()`` on
     a global ``rng``: the draw then reads ``rng`` through its source on each call)."""
     name = getattr(value, "__name__", None)
-    if name not in FLOAT_METHODS:
+    if name not in FLOAT_METHODS and name not in INT_METHODS:
         return None
     owner = getattr(value, "__self__", None)
     source = None
@@ -121,9 +163,45 @@ def _generator_method(value: Any, args: list[V.Var]) -> tuple[Any, str, Source |
     if isinstance(value, types.MethodType):  # uniform, gauss …: Random's own Python methods
         if getattr(random.Random, name, None) is not value.__func__:
             return None  # a subclass overrides it: interpreted as any method is
-    elif type(owner).random is not random.Random.random and name == "random":
-        return None  # a subclass written in Python replaced the primitive
+    elif getattr(type(owner), name) is not getattr(random.Random, name):
+        return None  # a subclass written in Python replaced the primitive (random, getrandbits)
+    if name in INT_METHODS and (type(owner).random is not random.Random.random or
+                                type(owner).getrandbits is not random.Random.getrandbits):
+        return None  # randint … call the primitives: a Python override may do anything
     return owner, name, source
+
+
+def _constant(v: V.Var) -> Any:
+    """The Python value of a constant argument (guarded), or ``_NOT`` when it varies; a
+    sequence of constants (``choice([1, 2, 3])``) is a tuple."""
+    if isinstance(v, V.ListVar):
+        items = [_constant(i) for i in v.items]
+        return _NOT if any(i is _NOT for i in items) else tuple(items)
+    if not isinstance(v, V.ConstVar) or isinstance(v, V.FloatArgVar | IntDrawVar):
+        return _NOT
+    value = v.python()
+    return _NOT if contains_symbolic(value) else value
+
+
+_NOT = object()
+
+
+def _result_kind(owner: Any, method: str, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """``"float"`` or ``"int"``: what the draw gives, found by drawing on a copy of the
+    generator (an error eager would raise, or any other result, is ``None``: the call is
+    then interpreted as any call is)."""
+    if method in FLOAT_METHODS:
+        return "float"
+    try:
+        trial = random.Random()
+        trial.setstate(owner.getstate())
+        got = getattr(trial, method)(*args, **kwargs)
+    except Exception:  # a bad argument; SystemRandom has no state
+        return None
+    if method == "choice":
+        kinds = {type(v) for v in args[0]} if len(args) == 1 and isinstance(args[0], tuple | list) else set()
+        return {frozenset({int}): "int", frozenset({float}): "float"}.get(frozenset(kinds))
+    return "int" if type(got) is int else None
 
 
 def draw(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
@@ -139,25 +217,30 @@ def draw(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | Non
     if getattr(value, "__self__", None) is not owner:  # Random.random(rng): rng is args[0]
         args = args[1:]
         value = getattr(owner, method)
-    if not all(isinstance(a, V.ConstVar) and not isinstance(a, V.FloatArgVar)
-               for a in [*args, *kwargs.values()]):
+    consts = [_constant(a) for a in args]
+    kw = {k: _constant(v) for k, v in kwargs.items()}
+    if any(c is _NOT for c in [*consts, *kw.values()]):
         raise Unsupported(f"random.{method}() of values known only when the graph runs", ctx.loc)
+    kind = _result_kind(owner, method, consts, kw)
+    if kind is None:
+        return None
     ordinal = ctx.random_draws
     ctx.random_draws += 1
     if ordinal in ctx.break_draws:
         raise Unsupported(f"random.{method}() whose value Python needs (drawn in Python)", ctx.loc)
-    text = ", ".join([*(repr(a.python()) for a in args),
-                      *(f"{k}={v.python()!r}" for k, v in kwargs.items())])
+    text = ", ".join([*(repr(a) for a in consts), *(f"{k}={v!r}" for k, v in kw.items())])
     # through the generator's source when it has one (a global ``rng`` may be replaced)
     callee = f"{owner_source.expr()}.{method}" if owner_source is not None else ctx.guards._obj(value, "R")
     source = RandomDrawSource(callee, text)
     device = next((str(t.device) for _, t in ctx.input_tensors if t.device.type != "cpu"), None)
-    carrier = torch.zeros((), dtype=torch.float64, device=device)  # a stand-in: never drawn now
+    dtype, carrier_source = ((torch.float64, FloatCarrierSource) if kind == "float"
+                             else (torch.int64, IntCarrierSource))
+    carrier = torch.zeros((), dtype=dtype, device=device)  # a stand-in: never drawn now
     fake = ctx.rec.input(carrier, name=f"random_{ordinal}", kind="user_input")
-    ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input", FloatCarrierSource(source, device)))
+    ctx.inputs.append(InputSlot(ctx.rec.names[id(fake)], "user_input", carrier_source(source, device)))
     ctx._keep.append(carrier)
     ctx.random_generators.append(owner)
-    return RandomDrawVar(ordinal, fake, f"random.{method}({text})")
+    return (RandomDrawVar if kind == "float" else IntDrawVar)(ordinal, fake, f"random.{method}({text})")
 
 
 @contextlib.contextmanager
@@ -172,4 +255,5 @@ def states_kept(generators: list[Any]) -> Iterator[None]:
             g.setstate(state)
 
 
-__all__ = ["FLOAT_METHODS", "DrawNeeded", "RandomDrawSource", "RandomDrawVar", "draw", "states_kept"]
+__all__ = ["FLOAT_METHODS", "INT_METHODS", "DrawNeeded", "IntDrawVar", "RandomDrawSource", "RandomDrawVar",
+           "draw", "states_kept"]

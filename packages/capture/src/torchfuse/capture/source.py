@@ -239,3 +239,24 @@ class FloatCarrierSource(Source):
     def expr(self) -> str:
         on = f", device={self.device!r}" if self.device else ""
         return f"sys.modules['torch'].full((), {self.base.expr()}, dtype=sys.modules['torch'].float64{on})"
+
+
+@dataclass(frozen=True, slots=True)
+class PythonExprSource(Source):
+    """A Python expression over other sources, evaluated by a guard (the domain check of a
+    ``math`` call kept in the graph: `torchfuse.capture.floats.math_call`)."""
+
+    text: str
+
+    def expr(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class IntCarrierSource(FloatCarrierSource):
+    """The graph input that carries a Python int drawn on each call (``random.randint``):
+    a 0-d int64 tensor of its value (`torchfuse.capture.pyrandom`)."""
+
+    def expr(self) -> str:
+        on = f", device={self.device!r}" if self.device else ""
+        return f"sys.modules['torch'].full((), {self.base.expr()}, dtype=sys.modules['torch'].int64{on})"

@@ -10,16 +10,17 @@ make them as user objects; instead each constructor here builds what capture alr
   ``islice`` over a live iterator pulls only the items it yields, as Python's does.
 * ``collections.namedtuple(...)`` with constant arguments makes its class for real.
 * ``collections.deque`` is a `DequeVar`: a list of Vars and its ``maxlen``.
-* ``collections.OrderedDict`` and ``defaultdict`` are a `DictVar` whose ``kind`` is that
-  class; a ``defaultdict`` keeps its ``default_factory`` among the DictVar's ``attrs`` and a
-  missing key calls it (`missing_item`).
+* ``collections.OrderedDict``, ``defaultdict`` and ``Counter`` are a `DictVar` whose ``kind``
+  is that class; a ``defaultdict`` keeps its ``default_factory`` among the DictVar's ``attrs``
+  and a missing key calls it (`missing_item`); ``Counter``'s Python methods are interpreted
+  on the DictVar (its ``__missing__`` gives 0), ``_count_elements`` is modelled.
 
 The endless iterators (``count``, ``cycle``, ``repeat`` without ``times``) are *lazy*
 ``IteratorVar`` s: each item is made when it is pulled (``next``, a ``for`` that breaks out,
 ``zip``/``map``/``enumerate``/``islice`` over them, which are lazy too), so nothing runs
 ahead of Python. Consuming one whole (``list(count())``) is a graph break. ``starmap`` is lazy
-as well: ``f(*row)`` runs when its item is pulled. ``groupby`` is not modelled: calling it
-is an ordinary unsupported call, a graph break.
+as well: ``f(*row)`` runs when its item is pulled. ``groupby`` runs the real one lazily over
+the Vars with constant keys (`_groupby`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
+from torchfuse.capture.dynamic import contains_symbolic
 from torchfuse.capture.errors import Unsupported, UserException
 
 Handler = Callable[[list[V.Var], dict[str, V.Var]], V.Var]
@@ -182,6 +184,44 @@ def _starmap(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     return V.IteratorVar([], gen())
 
 
+class _GroupKey:
+    """A key of ``groupby`` as the real ``itertools.groupby`` sees it: equal when the constant
+    keys are; ``var`` is what the user's code gets back."""
+
+    __slots__ = ("value", "var")
+
+    def __init__(self, var: V.Var) -> None:
+        if not isinstance(var, V.ConstVar) or isinstance(var, V.FloatArgVar) or contains_symbolic(var.value):
+            raise Unsupported("itertools.groupby with keys that are not constants", current().loc)
+        self.var, self.value = var, var.python()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _GroupKey) and bool(self.value == other.value)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _groupby(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``groupby(iterable, key=None)``: the real ``itertools.groupby`` run lazily over the
+    Vars, comparing constant keys (the user's ``key`` is called as items are pulled), so a
+    group is cut short by advancing past it exactly as in Python. Each row is the tuple
+    ``(key, iterator of the group's Vars)``."""
+    if len(args) not in (1, 2) or set(kwargs) - {"key"} or (len(args) == 2 and kwargs):
+        raise Unsupported("itertools.groupby with these arguments", current().loc)
+    key = args[1] if len(args) == 2 else kwargs.get("key", V.ConstVar(None))
+    plain = isinstance(key, V.ConstVar) and key.value is None
+
+    def keyfunc(item: V.Var) -> _GroupKey:
+        return _GroupKey(item if plain else core.call(key, [item], {}))
+
+    groups = itertools.groupby(core.pull(args[0]), keyfunc)
+
+    def gen() -> Iterator[V.Var]:
+        for k, group in groups:
+            yield V.ListVar([k.var, V.IteratorVar([], iter(group))], tuple)
+    return V.IteratorVar([], gen())
+
+
 # ----------------------------------------------------------------------------- collections
 
 
@@ -194,6 +234,40 @@ def _defaultdict(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.V
     factory = args[0] if args else V.ConstVar(None)
     plain = core.make_dict(list(args[1:]), kwargs)
     return V.DictVar(plain.items, kind=collections.defaultdict, attrs={"default_factory": factory})
+
+
+def _counter(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``Counter(iterable_or_mapping, **counts)``: a `DictVar` of kind ``Counter``, whose
+    Python methods (``most_common``, ``update``, ``__missing__`` …) are then interpreted on
+    it. Made here because ``Counter.__init__`` goes through ``super().__init__()`` and the C
+    helper ``_count_elements``."""
+    if len(args) > 1:
+        raise UserException(TypeError(f"expected at most 1 argument, got {len(args)}"), current().loc)
+    var = V.DictVar({}, kind=collections.Counter)
+    if args and not (isinstance(args[0], V.ConstVar) and args[0].value is None):
+        src = args[0]
+        if isinstance(src, V.DictVar) or (isinstance(src, V.ConstVar) and isinstance(src.value, dict)):
+            var.items.update(core.make_dict([src], {}).items)  # an empty Counter's update copies
+        else:
+            _count_elements(core, [var, src], {})
+    for k, v in kwargs.items():
+        var.items[k] = v if k not in var.items else core.binary("+", v, var.items[k])
+    return var
+
+
+def _count_elements(core: Core, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``collections._count_elements(mapping, iterable)`` (C): ``mapping[e] = mapping.get(e,
+    0) + 1`` for each element, on a dict Var with constant keys."""
+    if kwargs or len(args) != 2 or not isinstance(args[0], V.DictVar):
+        raise Unsupported("collections._count_elements of these arguments", current().loc)
+    mapping = args[0]
+    core.mutate(mapping)
+    for e in core.iterate(args[1]):
+        if not isinstance(e, V.ConstVar) or isinstance(e, V.FloatArgVar):
+            raise Unsupported("counting elements that are not constants", current().loc)
+        key = e.python()
+        mapping.items[key] = core.binary("+", mapping.items.get(key, V.ConstVar(0)), V.ConstVar(1))
+    return V.ConstVar(None)
 
 
 def _fromkeys(kind: type) -> Handler:
@@ -388,9 +462,12 @@ _HANDLERS: dict[Any, Callable[..., V.Var]] = {
     itertools.cycle: _cycle,
     itertools.accumulate: _accumulate,
     itertools.starmap: _starmap,
+    itertools.groupby: _groupby,
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
     collections.deque: _deque,
+    collections.Counter: _counter,
+    collections._count_elements: _count_elements,
     dict.fromkeys: _fromkeys(dict),
     collections.OrderedDict.fromkeys: _fromkeys(collections.OrderedDict),
     collections.defaultdict.fromkeys: _fromkeys(collections.defaultdict),
