@@ -549,35 +549,50 @@ class _Builder:
 
     def order(self) -> list[int]:
         """A topological order of kernels that, among the ready ones, runs first the one that
-        frees the most memory (a greedy bound on peak memory)."""
+        frees the most memory (a greedy bound on peak memory); ties go to the lowest index.
+
+        Linear bookkeeping: each kernel counts its unfinished dependencies (ready at zero), and
+        its reads, its bytes made and each buffer's size are computed once, not per step."""
         alive = [i for i, g in enumerate(self.groups) if g.nodes]
-        deps = {i: self.deps(i) for i in alive}
-        done: list[int] = []
+        waiting = {i: len(self.deps(i)) for i in alive}
+        users: dict[int, list[int]] = {i: [] for i in alive}
+        for i in alive:
+            for d in self.deps(i):
+                users.setdefault(d, []).append(i)
+        reads = {i: {b for m in self.groups[i].nodes for b in self._reads(m)} for i in alive}
         remaining_reads: dict[str, int] = {}
         for i in alive:
-            for b in {b for m in self.groups[i].nodes for b in self._reads(m)}:
+            for b in reads[i]:
                 remaining_reads[b] = remaining_reads.get(b, 0) + 1
-        pending = set(alive)
-        while pending:
-            ready = [i for i in sorted(pending) if deps[i] <= set(done)]
+        size: dict[str, int] = {}
 
-            def gain(i: int) -> int:
-                reads = {b for m in self.groups[i].nodes for b in self._reads(m)}
-                freed = sum(
-                    self.bytes_of(b)
-                    for b in reads
-                    if remaining_reads.get(b) == 1
-                    and self.prog.buffers.get(b) is not None
-                    and self.prog.buffers[b].kind != "input"
-                )
-                made = sum(self.bytes_of(b) for m in self.groups[i].nodes for b in ir.writes(m))
-                return freed - made
+        def nbytes(b: str) -> int:
+            if b not in size:
+                size[b] = self.bytes_of(b)
+            return size[b]
 
-            pick = max(ready, key=lambda i: (gain(i), -i)) if self.config.memory_order else ready[0]
-            for b in {b for m in self.groups[pick].nodes for b in self._reads(m)}:
+        bufs = self.prog.buffers
+        freeable = {i: [b for b in reads[i] if bufs.get(b) is not None and bufs[b].kind != "input"]
+                    for i in alive}
+        made = {i: sum(nbytes(b) for m in self.groups[i].nodes for b in ir.writes(m)) for i in alive}
+
+        def gain(i: int) -> int:
+            return sum(nbytes(b) for b in freeable[i] if remaining_reads.get(b) == 1) - made[i]
+
+        ready = {i for i in alive if waiting[i] == 0}
+        done: list[int] = []
+        while ready:
+            pick = max(ready, key=lambda i: (gain(i), -i)) if self.config.memory_order else min(ready)
+            for b in reads[pick]:
                 remaining_reads[b] -= 1
             done.append(pick)
-            pending.discard(pick)
+            ready.discard(pick)
+            for u in users[pick]:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    ready.add(u)
+        if len(done) != len(alive):
+            raise AssertionError(f"kernel dependencies form a cycle: {sorted(set(alive) - set(done))}")
         return done
 
     def finish(self, order: list[int]) -> tuple[KernelGroup, ...]:
