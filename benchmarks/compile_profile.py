@@ -191,7 +191,8 @@ class Options:
 
 def digest(what: str, obj: Any) -> None:
     """Record a hash of ``obj`` (a Graph or Program) for ``--hashes``: its serialized form with
-    the measured times of its ``meta`` left out (everything else, debug texts included, counts)."""
+    the measured times of its ``meta`` left out, and a graph's guards (they name the addresses
+    of the model's objects); everything else, debug texts included, counts."""
     import hashlib
 
     import msgspec
@@ -201,6 +202,8 @@ def digest(what: str, obj: Any) -> None:
     meta = getattr(obj, "meta", None)
     if isinstance(meta, dict):
         obj = msgspec.structs.replace(obj, meta={k: v for k, v in meta.items() if "timings" not in k})
+    if hasattr(obj, "guards"):
+        obj = msgspec.structs.replace(obj, guards=())
     Options.hashes.append((what, hashlib.sha256(msgspec.msgpack.encode(obj)).hexdigest()[:16]))
 
 

@@ -207,6 +207,8 @@ class _Builder:
         self._indices: dict[tuple[Any, ...], sympy.Expr] = {}
         # what a node reads, asked for each candidate kernel of each later node: walked once
         self._read_memo: dict[int, tuple[ir.Node, list[str], list[ir.Load]]] = {}
+        # a buffer's bytes, asked for by every fusion candidate and every step of `order`
+        self._bytes: dict[str, int] = {}
         self.producer: dict[str, int] = {}  # buffer -> group index
         self.groups: list[_Group] = []
         self.decisions: list[str] = []
@@ -233,13 +235,16 @@ class _Builder:
         return self._walked(node)[2]
 
     def bytes_of(self, buf: str) -> int:
+        if buf in self._bytes:
+            return self._bytes[buf]
         spec = self.prog.buffers.get(buf)
         if spec is None:
             return 0
         from torchfuse.graph.ops import to_dtype
 
         # a cost, not a correctness question: symbolic sizes count with their hints
-        return self.sizes.hint(ir.product(spec.sizes)) * to_dtype(spec.dtype).itemsize
+        self._bytes[buf] = n = self.sizes.hint(ir.product(spec.sizes)) * to_dtype(spec.dtype).itemsize
+        return n
 
     def deps(self, gi: int) -> set[int]:
         return self.group_deps[gi]
@@ -552,7 +557,7 @@ class _Builder:
         frees the most memory (a greedy bound on peak memory); ties go to the lowest index.
 
         Linear bookkeeping: each kernel counts its unfinished dependencies (ready at zero), and
-        its reads, its bytes made and each buffer's size are computed once, not per step."""
+        its reads and its bytes made are computed once, not per step."""
         alive = [i for i, g in enumerate(self.groups) if g.nodes]
         waiting = {i: len(self.deps(i)) for i in alive}
         users: dict[int, list[int]] = {i: [] for i in alive}
@@ -564,13 +569,7 @@ class _Builder:
         for i in alive:
             for b in reads[i]:
                 remaining_reads[b] = remaining_reads.get(b, 0) + 1
-        size: dict[str, int] = {}
-
-        def nbytes(b: str) -> int:
-            if b not in size:
-                size[b] = self.bytes_of(b)
-            return size[b]
-
+        nbytes = self.bytes_of
         bufs = self.prog.buffers
         freeable = {i: [b for b in reads[i] if bufs.get(b) is not None and bufs[b].kind != "input"]
                     for i in alive}
