@@ -261,7 +261,12 @@ class _Builder:
 
     def reaches(self, src: int, dst: int) -> bool:
         """True when ``dst`` is ``src`` or a (transitive) dependency of ``src``."""
-        seen, stack = set(), [src]
+        return self.reaches_any([src], dst)
+
+    def reaches_any(self, srcs: list[int], dst: int) -> bool:
+        """`reaches` for any of ``srcs``, in one walk (the kernels seen from one are not
+        walked again from the next)."""
+        seen, stack = set(), list(srcs)
         while stack:
             g = stack.pop()
             if g == dst:
@@ -525,7 +530,7 @@ class _Builder:
             return Reject("")  # nothing shared: two kernels cost no more traffic than one
         # merging must not close a cycle through a third kernel
         for src, dst in ((a, b), (b, a)):
-            if any(h != dst and self.reaches(h, dst) for h in self.deps(src)):
+            if self.reaches_any([h for h in self.deps(src) if h != dst], dst):
                 return Reject("a third kernel sits between them: a cycle")
         nodes = sorted([*ga.nodes, *gb.nodes], key=lambda n: order[n.name])
         placed = self.place(nodes, X, R)
