@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-eager-first", action="store_true",
                    help="with --real/--warm: no untimed eager step before the compiled first call")
     p.add_argument("--retarget", default="", metavar="DEVICE",
-                   help="stage mode: captured graphs moved to DEVICE (cuda:0) before aot and inductor, "
+                   help="stage mode: graphs moved to DEVICE (cuda:0) before inductor (after aot), "
                         "so that the GPU's Triton pipeline is profiled on this CPU; no load/callgen")
     p.add_argument("--hashes", default="", metavar="FILE",
                    help="stage mode: write a hash of every graph and Program made to FILE (JSON), "
@@ -256,21 +256,27 @@ def profile_workload(row: Row, scale: str, triton: bool, cache: bool) -> dict[st
     times = {"capture": rec.graphs[0][2] - t0}
     for graph, examples, _, grad_mode in rec.graphs:
         digest(f"captured {graph.name}", graph)
-        if Options.retarget:
-            from torchfuse.autograd.joint import retarget_device
-
-            graph = retarget_device(graph, "cpu", Options.retarget)
         training = grad_mode and any(isinstance(t, torch.Tensor) and t.requires_grad for t in examples)
         if not training:
-            compile_stages(graph, times, triton, cache)
+            compile_stages(_on_target(graph), times, triton, cache)
             continue
         rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in examples)
         plan = aot_stages(graph, rg, examples, times, cache)
         digest(f"forward {graph.name}", plan.partition.forward)
         digest(f"backward {graph.name}", plan.partition.backward)
-        compile_stages(plan.partition.forward, times, triton, cache)
-        compile_stages(plan.partition.backward, times, triton, cache)
+        compile_stages(_on_target(plan.partition.forward), times, triton, cache)
+        compile_stages(_on_target(plan.partition.backward), times, triton, cache)
     return times
+
+
+def _on_target(graph: Any) -> Any:
+    """``graph`` moved to ``--retarget``'s device, for inductor. (After aot, not before: its
+    decompositions run real layout calls on the graph's device, which a CPU build lacks.)"""
+    if not Options.retarget:
+        return graph
+    from torchfuse.autograd.joint import retarget_device
+
+    return retarget_device(graph, "cpu", Options.retarget)
 
 
 def _keep(g: Any, ex: Sequence[Any]) -> Callable[..., Any]:
