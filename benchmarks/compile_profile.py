@@ -26,6 +26,11 @@ compilers; ``--gc-pause on,off`` measures both settings (``TORCHFUSE_GC_PAUSE``)
 each compile a second time through the program cache (``torchfuse.inductor.cache``) and
 reports the hit's time.
 
+``--hashes FILE`` writes a hash of every captured graph, training half and Program (times
+and guards left out) to compare before and after a compiler change; ``--retarget cuda:0``
+compiles the graphs inductor gets for the GPU (moved after aot; no load or callgen), the
+Python side of the GPU's pipeline on a CPU-only machine.
+
 ``--models gpt2,llama`` (or ``all``) profiles the real ``transformers`` models of
 ``benchmarks/models.py`` instead (``--model-modes inference,training``), as rows
 ``gpt2/inference``, ``gpt2/training``.
