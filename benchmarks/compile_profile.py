@@ -26,6 +26,11 @@ compilers; ``--gc-pause on,off`` measures both settings (``TORCHFUSE_GC_PAUSE``)
 each compile a second time through the program cache (``torchfuse.inductor.cache``) and
 reports the hit's time.
 
+``--hashes FILE`` writes a hash of every captured graph, training half and Program (times
+and guards left out) to compare before and after a compiler change; ``--retarget cuda:0``
+compiles the graphs inductor gets for the GPU (moved after aot; no load or callgen), the
+Python side of the GPU's pipeline on a CPU-only machine.
+
 ``--models gpt2,llama`` (or ``all``) profiles the real ``transformers`` models of
 ``benchmarks/models.py`` instead (``--model-modes inference,training``), as rows
 ``gpt2/inference``, ``gpt2/training``.
@@ -96,6 +101,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gc-pause", default="on", help="on, off or on,off: TORCHFUSE_GC_PAUSE for the compiles")
     p.add_argument("--no-eager-first", action="store_true",
                    help="with --real/--warm: no untimed eager step before the compiled first call")
+    p.add_argument("--retarget", default="", metavar="DEVICE",
+                   help="stage mode: graphs moved to DEVICE (cuda:0) before inductor (after aot), "
+                        "so that the GPU's Triton pipeline is profiled on this CPU; no load/callgen")
+    p.add_argument("--hashes", default="", metavar="FILE",
+                   help="stage mode: write a hash of every graph and Program made to FILE (JSON), "
+                        "to check that a change keeps the outputs identical")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -173,6 +184,34 @@ def _timed(times: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
     return out
 
 
+class Options:
+    """Stage mode's settings that reach every compile: ``--retarget`` and ``--hashes``."""
+
+    retarget = ""
+    """The device the captured graphs are moved to before aot and inductor ('': as captured)."""
+    hashing = False
+    hashes: list[tuple[str, str]] = []
+    """(what, digest) of every graph and Program made, in order, for ``--hashes``."""
+
+
+def digest(what: str, obj: Any) -> None:
+    """Record a hash of ``obj`` (a Graph or Program) for ``--hashes``: its serialized form with
+    the measured times of its ``meta`` left out, and a graph's guards (they name the addresses
+    of the model's objects); everything else, debug texts included, counts."""
+    import hashlib
+
+    import msgspec
+
+    if not Options.hashing:
+        return
+    meta = getattr(obj, "meta", None)
+    if isinstance(meta, dict):
+        obj = msgspec.structs.replace(obj, meta={k: v for k, v in meta.items() if "timings" not in k})
+    if hasattr(obj, "guards"):
+        obj = msgspec.structs.replace(obj, guards=())
+    Options.hashes.append((what, hashlib.sha256(msgspec.msgpack.encode(obj)).hexdigest()[:16]))
+
+
 def compile_stages(graph: Any, times: dict[str, float], triton: bool, cache: bool) -> Any:
     """The inductor pipeline + the runtime's load on one graph, each stage added to ``times``."""
     from torchfuse.graph.collector import gc_paused
@@ -192,8 +231,10 @@ def _compile_stages(graph: Any, times: dict[str, float], triton: bool, cache: bo
         times[stage.name] = times.get(stage.name, 0.0) + stage.seconds
     times["meta"] = times.get("meta", 0.0) + total - sum(s.seconds for s in result.stages)
     program = result.program
-    compiled = _timed(times, "load", lambda: load(program, device="cpu"))
-    _timed(times, "callgen", lambda: compiled.source)
+    digest(f"program {graph.name}", program)
+    if not Options.retarget:  # a retargeted Program's runtime needs the device
+        compiled = _timed(times, "load", lambda: load(program, device="cpu"))
+        _timed(times, "callgen", lambda: compiled.source)
     if triton:
         triton_compile(program, times)
     if cache:
@@ -219,15 +260,28 @@ def profile_workload(row: Row, scale: str, triton: bool, cache: bool) -> dict[st
         raise RuntimeError(f"{row.name}: nothing was captured")
     times = {"capture": rec.graphs[0][2] - t0}
     for graph, examples, _, grad_mode in rec.graphs:
+        digest(f"captured {graph.name}", graph)
         training = grad_mode and any(isinstance(t, torch.Tensor) and t.requires_grad for t in examples)
         if not training:
-            compile_stages(graph, times, triton, cache)
+            compile_stages(_on_target(graph), times, triton, cache)
             continue
         rg = tuple(isinstance(t, torch.Tensor) and t.requires_grad for t in examples)
         plan = aot_stages(graph, rg, examples, times, cache)
-        compile_stages(plan.partition.forward, times, triton, cache)
-        compile_stages(plan.partition.backward, times, triton, cache)
+        digest(f"forward {graph.name}", plan.partition.forward)
+        digest(f"backward {graph.name}", plan.partition.backward)
+        compile_stages(_on_target(plan.partition.forward), times, triton, cache)
+        compile_stages(_on_target(plan.partition.backward), times, triton, cache)
     return times
+
+
+def _on_target(graph: Any) -> Any:
+    """``graph`` moved to ``--retarget``'s device, for inductor. (After aot, not before: its
+    decompositions run real layout calls on the graph's device, which a CPU build lacks.)"""
+    if not Options.retarget:
+        return graph
+    from torchfuse.autograd.joint import retarget_device
+
+    return retarget_device(graph, "cpu", Options.retarget)
 
 
 def _keep(g: Any, ex: Sequence[Any]) -> Callable[..., Any]:
@@ -509,12 +563,15 @@ SLOWEST: list[tuple[float, str, dict[str, Any], int]] = []
 
 NOT_SECONDS = ("kernels", "compiles", "cache_hit", "triton_max")
 COLUMNS = ("capture", "aot.functionalize", "aot.joint_graph", "aot.decompose", "aot.cse", "aot.partition",
-           "decompose", "lower", "dead_code", "schedule", "codegen", "plan", "meta", "load", "callgen",
+           "layout", "decompose", "matmuls", "conv", "lower", "dead_code", "schedule", "combo", "codegen",
+           "combo_kernels", "plan", "user_kernels", "in_place", "meta", "load", "callgen",
            "triton", "triton_max", "cache_hit")
 
 
 def print_table(rows: list[tuple[str, dict[str, float]]]) -> None:
-    cols = [c for c in COLUMNS if any(c in t for _, t in rows)]
+    # the stages COLUMNS does not name (passes added to the pipeline since) still count
+    extra = sorted({k for _, t in rows for k in t} - set(COLUMNS) - set(NOT_SECONDS))
+    cols = [c for c in COLUMNS if any(c in t for _, t in rows)] + extra
     head = ["workload", *[c.removeprefix("aot.") if c.startswith("aot.") else c for c in cols], "total", "k"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -564,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     # Warm-up: imports and first-use costs (sympy caches, op schemas) paid before timing.
     profile_workload(workload_rows(["seed_fn_1k"])[0], "small", False, False)
+    Options.retarget, Options.hashing = args.retarget, bool(args.hashes)
+    Options.hashes.clear()  # the warm-up's
     prof = cProfile.Profile() if args.cprofile else None
     rows = []
     settings = [g.strip() for g in args.gc_pause.split(",") if g.strip()]
@@ -589,6 +648,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((label, {k: min(r.get(k, float("inf")) for r in runs) for k in runs[0]}))
     _set_gc_pause("on")
     print_table(rows)
+    if args.hashes:
+        Path(args.hashes).write_text(json.dumps(Options.hashes, indent=0) + "\n")
+        print(f"{len(Options.hashes)} hashes written to {args.hashes}")
     if args.slowest and SLOWEST:
         print(f"\nThe {args.slowest} slowest Triton compiles:")
         for took, name, consts, warps in sorted(SLOWEST, key=lambda r: -r[0])[: args.slowest]:

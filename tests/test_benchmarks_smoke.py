@@ -292,3 +292,22 @@ def test_models_check_against_the_float32_step() -> None:
     # inference: the logits alone
     assert models.judge_by_reference(ref[1], eager[1], close[1], False, []).startswith("ok")
     assert models.judge_by_reference(ref[1], eager[1], ref[1] + 1.0, False, []).startswith("MISMATCH: logits")
+
+
+def test_compile_profile_hashes_repeat_across_processes_and_retarget_skips_the_load(tmp_path: Path) -> None:
+    """Two processes hash the same graphs and Programs alike (what makes ``--hashes`` a
+    before/after check); ``--retarget`` compiles the training halves for the GPU, unloaded."""
+    files = [tmp_path / "a.json", tmp_path / "b.json", tmp_path / "cuda.json"]
+    for path, extra in zip(files, ([], [], ["--retarget", "cuda:0"]), strict=True):
+        proc = _run(str(BENCH / "compile_profile.py"), "--small", "--only", "layer_norm_train",
+                    "--hashes", str(path), *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b, cuda = (json.loads(p.read_text()) for p in files)
+    assert a[0][0].startswith("captured ")
+    assert any(w.startswith("program ") for w, _ in a) and a == b
+    assert [w for w, _ in cuda] == [w for w, _ in a]
+    programs = [(x, y) for x, y in zip(a, cuda, strict=True) if x[0].startswith("program ")]
+    assert all(x[1] != y[1] for x, y in programs), "a retargeted Program is another Program"
+    head = next(line for line in proc.stdout.splitlines() if line.startswith("| workload |"))
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    assert "schedule" in cols and "load" not in cols

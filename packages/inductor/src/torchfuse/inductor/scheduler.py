@@ -207,6 +207,8 @@ class _Builder:
         self._indices: dict[tuple[Any, ...], sympy.Expr] = {}
         # what a node reads, asked for each candidate kernel of each later node: walked once
         self._read_memo: dict[int, tuple[ir.Node, list[str], list[ir.Load]]] = {}
+        # a buffer's bytes, asked for by every fusion candidate and every step of `order`
+        self._bytes: dict[str, int] = {}
         self.producer: dict[str, int] = {}  # buffer -> group index
         self.groups: list[_Group] = []
         self.decisions: list[str] = []
@@ -233,13 +235,16 @@ class _Builder:
         return self._walked(node)[2]
 
     def bytes_of(self, buf: str) -> int:
+        if buf in self._bytes:
+            return self._bytes[buf]
         spec = self.prog.buffers.get(buf)
         if spec is None:
             return 0
         from torchfuse.graph.ops import to_dtype
 
         # a cost, not a correctness question: symbolic sizes count with their hints
-        return self.sizes.hint(ir.product(spec.sizes)) * to_dtype(spec.dtype).itemsize
+        self._bytes[buf] = n = self.sizes.hint(ir.product(spec.sizes)) * to_dtype(spec.dtype).itemsize
+        return n
 
     def deps(self, gi: int) -> set[int]:
         return self.group_deps[gi]
@@ -256,7 +261,12 @@ class _Builder:
 
     def reaches(self, src: int, dst: int) -> bool:
         """True when ``dst`` is ``src`` or a (transitive) dependency of ``src``."""
-        seen, stack = set(), [src]
+        return self.reaches_any([src], dst)
+
+    def reaches_any(self, srcs: list[int], dst: int) -> bool:
+        """`reaches` for any of ``srcs``, in one walk (the kernels seen from one are not
+        walked again from the next)."""
+        seen, stack = set(), list(srcs)
         while stack:
             g = stack.pop()
             if g == dst:
@@ -520,7 +530,7 @@ class _Builder:
             return Reject("")  # nothing shared: two kernels cost no more traffic than one
         # merging must not close a cycle through a third kernel
         for src, dst in ((a, b), (b, a)):
-            if any(h != dst and self.reaches(h, dst) for h in self.deps(src)):
+            if self.reaches_any([h for h in self.deps(src) if h != dst], dst):
                 return Reject("a third kernel sits between them: a cycle")
         nodes = sorted([*ga.nodes, *gb.nodes], key=lambda n: order[n.name])
         placed = self.place(nodes, X, R)
@@ -549,35 +559,44 @@ class _Builder:
 
     def order(self) -> list[int]:
         """A topological order of kernels that, among the ready ones, runs first the one that
-        frees the most memory (a greedy bound on peak memory)."""
+        frees the most memory (a greedy bound on peak memory); ties go to the lowest index.
+
+        Linear bookkeeping: each kernel counts its unfinished dependencies (ready at zero), and
+        its reads and its bytes made are computed once, not per step."""
         alive = [i for i, g in enumerate(self.groups) if g.nodes]
-        deps = {i: self.deps(i) for i in alive}
-        done: list[int] = []
+        waiting = {i: len(self.deps(i)) for i in alive}
+        users: dict[int, list[int]] = {i: [] for i in alive}
+        for i in alive:
+            for d in self.deps(i):
+                users.setdefault(d, []).append(i)
+        reads = {i: {b for m in self.groups[i].nodes for b in self._reads(m)} for i in alive}
         remaining_reads: dict[str, int] = {}
         for i in alive:
-            for b in {b for m in self.groups[i].nodes for b in self._reads(m)}:
+            for b in reads[i]:
                 remaining_reads[b] = remaining_reads.get(b, 0) + 1
-        pending = set(alive)
-        while pending:
-            ready = [i for i in sorted(pending) if deps[i] <= set(done)]
+        nbytes = self.bytes_of
+        bufs = self.prog.buffers
+        freeable = {i: [b for b in reads[i] if bufs.get(b) is not None and bufs[b].kind != "input"]
+                    for i in alive}
+        made = {i: sum(nbytes(b) for m in self.groups[i].nodes for b in ir.writes(m)) for i in alive}
 
-            def gain(i: int) -> int:
-                reads = {b for m in self.groups[i].nodes for b in self._reads(m)}
-                freed = sum(
-                    self.bytes_of(b)
-                    for b in reads
-                    if remaining_reads.get(b) == 1
-                    and self.prog.buffers.get(b) is not None
-                    and self.prog.buffers[b].kind != "input"
-                )
-                made = sum(self.bytes_of(b) for m in self.groups[i].nodes for b in ir.writes(m))
-                return freed - made
+        def gain(i: int) -> int:
+            return sum(nbytes(b) for b in freeable[i] if remaining_reads.get(b) == 1) - made[i]
 
-            pick = max(ready, key=lambda i: (gain(i), -i)) if self.config.memory_order else ready[0]
-            for b in {b for m in self.groups[pick].nodes for b in self._reads(m)}:
+        ready = {i for i in alive if waiting[i] == 0}
+        done: list[int] = []
+        while ready:
+            pick = max(ready, key=lambda i: (gain(i), -i)) if self.config.memory_order else min(ready)
+            for b in reads[pick]:
                 remaining_reads[b] -= 1
             done.append(pick)
-            pending.discard(pick)
+            ready.discard(pick)
+            for u in users[pick]:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    ready.add(u)
+        if len(done) != len(alive):
+            raise AssertionError(f"kernel dependencies form a cycle: {sorted(set(alive) - set(done))}")
         return done
 
     def finish(self, order: list[int]) -> tuple[KernelGroup, ...]:
