@@ -10,6 +10,9 @@ skipped), which also times eager and checks the variant against it. The parent m
 children's cells into one row: the ``eager`` cell is the first child's, and each compiler's
 ``speedup`` is over the eager time measured in its own child (``eager_ms_same_process``), so a
 difference between the two processes' eager times moves neither ratio.
+Each row's children get compile caches of their own (a folder per row under the run's cache
+root), so every row's first call is a cold compile; until 2026-12-04 the rows of a run shared
+one, and a row could reuse kernels an earlier row had compiled.
 """
 
 from __future__ import annotations
@@ -49,9 +52,12 @@ def run_row_isolated(name: str, mode: str, variants: list[str], args: argparse.N
     row: dict[str, Any] | None = None
     errors: dict[str, str] = {}
     limit = 2 * args.variant_timeout_s + 300  # build + eager + compile + timing + explain
+    # caches of a row's own: a row's first call is cold in every compiler's caches, not warm
+    # with the kernels an earlier row compiled (ResNet-50 after ResNet-18, say)
+    row_cache = str(Path(cache_root) / f"{name}_{mode}")
     for variant in variants:
         with tempfile.TemporaryDirectory(prefix="models_child_") as out:
-            argv = child_argv(args, name, mode, variant, out, cache_root)
+            argv = child_argv(args, name, mode, variant, out, row_cache)
             try:
                 proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit)
             except subprocess.TimeoutExpired:
