@@ -50,7 +50,35 @@ from torchfuse.capture.dynamic import concrete
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
-class FloatExprVar(V.FloatArgVar):
+class _Computed:
+    """What `FloatExprVar` and `IntExprVar` share: a value computed from ``roots`` (read
+    through them, which guards them), and ``carrier``, its 0-d graph value, recorded by
+    ``record`` when a tensor op first uses it."""
+
+    def _init(self, compute: Any, record: Any, roots: list[V.Var]) -> None:
+        V.Var.__init__(self)  # type: ignore[arg-type]
+        self.compute = compute
+        self.record = record
+        self._carrier: Any = None
+        self.roots = roots
+        self.source = None
+
+    @property
+    def carrier(self) -> Any:
+        if self._carrier is None:
+            self._carrier = self.record()
+        return self._carrier
+
+    @carrier.setter
+    def carrier(self, value: Any) -> None:
+        self._carrier = value
+
+    def _guard_roots(self) -> None:
+        for r in self.roots:
+            r.python() if isinstance(r, V.FloatArgVar) else concrete(r.value)
+
+
+class FloatExprVar(_Computed, V.FloatArgVar):
     """A float computed in the graph from float arguments, int symbols and Python random
     draws (``roots``). ``carrier``, its 0-d float64 graph value, is recorded when a tensor op
     first uses it (a float that Python only reads leaves no node). Its value is computed when
@@ -60,24 +88,9 @@ class FloatExprVar(V.FloatArgVar):
     py_float = True
 
     def __init__(self, compute: Any, record: Any, roots: list[V.Var], text: str | None = None) -> None:
-        V.Var.__init__(self)
-        self.compute = compute
-        self.record = record
-        self._carrier: Any = None
-        self.roots = roots
-        self.source = None
+        self._init(compute, record, roots)
         self.text = text
         """Python computing the value from the call's arguments (for guards), or None."""
-
-    @property
-    def carrier(self) -> Any:  # type: ignore[override]
-        if self._carrier is None:
-            self._carrier = self.record()
-        return self._carrier
-
-    @carrier.setter
-    def carrier(self, value: Any) -> None:
-        self._carrier = value
 
     @property
     def value(self) -> Any:  # type: ignore[override]
@@ -88,8 +101,7 @@ class FloatExprVar(V.FloatArgVar):
         pass
 
     def python(self) -> Any:
-        for r in self.roots:
-            r.python() if isinstance(r, V.FloatArgVar) else concrete(r.value)
+        self._guard_roots()
         return self.value
 
     def python_type(self) -> type:
@@ -223,7 +235,7 @@ def _math_ok(fn: Any, value: Any) -> bool:
     return type(got) is not int or -2 ** 63 <= got < 2 ** 63
 
 
-class IntExprVar(V.ConstVar):
+class IntExprVar(_Computed, V.ConstVar):
     """An int computed in the graph from a varying float (``math.floor(f)``): ``carrier`` is a
     0-d int64 graph value, which tensor operators use as they use an int draw's
     (`torchfuse.capture.operators`). Any read of ``value`` is Python needing the int: it
@@ -232,14 +244,7 @@ class IntExprVar(V.ConstVar):
     int_carrier = True
 
     def __init__(self, compute: Any, record: Any, roots: list[V.Var]) -> None:
-        V.Var.__init__(self)
-        self.compute = compute
-        self.record = record
-        self._carrier: Any = None
-        self.roots = roots
-        self.source = None
-
-    carrier = FloatExprVar.carrier
+        self._init(compute, record, roots)
 
     @property
     def value(self) -> Any:  # type: ignore[override]
@@ -250,8 +255,7 @@ class IntExprVar(V.ConstVar):
         pass
 
     def python(self) -> Any:
-        for r in self.roots:
-            r.python() if isinstance(r, V.FloatArgVar) else concrete(r.value)
+        self._guard_roots()
         return self.compute()
 
     def python_type(self) -> type:

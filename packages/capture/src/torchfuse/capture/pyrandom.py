@@ -74,22 +74,20 @@ class DrawNeeded(Unsupported):
         self.ordinal = ordinal
 
 
-class RandomDrawVar(V.FloatArgVar):
-    """A float drawn from a Python generator, a graph input (see the module docstring).
-    Reading its value is not possible while capturing: ``python()`` and ``value`` raise
-    `DrawNeeded`."""
-
-    py_float = True  # a Python float for arithmetic (torchfuse.capture.floats)
+class _Draw:
+    """What float and int draws share: the ``ordinal``-th draw of the capture, a graph input
+    ``carrier``; reading its value is not possible while capturing (``python()`` and
+    ``value`` raise `DrawNeeded`)."""
 
     def __init__(self, ordinal: int, carrier: Any, what: str) -> None:
-        V.Var.__init__(self)
+        V.Var.__init__(self)  # type: ignore[arg-type]
         self.ordinal = ordinal
         self.carrier = carrier
         self.what = what
         self.source = None
 
     @property
-    def value(self) -> Any:  # type: ignore[override]
+    def value(self) -> Any:
         from torchfuse.capture.context import current
 
         raise DrawNeeded(self.ordinal, current().loc)
@@ -101,6 +99,12 @@ class RandomDrawVar(V.FloatArgVar):
     def python(self) -> Any:
         return self.value
 
+
+class RandomDrawVar(_Draw, V.FloatArgVar):
+    """A float drawn from a Python generator, a graph input (see the module docstring)."""
+
+    py_float = True  # a Python float for arithmetic (torchfuse.capture.floats)
+
     def python_type(self) -> type:
         return float
 
@@ -108,21 +112,12 @@ class RandomDrawVar(V.FloatArgVar):
         return f"{self.what} (a Python random draw, a graph input)"
 
 
-class IntDrawVar(V.ConstVar):
+class IntDrawVar(_Draw, V.ConstVar):
     """An int drawn from a Python generator, a 0-d int64 graph input ``carrier`` (see the
     module docstring). Tensor operators use the carrier (`torchfuse.capture.operators`);
     reading the value raises `DrawNeeded`, as for a float draw."""
 
-    def __init__(self, ordinal: int, carrier: Any, what: str) -> None:
-        V.Var.__init__(self)
-        self.ordinal = ordinal
-        self.carrier = carrier
-        self.what = what
-        self.source = None
-
     int_carrier = True  # tensor operators use the carrier (torchfuse.capture.operators)
-    value = RandomDrawVar.value
-    python = RandomDrawVar.python
 
     def python_type(self) -> type:
         return int
