@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torchfuse.autograd import aot  # at import, not at the first training call (networkx: ~0.3 s)
-from torchfuse.autograd.functionalize import has_mutations
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.interpreter import device_types, no_autocast
@@ -105,10 +104,9 @@ def inductor(
             return list(out) if isinstance(out, list | tuple) else [out]
 
         return run_aot
-    if has_mutations(graph):
-        # writes into intermediates (``s = x.new_zeros(...); s[:, 1:] = ...``, transformers'
-        # ``shift_tokens_right``): the lowering takes functional graphs only; unfunctionalized,
-        # a write through a view was lost and the compiled result was the zeros. The Program
-        # is cached under the graph as captured: a warm start skips functionalization too
-        return compiler(graph, example_inputs, mode=mode, options=options, functionalize=True)
-    return compiler(graph, example_inputs, mode=mode, options=options)
+    # a graph that writes into its intermediates (``s = x.new_zeros(...); s[:, 1:] = ...``,
+    # transformers' ``shift_tokens_right``) is functionalized first: the lowering takes
+    # functional graphs only (unfunctionalized, a write through a view was lost and the result
+    # was the zeros). `compile_graph` does it on a cache miss only, the Program being cached
+    # under the graph as captured: a warm start skips functionalization too
+    return compiler(graph, example_inputs, mode=mode, options=options, functionalize=True)

@@ -363,8 +363,9 @@ class Lowering:
             return self._keep_dims(self.realize(res), nd, dims, keepdim)
         name = self.fresh()
         split, split_exact = self._split_factor(ranges, rranges, rop)
-        leading = bool(kept) and (max(dims) < min(kept) or _leading_in_memory(value_at, ranges, rranges))
-        lead, lead_exact = self._outer_split_factor(ranges, rranges, rop, leading)
+        lead, lead_exact = self._outer_split_factor(ranges, rranges, rop, bool(kept))
+        if lead and max(dims) > min(kept) and not _leading_in_memory(value_at, ranges, rranges):
+            lead, lead_exact = 0, False  # leading neither in the sizes nor in memory
         if lead:
             # a reduction over leading dims with few columns (a weight gradient: 16384 rows
             # of 4096) walks each column tile with one program; split the rows into ``lead``
@@ -446,9 +447,10 @@ class Lowering:
         return target, False
 
     def _outer_split_factor(self, ranges, rranges, rop, leading: bool) -> tuple[int, bool]:
-        """How many row chunks a reduction over leading dims (``leading``: in the logical
-        order or in memory) is split into (0: none), and whether they divide the rows exactly
-        (see `_split_factor`)."""
+        """How many row chunks a reduction over leading dims is split into (0: none), and
+        whether they divide the rows exactly (see `_split_factor`). ``leading``: whether it may
+        be one at all; the caller checks that the dims lead, in the sizes or in memory, only
+        when a split would be taken (the memory check walks the loader)."""
         xnumel, rnumel = ir.product(ranges), ir.product(rranges)
         if rop not in ir.SPLITTABLE or not leading:
             return 0, False
