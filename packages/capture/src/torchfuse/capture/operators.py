@@ -164,13 +164,18 @@ def _dict_subclass_binary(op: str, a: V.Var, b: V.Var) -> V.Var | None:
     same_kind = isinstance(a, V.DictVar) and isinstance(b, V.DictVar) and a.kind is b.kind
     if isinstance(b, V.DictVar) and b.kind is not dict and not same_kind:  # Python skips __r…__ then
         tries.append((b, f"__r{name}__", a))
-    tries = [t for t in tries if isinstance(python_override(t[0].kind, t[1], dict), types.FunctionType)]
-    if not tries:
-        return None
+    return _first_python_dunder(tries)
+
+
+def _first_python_dunder(tries: list[tuple[V.Var, str, V.Var]]) -> V.Var | None:
+    """The first of ``(x, method, y)`` whose ``x`` is a dict subclass defining ``method`` in
+    Python and whose call ``x.method(y)``, interpreted, is not ``NotImplemented``; else None."""
     for x, method, y in tries:
-        got = _dunder(x, method, [y])
-        if not _not_implemented(got):
-            return got
+        if isinstance(x, V.DictVar) and x.kind is not dict and \
+                isinstance(python_override(x.kind, method, dict), types.FunctionType):
+            got = _dunder(x, method, [y])
+            if not _not_implemented(got):
+                return got
     return None
 
 
@@ -257,14 +262,7 @@ def _dict_subclass_compare(op: str, a: V.Var, b: V.Var) -> V.Var | None:
     """``a op b`` where a dict subclass made of Python (``Counter``) defines the comparison
     in Python: the left operand's method, then the right one's reflected one, interpreted;
     ``None`` when neither is such a method or both give ``NotImplemented``."""
-    tries = [(a, _RICH[op], b), (b, _RICH[_REFLECTED[op]], a)]
-    tries = [t for t in tries if isinstance(t[0], V.DictVar) and t[0].kind is not dict and
-             isinstance(python_override(t[0].kind, t[1], dict), types.FunctionType)]
-    for x, method, y in tries:
-        got = _dunder(x, method, [y])
-        if not _not_implemented(got):
-            return got
-    return None
+    return _first_python_dunder([(a, _RICH[op], b), (b, _RICH[_REFLECTED[op]], a)])
 
 
 _RICH = {"==": "__eq__", "!=": "__ne__", "<": "__lt__", ">": "__gt__", "<=": "__le__",
