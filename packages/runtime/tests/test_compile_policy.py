@@ -196,3 +196,65 @@ def test_background_warm_up_of_a_small_launch_compiles_one_config(monkeypatch):
     fn.precompile_async().result(timeout=60)
     assert [job.args[-1] for job in seen] == [32]
     assert fn.stats.autotune_skipped == 0, "counted by the call, not the warm-up"
+
+
+class FakeCompiled:
+    """Stands in for a CompiledKernel: records when its handles (and launcher) are made."""
+
+    def __init__(self, name: str, types: tuple[str, ...], log: list, fail: bool = False) -> None:
+        self.name, self.log, self.fail = name, log, fail
+        self.src = type("Src", (), {"signature": {f"a{i}": t for i, t in enumerate(types)}})()
+
+    def _init_handles(self):
+        self.log.append(self.name)
+        if self.fail:
+            raise RuntimeError("no device")
+
+
+def test_launchers_are_bound_once_per_kernel_one_per_signature_first():
+    log: list = []
+    a1 = FakeCompiled("a1", ("*fp32", "i32"), log)
+    a2 = FakeCompiled("a2", ("*fp32", "i32"), log)  # other names, same types: one launcher
+    b1 = FakeCompiled("b1", ("*bf16", "constexpr"), log)
+    bad = FakeCompiled("bad", ("*i8",), log, fail=True)  # left to its first launch, no error here
+    kernels.bind_launchers([a1, a2, b1, a1, bad], threads=4)
+    assert sorted(log) == ["a1", "a2", "b1", "bad"]  # each once, duplicates dropped
+    assert set(log[:3]) == {"a1", "b1", "bad"} and log[3] == "a2"  # the shared one after its first
+
+
+def test_precompile_binds_the_kernels_it_will_launch_not_the_clones(monkeypatch):
+    log: list = []
+    bound: list = []
+
+    class Returning(FakeFn):
+        def warmup(self, *args, grid, **kwargs):
+            super().warmup(*args, grid=grid, **kwargs)
+            return FakeCompiled(f"{self.name}{args}", ("*fp32",), bound)
+
+    fn = Returning("main", log)
+    clones = iter([Returning("clone", log)])
+    monkeypatch.setattr(kernels, "_clone", lambda f: next(clones))
+    kernels.precompile([kernels.WarmupJob("k", fn, (i,), ()) for i in range(2)], kernels.CompileStats(), threads=4)
+    assert sorted(bound) == ["main(0,)", "main(1,)"]
+
+
+def test_worker_compiles_are_handed_out_longest_first(monkeypatch):
+    from torchfuse.runtime import compile_workers
+
+    def job(name: str, source: str, block: int, warps: int) -> kernels.WarmupJob:
+        fn = type("Fn", (), {"src": source, "arg_names": ["x", "XBLOCK"]})()
+        return kernels.WarmupJob(name, fn, ("ptr", block), (("num_warps", warps),))
+
+    small, wide, long = job("small", "x" * 500, 128, 4), job("wide", "x" * 500, 8192, 4), job("long", "x" * 9000, 128, 4)
+    sent: list = []
+
+    class Pool:
+        def compile(self, requests):
+            sent.extend(requests)
+            return [compile_workers.CompileResult() for _ in requests]
+
+    monkeypatch.setattr(compile_workers, "get_pool", lambda n: Pool())
+    monkeypatch.setattr(compile_workers, "plan", lambda jobs, path: [(j, j.name) for j in jobs])
+    kernels._compile_in_workers([small, wide, long], kernels.CompileStats(), 2)
+    assert sent == ["wide", "long", "small"]
+    assert kernels.compile_cost(wide) > kernels.compile_cost(small)

@@ -111,9 +111,9 @@ def test_a_failing_request_is_reported_not_raised(tmp_path):
 def test_the_default_uses_workers_on_four_cores_or_more_and_zero_turns_them_off(monkeypatch):
     from torchfuse.runtime import config as rc
 
-    assert [rc.default_compile_workers(n) for n in (1, 2, 3, 4, 8, 16, 64)] == [0, 0, 0, 3, 7, 8, 8]
+    assert [rc.default_compile_workers(n) for n in (1, 2, 3, 4, 8, 16, 64)] == [0, 0, 0, 3, 7, 15, 16]
     monkeypatch.setattr(rc, "cores", lambda: 16)
-    assert rc.from_environment({}).compile_workers == 8
+    assert rc.from_environment({}).compile_workers == 15
     assert rc.from_environment({"TORCHFUSE_COMPILE_WORKERS": "0"}).compile_workers == 0
     assert rc.from_environment({"TORCHFUSE_COMPILE_WORKERS": "1000"}).compile_workers == 15
     assert rc.from_environment({}).compile_workers_min == 8

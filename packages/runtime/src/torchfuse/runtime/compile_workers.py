@@ -27,7 +27,7 @@ that dies is restarted for the next request; the kernel it was compiling is comp
 and a warning says so (once per pool).
 
 When the pool is used (`torchfuse.runtime.config.Config.compile_workers`): by default on a
-host of 4 or more cores, with ``min(8, cores - 1)`` workers, for a first call that needs at
+host of 4 or more cores, with ``min(16, cores - 1)`` workers, for a first call that needs at
 least ``compile_workers_min`` (8) compiles; ``TORCHFUSE_COMPILE_WORKERS=0`` turns it off.
 """
 

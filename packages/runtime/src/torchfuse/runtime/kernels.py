@@ -336,13 +336,19 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             seen.add(same)
             by_fn.setdefault(id(job.fn), []).append(job)
 
+    compiled: list[Any] = []
+    """The binaries this process will launch (not the clones'): their launchers are bound below."""
+
     def run(group: Sequence[WarmupJob], fn: Any = None) -> None:
         for job in group:
             try:
-                (fn or job.fn).warmup(*job.args, grid=(1,), **dict(job.kwargs))
+                kernel = (fn or job.fn).warmup(*job.args, grid=(1,), **dict(job.kwargs))
             except Exception as e:  # the first real launch reports it with full context
                 logger.debug("warm-up of %s failed (%s: %s); compiling at first launch", job.name,
                              type(e).__name__, e)
+            else:
+                if fn is None and kernel is not None:
+                    compiled.append(kernel)  # list.append is atomic: no lock needed
 
     tasks: list[tuple[Sequence[WarmupJob], Any]] = []
     reload: list[list[WarmupJob]] = []
@@ -375,8 +381,64 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             list(pool.map(run_task, tasks))
     for group in reload:  # Triton disk-cache hits now, so that launches find them in memory
         run(group)
+    bind_launchers(compiled, threads)
     stats.warmups += len(jobs)
     stats.compile_seconds += time.perf_counter() - start
+
+
+def bind_launchers(kernels: Sequence[Any], threads: int) -> None:
+    """Load each compiled kernel onto the device and build its launcher, in threads, before
+    the first launch would do it one kernel at a time.
+
+    Some Triton versions (3.6 on the GPU machine) build a C launcher per kernel signature with
+    the system C compiler the first time a kernel of that signature launches
+    (``CompiledKernel._init_handles``, 0.3-0.4 s a build): measured in a cold first call on the
+    H200, 19 builds took 7.1 s of GPT-2 training's (all inside the first launches, in the
+    calling thread). A build runs in a subprocess and Triton caches it on disk by the
+    launcher's source, so here one kernel of each signature is bound first, in parallel, and
+    the others after (they then find the built launcher on disk). Newer Triton versions build
+    nothing here; binding is then just the module load the first launch would do anyway. A
+    failure is left to the first launch, which reports it.
+    """
+    unique = list({id(k): k for k in kernels if hasattr(k, "_init_handles")}.values())
+    if not unique:
+        return
+    import torch
+
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+
+    def bind(kernel: Any) -> None:
+        try:
+            if device is None:
+                kernel._init_handles()
+            else:
+                with torch.cuda.device(device):  # Triton loads onto the thread's current device
+                    kernel._init_handles()
+        except Exception as e:
+            logger.debug("binding %s early failed (%s: %s); left to its first launch",
+                         getattr(kernel, "name", kernel), type(e).__name__, e)
+
+    first: dict[Any, Any] = {}
+    for kernel in unique:
+        first.setdefault(_launcher_key(kernel), kernel)
+    rest = [k for k in unique if first.get(_launcher_key(k)) is not k]
+    for wave in (list(first.values()), rest):
+        if threads <= 1 or len(wave) <= 1:
+            for kernel in wave:
+                bind(kernel)
+            continue
+        with ThreadPoolExecutor(max_workers=min(threads, len(wave))) as pool:
+            list(pool.map(bind, wave))
+
+
+def _launcher_key(kernel: Any) -> Any:
+    """What a kernel's launcher depends on, as far as it can be read: its arguments' types in
+    order (a constant argument's type is ``constexpr``), not their names. Kernels of one key
+    share a launcher build; a wrong guess only costs time (a build done twice, or waited for)."""
+    try:
+        return tuple(str(v) for v in dict(kernel.src.signature).values())  # in argument order
+    except Exception:
+        return id(kernel)
 
 
 def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int) -> None:
@@ -388,12 +450,35 @@ def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers:
     planned = compile_workers.plan(jobs, _source_path)
     if pool is None or not planned:
         return
+    # longest first: a pool's wall time is at least its longest compile, and one started last
+    # adds all of itself to the end (a 768-wide layer-norm backward took 9 s of ViT's 100)
+    planned.sort(key=lambda pair: -compile_cost(pair[0]))
     results = pool.compile([request for _, request in planned])
     stats.worker_compiles += sum(r.ok for r in results)
     for (job, _), result in zip(planned, results, strict=True):
         if not result.ok:  # compiled here instead, by the warm-up that follows
             logger.debug("compile worker: %s failed (%s); compiling it in this process", job.name,
                          result.error)
+
+
+def compile_cost(job: WarmupJob) -> float:
+    """A guess of how long Triton takes to compile ``job``, for ordering only: the source's
+    length times the values each thread holds per tile. Measured for sm_90 on one fused
+    layer-norm backward (768-wide rows, 4 warps): 8 rows per program (64 values a thread)
+    5.1 s, 4 rows 2.1 s, 2 rows 1.5 s, 1 row 0.7 s, 1 row with 8 warps 0.55 s: about
+    0.4 s + 0.07 s per value a thread holds."""
+    kwargs = dict(job.kwargs)
+    block = 1
+    try:
+        named = [*zip(param_names(job.fn), job.args), *kwargs.items()]
+    except Exception:  # not one of our kernels: order by source length alone
+        named = []
+    for name, value in named:
+        if name.endswith("BLOCK") and isinstance(value, int) and not isinstance(value, bool):
+            block *= value
+    per_thread = block / (32 * int(kwargs.get("num_warps", 4) or 4))
+    source = getattr(job.fn, "src", "") or ""
+    return (1 + len(source) / 1000) * (1 + per_thread / 6)
 
 
 def _source_path(fn: Any) -> Path | None:

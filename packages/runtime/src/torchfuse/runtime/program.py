@@ -405,9 +405,15 @@ class CompiledProgram:
         env = {s.name: s.hint for s in self.program.symbols}
         if any(v is None for v in env.values()):
             return None
-        return _background().submit(self._warm_in_background, {k: int(v) for k, v in env.items()})
+        # the caller's device: Triton compiles and loads for the thread's current one
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        return _background().submit(self._warm_in_background, {k: int(v) for k, v in env.items()}, device)
 
-    def _warm_in_background(self, env: dict[str, int]) -> None:
+    def _warm_in_background(self, env: dict[str, int], device: int | None = None) -> None:
+        if device is not None:
+            with torch.cuda.device(device):
+                self._warm_in_background(env)
+            return
         with self._lock:
             if self._generated is not None:  # the first call came first
                 return
