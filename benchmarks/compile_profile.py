@@ -365,8 +365,12 @@ def triton_compile(program: Any, times: dict[str, float]) -> None:
 # ----------------------------------------------------------------------------- --real / --warm
 
 REAL_MARK = "COMPILE_PROFILE_REAL "
-REAL_COLUMNS = ("capture", "aot", "inductor", "inductor.cache_lookup", "runtime.load", "runtime.choose",
-                "runtime.precompile", "runtime.tune", "runtime.generate", "runtime.run")
+REAL_COLUMNS = ("capture", "aot", "inductor", "inductor.cache_lookup", "runtime.load", "runtime.wait",
+                "runtime.choose", "runtime.precompile", "runtime.tune", "runtime.generate", "runtime.run",
+                "runtime.background")
+OVERLAPPING = ("runtime.background",)
+"""Stages that ran beside the others (a backward's compiles during the forward): shown, but
+not in the ``stages`` sum, whose time they overlap (``runtime.wait`` is what they added)."""
 """Stage groups of a real first call (a recorded stage counts in the most specific one)."""
 REAL_COUNTS = ("runtime.triton_compiles", "runtime.triton_cache_hits", "inductor.cache.program_hits",
                "inductor.cache.program_misses", "aot.cache.hits", "aot.cache.misses", "runtime.kernels")
@@ -535,16 +539,18 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
         st = r["stages_s"]
         cells = [f"{st[c] * 1e3:.0f}" if c in st else "" for c in [*cols, *extra]]
         cnt = [str(r["counts"].get(c, "")) for c in counts]
+        serial = sum(v for k, v in st.items() if k not in OVERLAPPING)
         print(f"| {name} | {r['first_call_s'] * 1e3:.0f} | " + " | ".join(cells)
-              + f" | {sum(st.values()) * 1e3:.0f} | " + " | ".join(cnt) + " |")
+              + f" | {serial * 1e3:.0f} | " + " | ".join(cnt) + " |")
     runs = max((int(r.get("runs", 1)) for _, r in rows), default=1)
     print("(milliseconds, forward and backward entries summed; first call = wall time of the step; "
-          "runtime.run = the kernels' first run"
+          "runtime.run = the kernels' first run; runtime.background = a backward's compiles while the "
+          "forward ran, not in 'stages', and runtime.wait = its first call waiting for them"
           + (f"; the minimum of {runs} runs per cell" if runs > 1 else "") + ")")
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for name, r in rows:
         base, _, phase = name.rpartition(" ")
-        compile_side = sum(v for k, v in r["stages_s"].items() if k != "runtime.run")
+        compile_side = sum(v for k, v in r["stages_s"].items() if k != "runtime.run" and k not in OVERLAPPING)
         pairs.setdefault(base, {})[phase] = (r["first_call_s"], compile_side)
     for base, p in pairs.items():
         if "cold" in p and "warm" in p and p["cold"][0] and p["cold"][1]:

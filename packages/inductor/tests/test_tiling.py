@@ -3,6 +3,8 @@ values against eager, and which kernels take the tiled form (and which keep the 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -201,11 +203,29 @@ def first_config(program) -> dict:
 def test_persistent_rows_read_across_take_more_rows(fn):
     x, y = make(1024, 48), make(48, 1024)
     program = check(fn, x, y)
-    # rows of 1024: 8 per program for a row walk; x.t() is contiguous across rows, so 16
+    # rows of 1024: 8 per program for a row walk; x.t() is contiguous across rows, so 16;
+    # at most 32 values a thread: 16 and 8 warps
     assert program.kernels[0].name.startswith("triton_per")
-    assert first_config(program) == {"XBLOCK": 16, "num_warps": 8}
+    assert first_config(program) == {"XBLOCK": 16, "num_warps": 16}
     plain = compile_fn(lambda y: y.softmax(-1), y)
-    assert first_config(plain) == {"XBLOCK": 8, "num_warps": 4}
+    assert first_config(plain) == {"XBLOCK": 8, "num_warps": 8}
+
+
+def test_a_long_persistent_kernel_holds_fewer_values_a_thread():
+    # twelve chained normalizations over rows of 768 in one kernel (a transformer backward's
+    # layer-norm recomputes): over long_kernel_lines, so 16 values a thread, 16 warps
+    def fn(x, *ys):
+        outs = []
+        for y in ys:
+            x = x + y
+            outs.append((x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-5))
+        return outs
+
+    args = [make(64, 768) for _ in range(13)]
+    program = check(fn, *args)
+    longest = max(program.kernels, key=lambda k: k.source.count("\n"))
+    assert longest.name.startswith("triton_per") and longest.source.count("\n") > 100
+    assert first_config(SimpleNamespace(kernels=[longest])) == {"XBLOCK": 8, "num_warps": 16}
 
 
 def test_looped_rows_read_across_take_a_square_tile_first():

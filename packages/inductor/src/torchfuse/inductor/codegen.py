@@ -477,7 +477,7 @@ class KernelWriter(KernelWriterBase):
         params += [S.KernelParam(name=s.name, kind="i32" if self.sizes.fits_int32(s) else "i64")
                    for s in sym_params]
         params += [S.KernelParam(name="INDEX32", kind="i32")] if switch else []
-        constexprs_v, configs = self.configs()
+        constexprs_v, configs = self.configs(body_lines=len(body))
         grid = (f"({format_expr(self.g.xnumel)} + XBLOCK - 1) // XBLOCK", 1, 1)
         if self.tile is not None:
             ny, nx = format_expr(self.tile.ynumel), format_expr(self.tile.xnumel)
@@ -594,7 +594,7 @@ class KernelWriter(KernelWriterBase):
         blocks = dict.fromkeys((*tile_blocks(caps[0], caps[1], elements), warps) for elements, warps in cands)
         return tuple(S.LaunchConfig(meta={"YBLOCK": yb, "XBLOCK": xb}, num_warps=w) for yb, xb, w in blocks)
 
-    def configs(self) -> tuple[dict, tuple[S.LaunchConfig, ...]]:
+    def configs(self, body_lines: int = 0) -> tuple[dict, tuple[S.LaunchConfig, ...]]:
         if self.tile is not None:
             return {}, self.tile_configs()
         x = self.g.xnumel
@@ -631,6 +631,14 @@ class KernelWriter(KernelWriterBase):
                 # per 2048 values (64 per thread, as the default of 1024-long rows has)
                 first = min(max(first, min(16, 16384 // rb)), xcap)
                 first_warps = max(first_warps, min(16, first * rb // 2048))
+            # Triton's compile time grows with the values a thread holds times the kernel's
+            # length, so a tile of several rows takes more warps, not more values per thread:
+            # at most 32, and 16 in a long kernel. Measured for sm_90 (2-core host): a fused
+            # layer-norm backward over 768-wide rows, 8 rows a program, 155 lines: 4 warps
+            # 5.1 s, 8 warps 2.0 s, 16 warps 1.5 s; GPT-2's 12 chained layer-norm recomputes
+            # (313 lines): 11.5, 5.2 and 3.8 s -- the longest compile of its cold first call.
+            per_thread = 16 if body_lines > self.config.long_kernel_lines else 32
+            first_warps = max(first_warps, min(16, first * rb // (32 * per_thread)))
             # (rows per program, warps): the default first, then one row per program. Two
             # candidates only: every candidate is a Triton compile on a cold start, and the
             # ones dropped (more warps, fewer rows) rarely won on memory-bound rows.

@@ -46,6 +46,10 @@ class InductorConfig:
 
     persistent_rnumel_max: int = 16384
     """Reductions whose row is at most this long keep the whole row in registers."""
+    long_kernel_lines: int = 100
+    """A persistent reduction whose body is longer than this many lines holds at most 16 values
+    a thread per tile (else 32), taking more warps instead: Triton's compile time grows with
+    both (see `KernelWriter.configs`)."""
     looped_rblock: int = 2048
     """Chunk length of looped reductions (first candidate config)."""
     max_fusion_size: int = 64

@@ -228,7 +228,10 @@ class CompileStats:
     tuned size): ``choose`` (autotune-cache lookups), ``precompile`` (Triton compiles or
     disk-cache loads), ``tune`` (tuning run: benchmarks and the first launches),
     ``generate`` (call function generated and exec-ed), ``run`` (the first call through it:
-    first launches, each binding its compiled kernel). Where a cache-hit start spends its time."""
+    first launches, each binding its compiled kernel). Where a cache-hit start spends its time.
+    Two more where a background warm-up ran (`CompiledProgram.precompile_async`, a training
+    step's backward): ``background`` (its compiles, while the forward ran: overlapping the
+    other phases, not after them) and ``wait`` (how long the first call waited for it)."""
 
 
 class count_compiles:

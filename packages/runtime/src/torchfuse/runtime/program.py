@@ -262,7 +262,10 @@ class CompiledProgram:
         return env
 
     def _first_call(self, *args: Any) -> list[Any]:
+        t0 = time.perf_counter()
         with self._lock:
+            # a background warm-up (`precompile_async`) holds the lock until it is done
+            _add(self.stats.first_call, "wait", time.perf_counter() - t0)
             env = self._bind(args)
             if not self._gpu and self._serial:
                 _warn_interpreter_once()
@@ -417,6 +420,7 @@ class CompiledProgram:
         with self._lock:
             if self._generated is not None:  # the first call came first
                 return
+            start = time.perf_counter()
             winners, missing, _ = self._choose(env)
             # Not under count_compiles: Triton's listener is one global, and a foreground call
             # of another program may be swapping it right now.
@@ -424,6 +428,8 @@ class CompiledProgram:
                 self._precompile(env, self._to_warm(self._default_configs(), winners, missing))
             except Exception as e:  # the first call meets it again and reports it there
                 logger.debug("background warm-up of %r failed: %s", self.program.name, e)
+            # filed with the first call's phases; it overlapped other work (the forward's)
+            _add(self.stats.first_call, "background", time.perf_counter() - start)
 
     def _precompile(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]]) -> None:
         """Compile every (launch, config) in ``warm`` before the first launch, in parallel."""
