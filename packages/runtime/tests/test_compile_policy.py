@@ -169,7 +169,7 @@ def _capture_warmups(monkeypatch) -> list:
     import torchfuse.runtime.program as program_module
 
     seen: list = []
-    monkeypatch.setattr(program_module, "precompile", lambda jobs, stats, threads=None: seen.extend(jobs))
+    monkeypatch.setattr(program_module, "precompile", lambda jobs, stats, threads=None, background=False: seen.extend(jobs))
     return seen
 
 
@@ -249,7 +249,7 @@ def test_worker_compiles_are_handed_out_longest_first(monkeypatch):
     sent: list = []
 
     class Pool:
-        def compile(self, requests):
+        def compile(self, requests, priority=0):
             sent.extend(requests)
             return [compile_workers.CompileResult() for _ in requests]
 

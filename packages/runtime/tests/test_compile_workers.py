@@ -14,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import threading
 
 import pytest
 import torch
@@ -273,3 +274,40 @@ def test_a_worker_that_dies_is_replaced_and_a_warning_says_what_was_compiled_her
         assert pool.started == 2 and pool.lost == 1
     finally:
         pool.close()
+
+
+def test_a_first_calls_compiles_go_before_a_queued_background_warm_up(monkeypatch):
+    import time
+
+    monkeypatch.setattr(cw.WorkerPool, "_start", lambda self: None)  # no processes
+    order: list[str] = []
+    gate = threading.Event()
+
+    def one(self, request):
+        order.append(request)
+        if request == "bg1":
+            assert gate.wait(timeout=10)
+        return cw.CompileResult()
+
+    monkeypatch.setattr(cw.WorkerPool, "_one", one)
+    pool = cw.WorkerPool(1)
+    try:
+        background = threading.Thread(target=pool.compile, args=(["bg1", "bg2", "bg3"], 1))
+        background.start()
+        while order != ["bg1"]:  # the one server is busy with the first background request
+            time.sleep(0.01)
+        results: list = []
+        first_call = threading.Thread(target=lambda: results.extend(pool.compile(["fg1", "fg2"])))
+        first_call.start()
+        while len(pool._queue) < 4:
+            time.sleep(0.01)
+        gate.set()
+        first_call.join(timeout=10)
+        background.join(timeout=10)
+        assert order == ["bg1", "fg1", "fg2", "bg2", "bg3"]
+        assert [r.ok for r in results] == [True, True]
+    finally:
+        gate.set()
+        pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.compile(["late"])

@@ -34,13 +34,15 @@ least ``compile_workers_min`` (8) compiles; ``TORCHFUSE_COMPILE_WORKERS=0`` turn
 from __future__ import annotations
 
 import atexit
+import heapq
+import itertools
 import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,7 +186,13 @@ class CompileResult:
 
 
 class WorkerPool:
-    """``size`` worker processes, each driven by one thread of this process."""
+    """``size`` worker processes, each driven by one thread of this process.
+
+    Requests wait in one queue ordered by priority, then by arrival: a first call's compiles
+    (priority 0) go before those of a background warm-up (priority 1, a training step's
+    backward, started before the forward), which would otherwise hold the forward back
+    until every backward kernel had compiled.
+    """
 
     def __init__(self, size: int, env: dict[str, str] | None = None) -> None:
         self.size = size
@@ -198,9 +206,16 @@ class WorkerPool:
         self.lost = 0
         """Requests whose worker died under them."""
         self._warned = False
-        self._threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="torchfuse-compile")
+        self._queue: list[tuple[int, int, CompileRequest, Future[CompileResult]]] = []
+        self._ready = threading.Condition()
+        self._arrivals = itertools.count()
+        self._closed = False
         for _ in range(size):  # started now: their imports overlap this process's compile work
             self._idle.append(self._start())
+        self._servers = [threading.Thread(target=self._serve, name=f"torchfuse-compile-{i}", daemon=True)
+                         for i in range(size)]
+        for server in self._servers:
+            server.start()
 
     def _start(self) -> subprocess.Popen[str]:
         proc = subprocess.Popen([sys.executable, "-c", _BOOT, os.path.abspath(__file__)], env=self.env,
@@ -216,9 +231,19 @@ class WorkerPool:
         with self._lock:
             return [p.pid for p in self._procs if p.poll() is None]
 
-    def compile(self, requests: Sequence[CompileRequest]) -> list[CompileResult]:
-        """Compile every request, ``size`` at a time; one result per request, in order."""
-        results = list(self._threads.map(self._one, requests))
+    def compile(self, requests: Sequence[CompileRequest], priority: int = 0) -> list[CompileResult]:
+        """Compile every request, ``size`` at a time, after any queued of a lower ``priority``
+        number; one result per request, in order."""
+        futures: list[Future[CompileResult]] = []
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the compile worker pool is closed")
+            for request in requests:
+                future: Future[CompileResult] = Future()
+                heapq.heappush(self._queue, (priority, next(self._arrivals), request, future))
+                futures.append(future)
+            self._ready.notify_all()
+        results = [f.result() for f in futures]
         lost = [r for r in results if r.lost]
         if lost and not self._warned:
             self._warned = True
@@ -227,6 +252,23 @@ class WorkerPool:
                 "process instead, and the worker is restarted for the next request",
                 lost[0].error, len(lost))
         return results
+
+    def _serve(self) -> None:
+        """One of ``size`` threads: takes the first queued request, runs it, and so on."""
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if self._closed:  # what is still queued is compiled by its caller instead
+                    pending, self._queue = self._queue, []
+                    for *_, waiting in pending:
+                        waiting.set_result(CompileResult("the compile worker pool was closed"))
+                    return
+                _, _, request, future = heapq.heappop(self._queue)
+            try:
+                future.set_result(self._one(request))
+            except BaseException as e:  # never leave a caller waiting
+                future.set_result(CompileResult(f"{type(e).__name__}: {e}"))
 
     def _one(self, request: CompileRequest) -> CompileResult:
         with self._lock:
@@ -259,6 +301,9 @@ class WorkerPool:
         return CompileResult(json.loads(line).get("error"))
 
     def close(self) -> None:
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
         for proc in self._procs:
             try:
                 if proc.stdin is not None:
@@ -266,7 +311,6 @@ class WorkerPool:
                 proc.wait(timeout=5)
             except Exception:
                 proc.kill()
-        self._threads.shutdown(wait=False)
 
 
 _pool: WorkerPool | None = None

@@ -315,7 +315,8 @@ def _clone(fn: Any) -> Any | None:
     return clone
 
 
-def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | None = None) -> None:
+def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | None = None,
+               background: bool = False) -> None:
     """Compile ``jobs`` with ``fn.warmup`` in a thread pool, every job at the same time.
 
     Triton's compilation releases the GIL in LLVM and runs ``ptxas`` as a subprocess, so
@@ -324,7 +325,9 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     so the first job of each kernel runs on the kernel itself and the others on clones
     (`_clone`), whose binaries land in Triton's disk cache; the kernel then loads them
     from there (milliseconds each) once all compiles are done. A failed warm-up is logged and
-    left to the first launch, which raises the real error there.
+    left to the first launch, which raises the real error there. ``background``: a warm-up
+    ahead of the first call (`CompiledProgram.precompile_async`), whose worker compiles wait
+    behind those of any first call.
     """
     if not jobs:
         return
@@ -366,7 +369,8 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     total = sum(len(group) for group in by_fn.values())
     workers = rconfig.config.compile_workers
     if workers > 0 and total >= rconfig.config.compile_workers_min and not triton_interpreting():
-        _compile_in_workers([job for group in by_fn.values() for job in group], stats, workers)
+        _compile_in_workers([job for group in by_fn.values() for job in group], stats, workers,
+                            priority=1 if background else 0)
     done = [0]
     done_lock = threading.Lock()
 
@@ -444,7 +448,7 @@ def _launcher_key(kernel: Any) -> Any:
         return id(kernel)
 
 
-def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int) -> None:
+def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int, priority: int = 0) -> None:
     """Steps 1 and 2 of `torchfuse.runtime.compile_workers`: the compiles these jobs would run,
     done by the worker processes into Triton's disk cache (the warm-ups after load them)."""
     from torchfuse.runtime import compile_workers
@@ -456,7 +460,7 @@ def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers:
     # longest first: a pool's wall time is at least its longest compile, and one started last
     # adds all of itself to the end (a 768-wide layer-norm backward took 9 s of ViT's 100)
     planned.sort(key=lambda pair: -compile_cost(pair[0]))
-    results = pool.compile([request for _, request in planned])
+    results = pool.compile([request for _, request in planned], priority=priority)
     stats.worker_compiles += sum(r.ok for r in results)
     for (job, _), result in zip(planned, results, strict=True):
         if not result.ok:  # compiled here instead, by the warm-up that follows

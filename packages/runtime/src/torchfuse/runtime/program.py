@@ -425,13 +425,14 @@ class CompiledProgram:
             # Not under count_compiles: Triton's listener is one global, and a foreground call
             # of another program may be swapping it right now.
             try:
-                self._precompile(env, self._to_warm(self._default_configs(), winners, missing))
+                self._precompile(env, self._to_warm(self._default_configs(), winners, missing), background=True)
             except Exception as e:  # the first call meets it again and reports it there
                 logger.debug("background warm-up of %r failed: %s", self.program.name, e)
             # filed with the first call's phases; it overlapped other work (the forward's)
             _add(self.stats.first_call, "background", time.perf_counter() - start)
 
-    def _precompile(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]]) -> None:
+    def _precompile(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]],
+                    background: bool = False) -> None:
         """Compile every (launch, config) in ``warm`` before the first launch, in parallel."""
         buffers = buffer_table(self.program)
         jobs = []
@@ -460,7 +461,7 @@ class CompiledProgram:
                     continue
                 self._precompiled.add(jkey)
                 jobs.append(WarmupJob(kernel.name, fn, tuple(values), tuple(kw.items())))
-        precompile(jobs, self.stats)
+        precompile(jobs, self.stats, background=background)
 
     def _exec(self, gen: codegen.Generated, extra: dict[str, Any]) -> Any:
         namespace = dict(gen.globals)
