@@ -448,7 +448,8 @@ def _launcher_key(kernel: Any) -> Any:
         return id(kernel)
 
 
-def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int, priority: int = 0) -> None:
+def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int,
+                        priority: int = 0) -> None:
     """Steps 1 and 2 of `torchfuse.runtime.compile_workers`: the compiles these jobs would run,
     done by the worker processes into Triton's disk cache (the warm-ups after load them)."""
     from torchfuse.runtime import compile_workers

@@ -425,7 +425,8 @@ class CompiledProgram:
             # Not under count_compiles: Triton's listener is one global, and a foreground call
             # of another program may be swapping it right now.
             try:
-                self._precompile(env, self._to_warm(self._default_configs(), winners, missing), background=True)
+                warm = self._to_warm(self._default_configs(), winners, missing)
+                self._precompile(env, warm, background=True)
             except Exception as e:  # the first call meets it again and reports it there
                 logger.debug("background warm-up of %r failed: %s", self.program.name, e)
             # filed with the first call's phases; it overlapped other work (the forward's)
