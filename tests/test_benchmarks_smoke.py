@@ -311,3 +311,15 @@ def test_compile_profile_hashes_repeat_across_processes_and_retarget_skips_the_l
     head = next(line for line in proc.stdout.splitlines() if line.startswith("| workload |"))
     cols = [c.strip() for c in head.strip("|").split("|")]
     assert "schedule" in cols and "load" not in cols
+
+
+def test_compile_profile_pool_makespan_hands_out_the_longest_compiles_first() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import compile_profile
+    finally:
+        sys.path.remove(str(BENCH))
+    assert compile_profile.pool_makespan([], 4) == 0.0
+    assert compile_profile.pool_makespan([1, 1, 1, 1, 1, 5], 2) == 5.0  # the 5 s one alone
+    assert compile_profile.pool_makespan([2, 3, 2, 3, 2], 2) == 7.0  # longest first, not optimal
+    assert compile_profile.pool_makespan([1.5, 2.5], 1) == 4.0
