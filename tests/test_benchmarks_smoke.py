@@ -323,3 +323,18 @@ def test_compile_profile_pool_makespan_hands_out_the_longest_compiles_first() ->
     assert compile_profile.pool_makespan([1, 1, 1, 1, 1, 5], 2) == 5.0  # the 5 s one alone
     assert compile_profile.pool_makespan([2, 3, 2, 3, 2], 2) == 7.0  # longest first, not optimal
     assert compile_profile.pool_makespan([1.5, 2.5], 1) == 4.0
+
+
+def test_compile_targets_measures_both_compilers_and_judges_the_targets(tmp_path: Path) -> None:
+    proc = _run(str(BENCH / "compile_targets.py"), "--device", "cpu", "--small", "--only", "softmax",
+                "--out", str(tmp_path), "--tag", "smoke", "--timeout", "240")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "smoke.json").read_text())
+    assert doc["schema"] == "torchfuse-compile-targets/1"
+    (row,) = doc["rows"]
+    assert row["row"] == "softmax" and row["tc_cold_s"] > 0 and row["tf_cold_s"] > 0 and row["tf_warm_s"] > 0
+    assert row["tf_cold_over_tc"] == pytest.approx(row["tf_cold_s"] / row["tc_cold_s"])
+    warm = row["tf_stages"]["softmax warm"]["counts"]
+    assert warm.get("inductor.cache.program_hits") == 1 and not warm.get("inductor.cache.program_misses")
+    text = (tmp_path / "smoke.md").read_text()
+    assert "| softmax |" in text and "targets: cold <= 50%" in text and "| softmax warm |" in text

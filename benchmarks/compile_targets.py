@@ -1,0 +1,219 @@
+"""The compile-time targets in one run: torchfuse's cold and warm first calls beside torch.compile's cold one.
+
+    python benchmarks/compile_targets.py --device cuda --models gpt2,vit_b_16 --model-modes training
+    python benchmarks/compile_targets.py --device cuda --only softmax,layer_norm_train --out DIR --tag T
+    python benchmarks/compile_targets.py --device cpu --small --only softmax      # smoke test
+
+For each row (a model of ``models.py`` with ``--models``, or a workload of ``workloads.py``
+with ``--only``), three fresh processes, one after the other:
+
+- ``tc cold``: ``torch.compile`` with empty Inductor and Triton caches of its own
+  (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``);
+- ``tf cold`` and ``tf warm``: torchfuse over one fresh cache directory, first empty, then as
+  the cold process left it (`compile_profile.py`'s children, so each also reports its
+  recorded stages and cache counts).
+
+Every process first compiles a trivial function with its compiler (imports and the CUDA
+context paid, as in BENCHMARKS.md), builds the row, runs it once eagerly, collects the garbage,
+and then times the first compiled call (compile and first step, synchronized). Both compilers
+run with the same ``ptxas`` (`run._pin_ptxas`). The table gives the two ratios the issue's
+targets are about: ``tf cold / tc cold`` (target ≤ 0.5) and ``tf warm / tf cold`` (≤ 0.15),
+followed by the stage breakdown of torchfuse's processes. With ``--out``, ``<tag>.json``
+(schema ``torchfuse-compile-targets/1``) and ``<tag>.md`` are rewritten after every row, so a
+run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import compile_profile as cp  # noqa: E402
+
+TC_MARK = "COMPILE_TARGETS_TC "
+COLD_TARGET = 0.5
+WARM_TARGET = 0.15
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default="", help="comma-separated workloads of workloads.py")
+    p.add_argument("--models", default="", help="comma-separated models of models.py, or 'all'")
+    p.add_argument("--model-modes", default="inference,training", help="with --models: inference, training")
+    p.add_argument("--device", default="cuda", help="cuda or cpu")
+    p.add_argument("--small", action="store_true", help="tiny shapes instead of the full ones")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per child process")
+    p.add_argument("--out", default="", help="folder for <tag>.json and <tag>.md")
+    p.add_argument("--tag", default="", help="file name stem (default: compile_targets_<device>_<time>)")
+    p.add_argument("--tc-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not args.only and not args.models:
+        p.error("name the rows: --models and/or --only")
+    return args
+
+
+def _profile_args(args: argparse.Namespace, **over: Any) -> argparse.Namespace:
+    """The arguments `compile_profile` reads, for its rows and its children."""
+    ns = cp.parse_args(["--warm", "--device", args.device, "--timeout", str(args.timeout)]
+                       + (["--small"] if args.small else []))
+    ns.only, ns.models, ns.model_modes = args.only, args.models, args.model_modes
+    for k, v in over.items():
+        setattr(ns, k, v)
+    return ns
+
+
+def tc_child(args: argparse.Namespace) -> int:
+    """One row's torch.compile first call in this fresh process, printed as one JSON line."""
+    import torch
+
+    (row,) = cp.select_rows(_profile_args(args))
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    x = torch.ones(8, device=args.device)
+    torch.compile(lambda t: t * 2 + 1)(x)  # imports and first-use costs paid
+    sync()
+    fn, step = row.build(args.device, "small" if args.small else "full")
+    step(fn)  # the model's own first-use costs (lazy imports) are not the compiler's
+    sync()
+    gc.collect()
+    t0 = time.perf_counter()
+    step(torch.compile(fn))
+    sync()
+    print(TC_MARK + json.dumps({"first_call_s": time.perf_counter() - t0}), flush=True)
+    return 0
+
+
+def run_tc(row: Any, args: argparse.Namespace) -> float | None:
+    """torch.compile's cold first call of ``row`` in a fresh process, or None (reported)."""
+    import subprocess
+
+    root = tempfile.mkdtemp(prefix="torchfuse_targets_tc_")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
+               TRITON_CACHE_DIR=os.path.join(root, "triton"))
+    env.pop("TRITON_INTERPRET", None)
+    flag = ["--models", row.name.split("/")[0], "--model-modes", row.name.split("/")[1]] \
+        if "/" in row.name else ["--only", row.name]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--tc-child", "--device", args.device, *flag]
+    cmd += ["--small"] if args.small else []
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{row.name} tc cold: timed out after {args.timeout:.0f} s", file=sys.stderr)
+        return None
+    for line in proc.stdout.splitlines():
+        if line.startswith(TC_MARK):
+            seconds = float(json.loads(line[len(TC_MARK):])["first_call_s"])
+            print(f"{row.name} tc cold: {seconds:.2f} s", file=sys.stderr, flush=True)
+            return seconds
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    print(f"{row.name} tc cold: failed: {' | '.join(tail)}", file=sys.stderr)
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def summarize(results: list[dict[str, Any]]) -> list[str]:
+    """The markdown table of the targets, one line per row, and a count of passes."""
+    lines = ["| row | tc cold s | tf cold s | tf warm s | tf cold / tc cold | tf warm / cold |",
+             "|---|---|---|---|---|---|"]
+
+    def seconds(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    def judged(v: float | None, target: float, fmt: str) -> str:
+        return "-" if v is None else f"{v:{fmt}} {'ok' if v <= target else 'MISS'}"
+
+    cold_ok = warm_ok = 0
+    for r in results:
+        cold, warm = r["tf_cold_over_tc"], r["tf_warm_over_cold"]
+        cold_ok += cold is not None and cold <= COLD_TARGET
+        warm_ok += warm is not None and warm <= WARM_TARGET
+        lines.append(f"| {r['row']} | {seconds(r['tc_cold_s'])} | {seconds(r['tf_cold_s'])} | "
+                     f"{seconds(r['tf_warm_s'])} | {judged(cold, COLD_TARGET, '.2f')} | "
+                     f"{judged(warm, WARM_TARGET, '.1%')} |")
+    lines.append("")
+    n = len(results)
+    lines.append(f"targets: cold <= {COLD_TARGET:.0%} of torch.compile's on {cold_ok} of {n} rows; "
+                 f"warm <= {WARM_TARGET:.0%} of cold on {warm_ok} of {n}")
+    return lines
+
+
+def environment(device: str) -> dict[str, Any]:
+    import platform
+
+    import torch
+    import triton
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device, "cores": os.cpu_count()}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.tc_child:
+        return tc_child(args)
+    from run import _pin_ptxas
+
+    _pin_ptxas()  # one ptxas for every child (Triton keys its cache by its version)
+    tag = args.tag or time.strftime(f"compile_targets_{args.device.split(':')[0]}_%Y%m%d_%H%M")
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"schema": "torchfuse-compile-targets/1", "tag": tag,
+                           "environment": environment(args.device), "rows": []}
+    stage_rows: list[tuple[str, dict[str, Any]]] = []
+    for row in cp.select_rows(_profile_args(args)):
+        tc = run_tc(row, args)
+        tf = dict(cp.child_rows([row], _profile_args(args)))
+        cold, warm = tf.get(f"{row.name} cold"), tf.get(f"{row.name} warm")
+        stage_rows += [(k, v) for k, v in tf.items()]
+        tf_cold = cold["first_call_s"] if cold else None
+        tf_warm = warm["first_call_s"] if warm else None
+        doc["rows"].append({"row": row.name, "tc_cold_s": tc, "tf_cold_s": tf_cold, "tf_warm_s": tf_warm,
+                            "tf_cold_over_tc": _ratio(tf_cold, tc),
+                            "tf_warm_over_cold": _ratio(tf_warm, tf_cold),
+                            "tf_stages": tf})
+        if out:  # after every row: a run cut short keeps what it measured
+            (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
+            _write_md(out / f"{tag}.md", doc, stage_rows)
+    text = _markdown(doc, stage_rows)
+    print(text)
+    return 0
+
+
+def _markdown(doc: dict[str, Any], stage_rows: list[tuple[str, dict[str, Any]]]) -> str:
+    env = doc["environment"]
+    head = [f"# Compile-time targets: {doc['tag']}", "",
+            ", ".join(f"{k} {v}" for k, v in env.items()), "",
+            "First call of each compiler in a fresh process (compile + first step); tc = torch.compile "
+            "(cold: empty caches), tf = torchfuse (cold, then warm over the caches the cold process left).",
+            ""]
+    buf = io.StringIO()
+    if stage_rows:
+        with redirect_stdout(buf):
+            cp.print_real_table(stage_rows)
+    return "\n".join(head + summarize(doc["rows"]) + ["", "torchfuse's stages:", "", buf.getvalue()])
+
+
+def _write_md(path: Path, doc: dict[str, Any], stage_rows: list[tuple[str, dict[str, Any]]]) -> None:
+    path.write_text(_markdown(doc, stage_rows) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
