@@ -53,6 +53,9 @@ from torchfuse.inductor.index import (
     size_symbol as size_symbol,
 )
 from torchfuse.inductor.index import (
+    substitute as substitute,
+)
+from torchfuse.inductor.index import (
     symbolic_upper as symbolic_upper,
 )
 from torchfuse.inductor.index import (

@@ -62,7 +62,7 @@ class KernelWriterBase:
     def index(self, e: sympy.Expr, placement, extra: dict | None = None) -> tuple[str, int]:
         """``e`` in the kernel's variables, printed, and its shape; the size symbols it reads
         become kernel arguments."""
-        e = ir.simplify_index(e.xreplace(dict(placement.varmap)), self.bounds)
+        e = ir.simplify_index(ir.substitute(e, placement.varmap), self.bounds)
         names = {XI: "xindex", RI: "rindex", **(extra or {})}
         for s in e.free_symbols:
             if s not in names and not s.name.startswith("ind"):

@@ -655,7 +655,7 @@ class _Builder:
             for ld in self._loads(m):
                 if ld.buffer in names:
                     continue
-                e = ir.simplify_index(ld.index.xreplace(dict(p.varmap)), bounds)
+                e = ir.simplify_index(ir.substitute(ld.index, p.varmap), bounds)
                 cx, cr = _steps(e)
                 if cr == 1:
                     inner += 1

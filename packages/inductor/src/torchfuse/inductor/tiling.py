@@ -161,7 +161,7 @@ def rows_transposed(group: KernelGroup, prog: ir.LoopProgram) -> bool:
         if node.name in group.stores and p.role == Role.FULL:
             indices.append(node.store_index)
         for index in indices:
-            e = ir.simplify_index(index.xreplace(dict(p.varmap)), bounds)
+            e = ir.simplify_index(ir.substitute(index, p.varmap), bounds)
             at = {XI: sympy.Integer(0), RI: sympy.Integer(0)}
             base = e.xreplace(at)
             dx = sympy.expand(e.xreplace({**at, XI: sympy.Integer(1)}) - base)
