@@ -211,21 +211,36 @@ def test_persistent_rows_read_across_take_more_rows(fn):
     assert first_config(plain) == {"XBLOCK": 8, "num_warps": 8}
 
 
-def test_a_long_persistent_kernel_holds_fewer_values_a_thread():
-    # twelve chained normalizations over rows of 768 in one kernel (a transformer backward's
-    # layer-norm recomputes): over long_kernel_lines, so 16 values a thread, 16 warps
-    def fn(x, *ys):
-        outs = []
-        for y in ys:
-            x = x + y
-            outs.append((x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-5))
-        return outs
+def _chained_norms(x, *ys):
+    """Normalizations chained along a running sum, as a transformer backward recomputes its
+    layer norms' statistics along the residual stream."""
+    outs = []
+    for y in ys:
+        x = x + y
+        outs.append((x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-5))
+    return outs
 
+
+def test_a_long_persistent_kernel_holds_fewer_values_a_thread():
+    # twelve chained normalizations over rows of 768 in one kernel: over long_kernel_lines,
+    # so 16 values a thread, 16 warps
     args = [make(64, 768) for _ in range(13)]
-    program = check(fn, *args)
+    program = compile_fn(_chained_norms, *args, options={"max_kernel_reductions": 64})
+    assert_matches(run_runtime(program, list(args)), _chained_norms(*args), **tol(torch.float32))
     longest = max(program.kernels, key=lambda k: k.source.count("\n"))
     assert longest.name.startswith("triton_per") and longest.source.count("\n") > 100
     assert first_config(SimpleNamespace(kernels=[longest])) == {"XBLOCK": 8, "num_warps": 16}
+
+
+def test_a_kernel_holds_at_most_max_kernel_reductions():
+    args = [make(64, 768) for _ in range(13)]  # 24 reductions in a chain: one kernel uncapped
+    one = compile_fn(_chained_norms, *args, options={"max_kernel_reductions": 64})
+    assert [k.source.count("tl.sum(") for k in one.kernels] == [24]
+    program = check(_chained_norms, *args)  # the default cap, 16: split (values still eager's)
+    counts = [k.source.count("tl.sum(") for k in program.kernels]
+    # no kernel over the cap; a statistic two pieces read may be computed in both
+    assert len(counts) >= 2 and max(counts) <= 16 and sum(counts) >= 24
+    assert "max_kernel_reductions=16" in program.meta["fusion.txt"]
 
 
 def test_looped_rows_read_across_take_a_square_tile_first():

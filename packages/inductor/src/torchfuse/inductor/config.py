@@ -54,6 +54,12 @@ class InductorConfig:
     """Chunk length of looped reductions (first candidate config)."""
     max_fusion_size: int = 64
     """Cap on the number of IR nodes in one kernel."""
+    max_kernel_reductions: int = 16
+    """Cap on the reductions in one kernel. Triton's compile time grows with them (each row
+    reduction across warps is a shared-memory exchange), and a kernel compiles on one core: a
+    training backward's layer-norm statistics recomputed along the residual stream fused into
+    one kernel of 28 reductions (GPT-2) or 48 (ViT-B/16 weight gradients), the longest compile
+    of its cold first call. Splitting costs one store and load of the value at the split."""
     max_loop_phases: int = 3
     """A looped reduction kernel may pass over its rows at most this many times."""
     max_recompute_ops: int = 8

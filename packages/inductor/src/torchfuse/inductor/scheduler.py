@@ -13,8 +13,9 @@ Fusion is greedy over nodes in program order. A node joins an existing kernel wh
 * every value it reads from the kernel is read at exactly the point where it is computed
   (the index expressions, rewritten in kernel coordinates, are equal), so it can be taken
   from registers -- this is checked, never assumed;
-* no cycle appears between kernels, the kernel stays under ``max_fusion_size`` nodes and a
-  looped reduction needs at most ``max_loop_phases`` passes;
+* no cycle appears between kernels, the kernel stays under ``max_fusion_size`` nodes and
+  ``max_kernel_reductions`` reductions, and a looped reduction needs at most
+  ``max_loop_phases`` passes;
 * it saves memory traffic (the cost model: bytes of reads shared with the kernel).
 
 With symbolic sizes (``s0``) every "same domain" and "same point" question above is sympy
@@ -157,6 +158,10 @@ def _eq(a: sympy.Expr, b: sympy.Expr) -> bool:
 
 def _vars(prefix: str, n: int) -> list[sympy.Symbol]:
     return [ir.loop_var(prefix, i) for i in range(n)]
+
+
+def _reductions(nodes: list[ir.Node]) -> int:
+    return sum(isinstance(n, ir.Reduction) for n in nodes)
 
 
 def _varmap(node: ir.Node, role: Role, xnumel: sympy.Expr, rnumel: sympy.Expr):
@@ -382,6 +387,8 @@ class _Builder:
             return Reject(f"it is an {g.kind.value} call")
         if len(g.nodes) >= self.config.max_fusion_size:
             return Reject(f"it has max_fusion_size={self.config.max_fusion_size} nodes")
+        if isinstance(node, ir.Reduction) and _reductions(g.nodes) >= self.config.max_kernel_reductions:
+            return Reject(f"it has max_kernel_reductions={self.config.max_kernel_reductions} reductions")
         shared = 0
         produced = {m.name for m in g.nodes}
         group_reads = {b for m in g.nodes for b in self._reads(m)}
@@ -523,6 +530,9 @@ class _Builder:
             return Reject("")
         if len(ga.nodes) + len(gb.nodes) > self.config.max_fusion_size:
             return Reject(f"together over max_fusion_size={self.config.max_fusion_size} nodes")
+        if _reductions(ga.nodes) + _reductions(gb.nodes) > self.config.max_kernel_reductions:
+            return Reject(f"together over max_kernel_reductions={self.config.max_kernel_reductions} "
+                          "reductions")
         reads_a = {x for m in ga.nodes for x in self._reads(m)} | {m.name for m in ga.nodes}
         most = self.sizes.upper(X * R)
         small = most is not None and most <= self.config.merge_small_numel
