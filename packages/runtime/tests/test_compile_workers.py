@@ -311,3 +311,22 @@ def test_a_first_calls_compiles_go_before_a_queued_background_warm_up(monkeypatc
         pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.compile(["late"])
+
+
+def test_a_warm_start_starts_no_workers(monkeypatch, tmp_path):
+    from torchfuse.runtime import kernels as K
+
+    graph, _ = trace(lambda a: torch.relu(a * 2.0 + 1.0).sum(dim=1), torch.randn(4, 8))
+    program = compile_graph(graph, options={"cache": False, "cpu_backend": "triton"})
+    (kernel,) = program.kernels
+    K.load_kernel(kernel, tmp_path)
+    assert K.any_new_source(program.kernels, tmp_path), "this process wrote its source"
+    monkeypatch.setattr(K, "_new_sources", set())  # a second process over the same cache
+    monkeypatch.setattr(K, "_shared", {})
+    monkeypatch.setattr(K, "_modules", {})
+    K.load_kernel(kernel, tmp_path)
+    assert not K.any_new_source(program.kernels, tmp_path), "its source was on disk already"
+    # and a first call whose binaries are all on disk plans nothing, so starts no pool
+    monkeypatch.setattr(cw, "plan", lambda jobs, path: [])
+    monkeypatch.setattr(cw, "get_pool", lambda n: pytest.fail("a pool was started"))
+    K._compile_in_workers([WarmupJob("k", object(), (), ())], CompileStats(), 4)

@@ -2,8 +2,10 @@
 
 Threads (`torchfuse.runtime.kernels.precompile`) overlap Triton's LLVM and ``ptxas`` work, but
 its front end (Python AST to TTIR) holds the GIL. With ``TORCHFUSE_COMPILE_WORKERS=N`` the
-runtime starts N worker processes once per process, when it loads its first GPU Program, and
-reuses them for every Program after. A first call then compiles in three steps:
+runtime starts N worker processes once per process, when it loads its first GPU Program with
+kernels new to the cache (`torchfuse.runtime.kernels.any_new_source`; a warm start starts
+none), or else at the first call that finds a compile to do, and reuses them for every Program
+after. A first call then compiles in three steps:
 
 1. **plan** (here, in this process): each warm-up runs with Triton's ``jit_cache_hook`` set
    to a recorder, which keeps the specialization Triton would compile (its own JSON, as

@@ -55,6 +55,10 @@ def kernels_dir(cache_dir: Path | None = None) -> Path:
     return (cache_dir or rconfig.config.cache_dir) / "kernels"
 
 
+_new_sources: set[str] = set()
+"""Kernel files this process wrote because none was on disk (`any_new_source`)."""
+
+
 def _write_once(path: Path, text: str) -> None:
     if path.exists() and path.read_text() == text:
         return
@@ -63,6 +67,16 @@ def _write_once(path: Path, text: str) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+    _new_sources.add(str(path))
+
+
+def any_new_source(kernels: Sequence[S.Kernel], cache_dir: Path | None = None) -> bool:
+    """Whether some of ``kernels`` had no source file in the cache until this process loaded
+    them: kernels no process has loaded before, whose binaries Triton has yet to compile. A
+    Program whose kernels were all on disk (a warm start) most likely finds every binary in
+    Triton's cache too, so loading it does not start the compile workers ahead of need."""
+    folder = kernels_dir(cache_dir)
+    return any(str(folder / f"k_{kernel_hash(k)}.py") in _new_sources for k in kernels)
 
 
 def triton_interpreting() -> bool:
@@ -454,9 +468,11 @@ def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers:
     done by the worker processes into Triton's disk cache (the warm-ups after load them)."""
     from torchfuse.runtime import compile_workers
 
-    pool = compile_workers.get_pool(workers)
     planned = compile_workers.plan(jobs, _source_path)
-    if pool is None or not planned:
+    if not planned:  # all on disk (a warm start): no pool needed, none started
+        return
+    pool = compile_workers.get_pool(workers)
+    if pool is None:
         return
     # longest first: a pool's wall time is at least its longest compile, and one started last
     # adds all of itself to the end (a 768-wide layer-norm backward took 9 s of ViT's 100)

@@ -44,6 +44,7 @@ from torchfuse.runtime.errors import (
 from torchfuse.runtime.kernels import (
     CompileStats,
     WarmupJob,
+    any_new_source,
     count_compiles,
     device_key,
     kernel_hash,
@@ -181,10 +182,11 @@ class CompiledProgram:
         self._gpu = device_type == "cuda"
         compiles = sum(max(1, len(k.configs)) for k in triton_kernels)  # kernels and candidates
         workers = rconfig.config.compile_workers
-        if self._gpu and workers > 0 and compiles >= rconfig.config.compile_workers_min:
+        if (self._gpu and workers > 0 and compiles >= rconfig.config.compile_workers_min
+                and any_new_source(triton_kernels, self.cache_dir)):
             from torchfuse.runtime.compile_workers import get_pool
 
-            get_pool(workers)  # started now, while the caller works on
+            get_pool(workers)  # started now, while the caller works on (not for a warm start)
         self._layout = launchers.triton_layout() if self._gpu and rconfig.config.direct_launch else "generic"
         self._variants: dict[tuple[Any, ...], codegen.Generated] = {}
         self._by_key: dict[tuple[int, ...], Any] = {}
