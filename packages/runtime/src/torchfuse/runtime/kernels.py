@@ -477,7 +477,11 @@ def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers:
     # longest first: a pool's wall time is at least its longest compile, and one started last
     # adds all of itself to the end (a 768-wide layer-norm backward took 9 s of ViT's 100)
     planned.sort(key=lambda pair: -compile_cost(pair[0]))
-    results = pool.compile([request for _, request in planned], priority=priority)
+    try:
+        results = pool.compile([request for _, request in planned], priority=priority)
+    except RuntimeError as e:  # the pool was closed (interpreter exit): compiled here instead
+        logger.debug("compile workers unavailable (%s); compiling in this process", e)
+        return
     stats.worker_compiles += sum(r.ok for r in results)
     for (job, _), result in zip(planned, results, strict=True):
         if not result.ok:  # compiled here instead, by the warm-up that follows
