@@ -635,7 +635,7 @@ class KernelWriter(KernelWriterBase):
             # length, so a tile of several rows takes more warps, not more values per thread:
             # at most 32, and 16 in a long kernel. Measured for sm_90 (2-core host): a fused
             # layer-norm backward over 768-wide rows, 8 rows a program, 155 lines: 4 warps
-            # 5.1 s, 8 warps 2.0 s, 16 warps 1.5 s; GPT-2's 12 chained layer-norm recomputes
+            # 5.1 s, 8 warps 2.0 s, 16 warps 1.5 s; GPT-2's chained layer-norm recomputes
             # (313 lines): 11.5, 5.2 and 3.8 s -- the longest compile of its cold first call.
             per_thread = 16 if body_lines > self.config.long_kernel_lines else 32
             first_warps = max(first_warps, min(16, first * rb // (32 * per_thread)))
