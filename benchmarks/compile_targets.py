@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                             "tf_stages": tf})
         if out:  # after every row: a run cut short keeps what it measured
             (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
-            _write_md(out / f"{tag}.md", doc, stage_rows)
+            (out / f"{tag}.md").write_text(_markdown(doc, stage_rows) + "\n")
     text = _markdown(doc, stage_rows)
     print(text)
     return 0
@@ -213,10 +213,6 @@ def _markdown(doc: dict[str, Any], stage_rows: list[tuple[str, dict[str, Any]]])
         with redirect_stdout(buf):
             cp.print_real_table(stage_rows)
     return "\n".join(head + summarize(doc["rows"]) + ["", "torchfuse's stages:", "", buf.getvalue()])
-
-
-def _write_md(path: Path, doc: dict[str, Any], stage_rows: list[tuple[str, dict[str, Any]]]) -> None:
-    path.write_text(_markdown(doc, stage_rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -333,34 +333,33 @@ def print_index(e: sympy.Expr, names: Mapping | None = None, fmt: bool = False) 
 
 @functools.lru_cache(maxsize=1 << 16)
 def _print_index(e: sympy.Expr, names_key: tuple, fmt: bool) -> str:
-    names = dict(names_key)
     e = sympy.sympify(e)
     if e.is_Integer:
         return str(int(e))
     if e.is_Symbol:
-        return names.get(e, e.name)
+        return dict(names_key).get(e, e.name)
     if isinstance(e, sympy.Add):
-        parts = [print_index(a, names, fmt) for a in sorted(e.args, key=sympy.default_sort_key)]
+        parts = [_print_index(a, names_key, fmt) for a in sorted(e.args, key=sympy.default_sort_key)]
         return "(" + " + ".join(parts) + ")"
     if isinstance(e, sympy.Mul):
-        return "(" + "*".join(print_index(a, names, fmt) for a in e.args) + ")"
+        return "(" + "*".join(_print_index(a, names_key, fmt) for a in e.args) + ")"
     if isinstance(e, FloorDiv):
-        return f"({print_index(e.args[0], names, fmt)} // {print_index(e.args[1], names, fmt)})"
+        return f"({_print_index(e.args[0], names_key, fmt)} // {_print_index(e.args[1], names_key, fmt)})"
     if isinstance(e, ModIdx):
-        return f"({print_index(e.args[0], names, fmt)} % {print_index(e.args[1], names, fmt)})"
+        return f"({_print_index(e.args[0], names_key, fmt)} % {_print_index(e.args[1], names_key, fmt)})"
     if isinstance(e, sympy.Min | sympy.Max):
         fn = (
             ("min" if isinstance(e, sympy.Min) else "max")
             if fmt
             else ("tl.minimum" if isinstance(e, sympy.Min) else "tl.maximum")
         )
-        args = [print_index(a, names, fmt) for a in e.args]
+        args = [_print_index(a, names_key, fmt) for a in e.args]
         out = args[0]
         for a in args[1:]:
             out = f"{fn}({out}, {a})"
         return out
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + "*".join([print_index(e.base, names, fmt)] * int(e.exp)) + ")"
+        return "(" + "*".join([_print_index(e.base, names_key, fmt)] * int(e.exp)) + ")"
     raise NotImplementedError(f"cannot print index expression {e}")
 
 

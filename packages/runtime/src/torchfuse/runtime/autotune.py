@@ -35,7 +35,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate, free_symbols
 from torchfuse.graph.ops import to_dtype
 from torchfuse.runtime.config import logger
-from torchfuse.runtime.kernels import CompileStats
+from torchfuse.runtime.kernels import CompileStats, values_per_thread
 
 _file_lock = threading.Lock()
 
@@ -85,11 +85,7 @@ def cheapest_to_compile(configs: Sequence[S.LaunchConfig]) -> S.LaunchConfig:
     compile time, sin/cos and other libdevice calls above all -- grows with the elements each
     thread handles. Ties keep the producer's order.
     """
-    def work(cfg: S.LaunchConfig) -> float:
-        blocks = [v for v in cfg.meta.values() if isinstance(v, int) and not isinstance(v, bool)]
-        return math.prod(blocks) / max(1, cfg.num_warps)
-
-    return min(configs, key=work)
+    return min(configs, key=lambda cfg: values_per_thread(list(cfg.meta.values()), cfg.num_warps))
 
 
 BLOCK_EXTENTS = {"XBLOCK": "xnumel", "YBLOCK": "ynumel", "RBLOCK": "rnumel"}

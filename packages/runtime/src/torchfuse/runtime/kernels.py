@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -440,9 +441,10 @@ def bind_launchers(kernels: Sequence[Any], threads: int) -> None:
                          getattr(kernel, "name", kernel), type(e).__name__, e)
 
     first: dict[Any, Any] = {}
+    rest = []
     for kernel in unique:
-        first.setdefault(_launcher_key(kernel), kernel)
-    rest = [k for k in unique if first.get(_launcher_key(k)) is not k]
+        if first.setdefault(_launcher_key(kernel), kernel) is not kernel:
+            rest.append(kernel)
     for wave in (list(first.values()), rest):
         if threads <= 1 or len(wave) <= 1:
             for kernel in wave:
@@ -489,6 +491,14 @@ def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers:
                          result.error)
 
 
+def values_per_thread(blocks: Sequence[Any], num_warps: int) -> float:
+    """The values each thread of a program holds per tile: the product of the integer block
+    sizes over the program's threads. Triton unrolls a block over the threads, so the code it
+    compiles, and its compile time, grow with it."""
+    block = math.prod(v for v in blocks if isinstance(v, int) and not isinstance(v, bool))
+    return block / (32 * max(1, num_warps))
+
+
 def compile_cost(job: WarmupJob) -> float:
     """A guess of how long Triton takes to compile ``job``, for ordering only: the source's
     length times the values each thread holds per tile. Measured for sm_90 on one fused
@@ -496,15 +506,12 @@ def compile_cost(job: WarmupJob) -> float:
     5.1 s, 4 rows 2.1 s, 2 rows 1.5 s, 1 row 0.7 s, 1 row with 8 warps 0.55 s: about
     0.4 s + 0.07 s per value a thread holds."""
     kwargs = dict(job.kwargs)
-    block = 1
     try:
         named = [*zip(param_names(job.fn), job.args), *kwargs.items()]
     except Exception:  # not one of our kernels: order by source length alone
         named = []
-    for name, value in named:
-        if name.endswith("BLOCK") and isinstance(value, int) and not isinstance(value, bool):
-            block *= value
-    per_thread = block / (32 * int(kwargs.get("num_warps", 4) or 4))
+    blocks = [value for name, value in named if name.endswith("BLOCK")]
+    per_thread = values_per_thread(blocks, int(kwargs.get("num_warps", 4) or 4))
     source = getattr(job.fn, "src", "") or ""
     return (1 + len(source) / 1000) * (1 + per_thread / 6)
 

@@ -8,6 +8,7 @@ chosen configs (see [`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); l
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -415,11 +416,8 @@ class CompiledProgram:
         return _background().submit(self._warm_in_background, {k: int(v) for k, v in env.items()}, device)
 
     def _warm_in_background(self, env: dict[str, int], device: int | None = None) -> None:
-        if device is not None:
-            with torch.cuda.device(device):
-                self._warm_in_background(env)
-            return
-        with self._lock:
+        on_device = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
+        with on_device, self._lock:
             if self._generated is not None:  # the first call came first
                 return
             start = time.perf_counter()
