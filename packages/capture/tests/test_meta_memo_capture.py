@@ -74,3 +74,39 @@ def test_the_graph_is_the_one_every_meta_kernel_makes():
 def test_the_switch():
     assert from_environment({}).meta_memo
     assert not from_environment({"TORCHFUSE_META_MEMO": "0"}).meta_memo
+
+
+def test_calls_on_parameters_are_answered(monkeypatch):
+    """A layer's parameters are real tensors: described by their metadata, the second and third
+    layers' ``native_layer_norm`` and ``addmm`` are answered without running a meta kernel."""
+    from torchfuse.graph import tracing
+
+    ran: list[str] = []
+    real_run = tracing._run_on_meta
+
+    def counting(func, args, kwargs):
+        ran.append(str(func))
+        return real_run(func, args, kwargs)
+
+    monkeypatch.setattr(tracing, "_run_on_meta", counting)
+    _, out, expected, _ = _captured(True)
+    torch.testing.assert_close(out, expected)
+    assert ran.count("aten.native_layer_norm.default") == 1
+    ran.clear()
+    _captured(False)
+    assert ran.count("aten.native_layer_norm.default") == 3
+
+
+def test_real_tensors_are_keyed_by_their_metadata():
+    from torchfuse.graph.meta_memo import MetaMemo
+
+    memo = MetaMemo()
+    op = torch.ops.aten.add.Tensor
+    a, b = torch.zeros(2, 3), torch.zeros(3, 2).t()
+    key = memo.key(op, (a, a), {}, lambda name: False, real_tensors=True)
+    assert key is not None
+    assert memo.key(op, (a, a), {}, lambda name: False) is None  # not asked to describe them
+    assert memo.key(op, (a, b), {}, lambda name: False, real_tensors=True) != key  # other strides
+    assert memo.key(op, (a, a.double()), {}, lambda name: False, real_tensors=True) != key
+    sparse = torch.zeros(2, 3).to_sparse()
+    assert memo.key(op, (sparse, sparse), {}, lambda name: False, real_tensors=True) is None

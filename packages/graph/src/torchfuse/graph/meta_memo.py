@@ -21,8 +21,14 @@ memo (``Recorder.meta_memo``: capture's recorder is, `torchfuse.capture.config`)
 Only calls whose outputs are new tensors are remembered: an op whose schema lets an output
 alias an argument (views, in-place and ``out=`` ops) must return a tensor sharing the
 argument's storage, which a fake made from metadata does not. Nor calls on symbolic sizes
-(``SymInt``s: the size environment decides relations as they are asked), on real tensors, or
-of ops the recorder treats specially (metadata queries, ``prim`` ops, ``lift_fresh``).
+(``SymInt``s: the size environment decides relations as they are asked), or of ops the
+recorder treats specially (metadata queries, ``prim`` ops, ``lift_fresh``). Real tensors
+(a module's parameters and buffers, which capture records as graph inputs) are described by
+the same metadata as a fake, under a key of their own kind, when the caller says its recorder
+treats them as inputs (``key(..., real_tensors=True)``: capture's does; the passes'
+`PassRecorder` turns a real tensor into a node of its own, so it never asks with one). Without
+them every layer norm, linear layer and autocast weight cast of a model missed: Swin-T's 29
+``native_layer_norm`` calls ran torch's Python reference kernel, about 5 ms each.
 ``TORCHFUSE_META_MEMO=0`` turns the memo off (`torchfuse.autograd.config` and
 `torchfuse.capture.config` both read it).
 """
@@ -48,7 +54,11 @@ class _Uncacheable(Exception):
     """An argument the key cannot describe exactly (a real tensor, a ``SymInt``...)."""
 
 
-def _arg_key(a: Any) -> Any:
+_REAL_TENSORS = (torch.Tensor, torch.nn.Parameter)
+"""Real tensor types described by their metadata (exact types: a subclass may dispatch on its own)."""
+
+
+def _arg_key(a: Any, real: bool = False) -> Any:
     if isinstance(a, FakeTensor):
         # not the fake's requires_grad: autograd runs above the dispatcher, meta kernels never see it
         key = (a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.fake_device)
@@ -56,8 +66,13 @@ def _arg_key(a: Any) -> Any:
             raise _Uncacheable  # a symbolic size: the size environment decides, not the memo
         return key
     kind = type(a)
+    if kind in _REAL_TENSORS:
+        # a sparse or conjugated/negated tensor is more than its sizes and strides
+        if not real or a.layout is not torch.strided or a.is_conj() or a.is_neg():
+            raise _Uncacheable
+        return ("real", a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.device)
     if kind is list or kind is tuple:
-        return (kind, *map(_arg_key, a))
+        return (kind, *(_arg_key(x, real) for x in a))
     if kind is float:
         return (float, a.hex())  # exact: 0.0 == -0.0
     if isinstance(a, _SCALARS):
@@ -106,17 +121,19 @@ class MetaMemo:
         self.misses = 0
 
     def key(self, func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any],
-            special: Callable[[str], bool]) -> Key | None:
+            special: Callable[[str], bool], *, real_tensors: bool = False) -> Key | None:
         """What ``func(*args, **kwargs)``'s output metadata depends on, or None when the call
-        is not one the memo may answer."""
+        is not one the memo may answer. ``real_tensors``: real tensors among the arguments are
+        described by their metadata (for a recorder that records them as inputs, as it
+        records fakes); otherwise such a call is not answered."""
         ok = self._cacheable.get(func)
         if ok is None:
             ok = self._cacheable[func] = _cacheable(func, special)
         if not ok:
             return None
         try:
-            return (func, tuple(map(_arg_key, args)),
-                    tuple((k, _arg_key(v)) for k, v in kwargs.items()))
+            return (func, tuple(_arg_key(a, real_tensors) for a in args),
+                    tuple((k, _arg_key(v, real_tensors)) for k, v in kwargs.items()))
         except _Uncacheable:
             return None
 

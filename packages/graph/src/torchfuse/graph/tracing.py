@@ -509,7 +509,8 @@ class Recorder(TorchDispatchMode):
         enc_args = [encode_arg(a, self.name_of) for a in args]
         enc_kwargs = {k: encode_arg(v, self.name_of) for k, v in kwargs.items()}
         memo = self.meta_memo
-        key = memo.key(func, args, kwargs, _never_special) if memo is not None else None
+        # real tensors (parameters) are graph inputs here, recorded as fakes are
+        key = memo.key(func, args, kwargs, _never_special, real_tensors=True) if memo is not None else None
         entry = memo.get(key) if key is not None else None
         if entry is not None:  # what the meta kernel answered for arguments of this metadata
             fakes = entry.fakes()
