@@ -171,3 +171,36 @@ def test_cuda_program_with_tunable_kernels_loads_without_a_gpu():
     fn = load(P.scale_program("cuda"))
     with pytest.raises(DeviceMismatchError, match="expected a tensor on cuda"):
         fn(torch.randn(10))
+
+
+def _static_add(sizes, strides):
+    """out = x + x for an input of static ``sizes`` and ``strides`` (dense output)."""
+    t = S.TensorRef
+    n = 1
+    for s in sizes:
+        n *= s
+    dense = tuple(int(torch.empty(sizes).stride()[d]) for d in range(len(sizes)))
+    return S.Program(
+        name="static_add", inputs=("x",), outputs=(t(name="out"),),
+        buffers=(P._buf("x", sizes, strides, "cpu"), P._buf("out", sizes, dense, "cpu")),
+        kernels=(P.add_kernel(),),
+        steps=(S.AllocStep(buffer="out"),
+               S.LaunchStep(kernel="add_kernel", args=(t(name="x"), t(name="x"), t(name="out"), S.Int(value=n)),
+                             grid=(f"({n} + BLOCK - 1) // BLOCK", 1, 1))),
+        device="cpu", opsets={"aten": 1})
+
+
+def test_static_shapes_and_strides_are_checked_whole():
+    """An input of static sizes is checked by whole tuples: any other size or stride fails,
+    but the stride of a size-1 dimension is free (as eager's layouts make it vary)."""
+    fn = load(_static_add((4, 1, 6), (6, 6, 1)))
+    x = torch.randn(4, 6).unsqueeze(1)  # strides (6, 1, 1): the size-1 dimension's differs
+    torch.testing.assert_close(fn(x)[0], x + x)
+    with pytest.raises(InputError, match=r"expected shape \(4, 1, 6\) = \(4, 1, 6\), got \(4, 1, 5\)"):
+        fn(torch.randn(4, 1, 5))
+    with pytest.raises(InputError, match=r"expected strides"):
+        fn(torch.randn(6, 1, 4).permute(2, 1, 0))
+    fn = load(_static_add((3, 5), (5, 1)))
+    torch.testing.assert_close(fn(torch.ones(3, 5))[0], torch.full((3, 5), 2.0))
+    with pytest.raises(InputError, match=r"expected strides \(5, 1\), got \(1, 3\)"):
+        fn(torch.ones(5, 3).t())
