@@ -59,7 +59,7 @@ kernels, through `mark_trusted`) are not checked: they are the user's code.
 from __future__ import annotations
 
 import ast
-import collections
+import enum
 import functools
 import importlib
 import threading
@@ -350,6 +350,34 @@ class _Module:
         _resolve(node, self.modules[chain[0]], chain[1])
 
 
+class _Kind(enum.Enum):
+    """What `_Body.node` does with a node of a type (decided once per type, `_kind`)."""
+
+    OK = 0
+    NAME = 1
+    ATTRIBUTE = 2
+    KEYWORD = 3
+    BAD_STATEMENT = 4
+    BAD_EXPRESSION = 5
+
+
+def _kind(t: type) -> _Kind:
+    if issubclass(t, ast.stmt):
+        return _Kind.OK if issubclass(t, _STMTS) else _Kind.BAD_STATEMENT
+    if issubclass(t, ast.keyword):
+        return _Kind.KEYWORD
+    if issubclass(t, _GLUE) or issubclass(t, ast.arguments | ast.arg):
+        return _Kind.OK
+    if not issubclass(t, _EXPRS):
+        return _Kind.BAD_EXPRESSION
+    if issubclass(t, ast.Name):
+        return _Kind.NAME
+    return _Kind.ATTRIBUTE if issubclass(t, ast.Attribute) else _Kind.OK
+
+
+_KINDS: dict[type, _Kind] = {}
+
+
 class _Body:
     """The checks of one ``@triton.jit`` function's body."""
 
@@ -376,30 +404,40 @@ class _Body:
         roots = list(self.fn.body)
         roots += [p.annotation for p in [*self.fn.args.posonlyargs, *self.fn.args.args,
                                          *self.fn.args.kwonlyargs] if p.annotation is not None]
+        AST = ast.AST
         for root in roots:
-            todo: collections.deque[tuple[ast.AST, ast.AST | None]] = collections.deque([(root, None)])
-            while todo:
-                node, parent = todo.popleft()
-                yield node, parent
-                todo.extend((child, node) for child in ast.iter_child_nodes(node))
+            # a list read while it grows is the queue (what ``ast.iter_child_nodes`` yields,
+            # without a generator per node: a warm start checks every kernel of a model)
+            level: list[tuple[ast.AST, ast.AST | None]] = [(root, None)]
+            i = 0
+            while i < len(level):
+                node = level[i][0]
+                i += 1
+                for field in node._fields:
+                    child = getattr(node, field, None)
+                    if isinstance(child, AST):
+                        level.append((child, node))
+                    elif isinstance(child, list):
+                        level.extend((c, node) for c in child if isinstance(c, AST))
+            yield from level
 
     def node(self, node: ast.AST, parent: ast.AST | None) -> None:
-        if isinstance(node, ast.stmt):
-            if not isinstance(node, _STMTS):
-                raise _fail(node, f"{type(node).__name__} statement in kernel {self.fn.name!r}")
+        kind = _KINDS.get(type(node))
+        if kind is None:
+            kind = _KINDS[type(node)] = _kind(type(node))
+        if kind is _Kind.OK:
             return
-        if isinstance(node, ast.keyword):
-            if node.arg is None:
+        if kind is _Kind.NAME:
+            self.name(node, parent)  # type: ignore[arg-type]
+        elif kind is _Kind.ATTRIBUTE:
+            self.attribute(node, parent)  # type: ignore[arg-type]
+        elif kind is _Kind.KEYWORD:
+            if node.arg is None:  # type: ignore[attr-defined]
                 raise _fail(node, f"'**' unpacking in kernel {self.fn.name!r}")
-            return
-        if isinstance(node, _GLUE) or isinstance(node, ast.arguments | ast.arg):
-            return
-        if not isinstance(node, _EXPRS):
+        elif kind is _Kind.BAD_STATEMENT:
+            raise _fail(node, f"{type(node).__name__} statement in kernel {self.fn.name!r}")
+        else:
             raise _fail(node, f"{type(node).__name__} expression in kernel {self.fn.name!r}")
-        if isinstance(node, ast.Name):
-            self.name(node, parent)
-        elif isinstance(node, ast.Attribute):
-            self.attribute(node, parent)
 
     def name(self, node: ast.Name, parent: ast.AST | None) -> None:
         n = node.id
