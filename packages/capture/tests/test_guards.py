@@ -290,6 +290,25 @@ def test_version_counter_skips_module_checks(monkeypatch):
     assert calls == [1]
 
 
+def test_module_checks_compile_when_first_needed():
+    """The module guards (one per parameter and attribute) are compiled only when a module
+    write asks for them, and then hold as before: a changed shape recompiles."""
+    lin = nn.Linear(3, 2)
+    cm = compile(lin, backend="eager")
+    x = torch.randn(4, 3)
+    cm(x)
+    cm(x)
+    check = cm._compiled.entries[0].module_check
+    assert check.fn is None  # nothing changed: never compiled
+    lin.weight = nn.Parameter(torch.zeros(2, 3))  # same metadata: the entry still holds
+    assert_same(cm(x), lin(x))
+    assert check.fn is not None and len(cm._compiled.entries) == 1
+    lin.weight = nn.Parameter(torch.zeros(2, 3, dtype=torch.float64))
+    lin.bias = nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    assert_same(cm(x.double()), lin(x.double()))
+    assert len(cm._compiled.entries) == 2
+
+
 def test_break_entry_and_its_resume_function_are_cached():
     def f(x):
         print("side")
