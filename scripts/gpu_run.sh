@@ -325,9 +325,12 @@ phase_targets() {
         t=$(phase_timeout "${TARGETS_TIMEOUT_S:-560}")
         ((t < 30)) && return 124
         log "compile_targets.py $run (timeout ${t}s)"
+        # counted here, not in the pipeline below: each part of a pipeline runs in a subshell,
+        # where ++n was lost and every run wrote (over) the files of run 1
+        n=$((n + 1))
         # shellcheck disable=SC2086  # run is a list of words on purpose
         timeout "$t" "$PY" benchmarks/compile_targets.py --device "$dev" "${extra[@]}" --out "$DEST" \
-            --tag "compile_targets_${TAG}_$((++n))" --timeout $((t / 3)) $run 2>&1 | tee -a "$BENCH_LOG"
+            --tag "compile_targets_${TAG}_$n" --timeout $((t / 3)) $run 2>&1 | tee -a "$BENCH_LOG"
         r=${PIPESTATUS[0]}
         ((r != 0)) && rc=$r
     done
