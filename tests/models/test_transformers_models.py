@@ -5,11 +5,10 @@ as a user would compile it, ``compile(model)``, and called with an attention mas
 through the ``aot_eager`` backend and the default ``inductor`` backend (Triton kernels run in
 the interpreter on the CPU):
 
-- **captured whole**: one graph and no break. The one break allowed is a data-dependent
-  branch the library itself takes on a random number (``transformers`` 5.17's
-  ``if torch.rand([]) < self.layerdrop`` in training); it resumes, and the graphs around it
-  still run the whole model. An eager fallback fails the test, and so does the warning that
-  announces one;
+- **captured whole**: one graph and no break, with every ``transformers`` from the GPU
+  machine's 5.17 to the latest (5.17's ``if torch.rand([]) < self.layerdrop`` in training is
+  decided by the draw's range, its ``maybe_autocast`` nullcontext is interpreted). An eager
+  fallback fails the test, and so does the warning that announces one;
 - **inference**: the logits equal eager's, and the output is the same class with the same keys;
 - **training**: the loss, and the gradient of every parameter, equal eager's.
 """
@@ -41,12 +40,7 @@ def _logits(out):
 def _whole(model: torch.nn.Module, kwargs: dict) -> None:
     e = explain(copy.deepcopy(model))(**kwargs)
     why = "\n".join(map(str, e.break_reasons))
-    assert e.graph_count >= 1, why
-    assert all(r.fallback is None for r in e.break_reasons), why  # every break resumed
-    if e.graph_break_count:
-        assert all(r.reason.startswith("data-dependent branch") for r in e.break_reasons), why
-    else:
-        assert e.graph_count == 1, why
+    assert e.graph_count == 1 and e.graph_break_count == 0, why
 
 
 def _compiled_call(model: torch.nn.Module, backend: str, kwargs: dict):

@@ -54,7 +54,7 @@ def test_input_dependent_values_still_break():
 
 def test_random_and_uninitialized_values_are_not_known():
     def f(x):
-        if (torch.rand(3) < 2.0).all():  # true every time, but a random draw is not a constant
+        if (torch.rand(3) < 0.5).all():  # a random draw is not a constant (< 2.0 would be: see below)
             x = x + 1
         if torch.empty(2).numel() == 2:  # sizes are known; the contents of empty are not asked
             x = x * 2
@@ -131,3 +131,57 @@ def test_symbolic_sizes_are_not_known():
     for n in (3, 5, 7):
         x = torch.randn(n)
         torch.testing.assert_close(c(x), f(x))
+
+
+def _layerdrop(x, p):
+    """LayerDrop as transformers wrote it before 5.2x: a draw per layer, compared in Python."""
+    for _ in range(3):
+        r = torch.rand([])
+        if r < p:
+            continue
+        x = x * 2
+    return x
+
+
+def test_a_draw_compared_where_its_range_decides_does_not_break():
+    for p, expected in ((0.0, 8.0), (-1.0, 8.0), (2.0, 1.0)):
+        torch.manual_seed(0)
+        c = check(_layerdrop, torch.ones(3), p, breaks=0)
+        assert _ops(c).count("aten.rand.default") == 3  # the draws stay: the RNG advances as in eager
+        assert c(torch.ones(3), p).tolist() == [expected] * 3
+
+
+def test_a_draw_its_range_does_not_decide_still_breaks():
+    for p in (0.5, 1.0):  # 1.0: a low-precision draw can round up to 1.0
+        torch.manual_seed(0)
+        c = compile(_layerdrop, backend="eager")
+        out = c(torch.ones(3), p)
+        torch.manual_seed(0)
+        torch.testing.assert_close(out, _layerdrop(torch.ones(3), p))
+        assert explain(_layerdrop)(torch.ones(3), p).graph_break_count >= 1
+
+
+def test_ranges_follow_views_and_casts_and_are_forgotten_on_writes():
+    def decided(x):
+        r = torch.rand(2, 3).t().to(torch.bfloat16).reshape(-1)
+        if (r >= 0.0).all() and not (r > 1.0).any():
+            return x + 1
+        return x
+
+    check(decided, torch.ones(3), breaks=0)
+
+    def written(x):
+        r = torch.rand([])
+        r.add_(-5.0)  # outside [0, 1] now
+        if r < 0.0:
+            return x + 1
+        return x
+
+    check(written, torch.ones(3), breaks=1)
+
+    def not_a_draw(x):
+        if x.sum() < 0.0:  # an input's values have no known range
+            return x + 1
+        return x
+
+    check(not_a_draw, torch.ones(3), breaks=1)

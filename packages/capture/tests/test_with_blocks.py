@@ -188,3 +188,40 @@ def test_object_with_slots_made_in_the_frame_survives_a_break():
 
     x = torch.randn(3)
     torch.testing.assert_close(compile(f, backend="eager")(x), f(x))
+
+
+def test_contextlib_classes_are_interpreted_not_broken_on():
+    """``nullcontext`` and ``suppress`` are plain classes of contextlib (transformers 5.17's
+    ``maybe_autocast`` returns a nullcontext outside autocast): one graph, eager's values."""
+
+    def f(x):
+        with contextlib.nullcontext(x) as y:
+            z = y * 2
+        with contextlib.suppress(KeyError):  # nothing raised in it (an exception is not captured)
+            z = z + 1
+        return z.sin()
+
+    x = torch.randn(4)
+    report = explain(f)(x)
+    assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
+    torch.testing.assert_close(compile(f, backend="eager")(x), f(x))
+
+
+def test_a_contextmanager_generator_still_runs_in_python():
+    log = []
+
+    @contextlib.contextmanager
+    def scope():
+        log.append("enter")
+        yield
+        log.append("exit")
+
+    def f(x):
+        with scope():
+            x = x + 1
+        return x * 2
+
+    x = torch.randn(3)
+    torch.testing.assert_close(compile(f, backend="eager")(x), f(x))
+    assert log == ["enter", "exit"] * 2
+    assert explain(f)(x).graph_break_count >= 1

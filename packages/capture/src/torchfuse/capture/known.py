@@ -26,6 +26,16 @@ that compares a computed float at the edge.
 
 Tensors that come from outside the function (inputs, parameters, buffers, globals) are never
 known: their contents can change between calls without a guard noticing.
+
+A random draw is never known, but its *range* is: ``torch.rand`` and ``rand_like`` give values
+in [0, 1) (taken as [0, 1]: a draw rounded to a low-precision dtype can reach 1.0). A
+comparison of such a draw with a number that the range decides (``torch.rand([]) < 0.0`` is
+false whatever was drawn, ``<= 1.0`` true) is then known: a tensor of that answer. This is
+LayerDrop as ``transformers`` wrote it before 5.2x (OPT, BART, Whisper and their kin, in
+training): ``if torch.rand([]) < self.layerdrop: continue`` with ``layerdrop == 0.0`` broke
+the graph at every layer. The draw itself stays in the graph; a range is forgotten when its
+tensor's memory is written to, and a draw the range does not decide (``layerdrop = 0.1``)
+still breaks the graph, as it must.
 """
 
 from __future__ import annotations
@@ -50,6 +60,27 @@ SCALAR_QUERIES = frozenset({"aten._local_scalar_dense.default", "aten.item.defau
                             "aten.is_nonzero.default", "aten.equal.default",
                             "aten.allclose.default"})
 """Ops that read data into a Python value: answered from known values."""
+
+
+_UNIT_DRAWS = frozenset({"aten.rand.default", "aten.rand_like.default", "aten.rand.generator"})
+"""Random draws with values in [0, 1] (see the module doc)."""
+
+_SAME_VALUES = frozenset({
+    "aten.detach.default", "aten.alias.default", "aten.clone.default", "aten.lift_fresh.default",
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.expand.default",
+    "aten.squeeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.unsqueeze.default",
+    "aten.t.default", "aten.transpose.int", "aten.permute.default", "aten._to_copy.default",
+    "aten.contiguous.default"})
+"""Ops whose (floating-point) result holds values of their first argument: a range carries over."""
+
+_DECIDED: dict[str, Any] = {
+    # comparison -> (lo, hi, c) -> its answer for every value in [lo, hi], or None
+    "lt": lambda lo, hi, c: True if hi < c else False if lo >= c else None,
+    "le": lambda lo, hi, c: True if hi <= c else False if lo > c else None,
+    "gt": lambda lo, hi, c: True if lo > c else False if hi <= c else None,
+    "ge": lambda lo, hi, c: True if lo >= c else False if hi < c else None,
+}
+"""``x op c`` decided by the range of ``x`` alone."""
 
 
 def _deterministic(name: str) -> bool:
@@ -77,6 +108,8 @@ class KnownValues:
 
     def __init__(self) -> None:
         self._values: dict[int, tuple[FakeTensor, torch.Tensor]] = {}
+        self._ranges: dict[int, tuple[FakeTensor, float, float]] = {}
+        """Fakes of random draws -> the (lo, hi) their values lie in (see the module doc)."""
 
     def get(self, t: Any) -> torch.Tensor | None:
         """The real value of fake ``t``, when it is known."""
@@ -116,8 +149,11 @@ class KnownValues:
         """Called with each recorded op and its fake result: compute the real result when
         every input is known."""
         written = _written(func, args, kwargs)
-        real = self._real_args(args, kwargs) if _deterministic(op_name(func)) else None
+        name = op_name(func)
+        real = self._real_args(args, kwargs) if _deterministic(name) else None
         fakes = [o for o in (out if isinstance(out, tuple | list) else [out]) if isinstance(o, torch.Tensor)]
+        if real is None and self._by_range(name, args, out):
+            return
         if real is None or any(is_symbolic(o) for o in fakes):
             self._forget(written)
             return
@@ -137,13 +173,42 @@ class KnownValues:
             self._values[id(fake)] = (fake, value)
 
 
+    def _by_range(self, name: str, args: Any, out: Any) -> bool:
+        """A draw of `_UNIT_DRAWS` gets its range; a comparison of a ranged draw with a number
+        that the range decides gets a known value. True when ``out`` was handled here."""
+        if not isinstance(out, FakeTensor) or is_symbolic(out):
+            return False
+        if name in _UNIT_DRAWS and out.dtype.is_floating_point:
+            self._ranges[id(out)] = (out, 0.0, 1.0)
+            return True
+        if name in _SAME_VALUES and args and out.dtype.is_floating_point:
+            source = self._ranges.get(id(args[0])) if isinstance(args[0], FakeTensor) else None
+            if source is not None and source[0] is args[0]:
+                self._ranges[id(out)] = (out, source[1], source[2])
+                return True
+            return False
+        op, _, overload = name.removeprefix("aten.").partition(".")
+        if op not in _DECIDED or overload != "Scalar" or len(args) != 2:
+            return False
+        x, c = args
+        entry = self._ranges.get(id(x)) if isinstance(x, FakeTensor) else None
+        if entry is None or entry[0] is not x or type(c) not in (int, float) or c != c:
+            return False
+        answer = _DECIDED[op](entry[1], entry[2], c)
+        if answer is None or out.numel() * out.element_size() > MAX_BYTES:
+            return False
+        self._values[id(out)] = (out, torch.full(tuple(out.shape), answer, dtype=out.dtype))
+        return True
+
     def _forget(self, written: list[Any]) -> None:
         """Written with data we do not know: every known tensor sharing memory with a
-        written one is forgotten (views share their base's storage)."""
-        if not written or not self._values:
+        written one is forgotten (views share their base's storage), and so is the range of
+        every draw sharing memory with one."""
+        if not written or not (self._values or self._ranges):
             return
         keys = {_storage_key(t) for t in written}
         self._values = {k: v for k, v in self._values.items() if _storage_key(v[0]) not in keys}
+        self._ranges = {k: v for k, v in self._ranges.items() if _storage_key(v[0]) not in keys}
 
 
 class KnownRecorder(Recorder):

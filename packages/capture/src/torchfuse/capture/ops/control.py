@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 from torchfuse.capture import operators as O
 from torchfuse.capture import variables as V
@@ -121,9 +122,12 @@ def before_with(frame, inst) -> None:
         frame.push(V.ConstVar(None))
         return
     if isinstance(mgr, V.UserObjVar) and isinstance(mgr.value, contextlib.AbstractContextManager) \
-            and type(mgr.value).__module__ == "contextlib":
+            and type(mgr.value).__module__ == "contextlib" and inspect.isgenerator(getattr(mgr.value, "gen", None)):
         # a @contextmanager generator: interpreting it would run the code after its yield
-        # at __enter__; both halves run in Python instead, the block resumes between them
+        # at __enter__; both halves run in Python instead, the block resumes between them.
+        # contextlib's plain classes (nullcontext, suppress, ...) are interpreted as any
+        # other object: transformers 5.17's maybe_autocast returns a nullcontext outside
+        # autocast, and broke Llama's rotary embedding out of the graph
         raise Unsupported(f"`with` on {type(mgr.value).__qualname__} (a @contextmanager "
                           f"generator; its __enter__ and __exit__ run in Python)")
     if isinstance(mgr, V.UserObjVar):
