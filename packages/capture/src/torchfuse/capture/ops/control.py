@@ -122,7 +122,8 @@ def before_with(frame, inst) -> None:
         frame.push(V.ConstVar(None))
         return
     if isinstance(mgr, V.UserObjVar) and isinstance(mgr.value, contextlib.AbstractContextManager) \
-            and type(mgr.value).__module__ == "contextlib" and inspect.isgenerator(getattr(mgr.value, "gen", None)):
+            and type(mgr.value).__module__ == "contextlib" \
+            and inspect.isgenerator(getattr(mgr.value, "gen", None)):
         # a @contextmanager generator: interpreting it would run the code after its yield
         # at __enter__; both halves run in Python instead, the block resumes between them.
         # contextlib's plain classes (nullcontext, suppress, ...) are interpreted as any
