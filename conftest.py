@@ -34,6 +34,9 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # before torchfuse.inductor.config reads the environment (at its import)
 os.environ.setdefault("TORCHFUSE_CPU_BACKEND", "cpp")
+# the suite's captures must not depend on what an earlier run left in the user's cache, nor
+# write there at exit; the store's own tests turn it on with a directory of their own
+os.environ.setdefault("TORCHFUSE_META_MEMO_DISK", "0")
 
 
 def _use_cpu_backend(monkeypatch, name: str) -> None:

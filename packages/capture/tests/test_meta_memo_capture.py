@@ -110,3 +110,37 @@ def test_real_tensors_are_keyed_by_their_metadata():
     assert memo.key(op, (a, a.double()), {}, lambda name: False, real_tensors=True) != key
     sparse = torch.zeros(2, 3).to_sparse()
     assert memo.key(op, (sparse, sparse), {}, lambda name: False, real_tensors=True) is None
+
+
+def test_the_default_dtype_is_part_of_the_key():
+    """``torch.ones(n)`` answers with the default dtype: a memo filled under float32 must not
+    answer a capture under float64 (its graph recorded float32 buffers)."""
+
+    def f(x):
+        return x + torch.ones(x.shape[0])
+
+    def recorded_dtypes(x):
+        graphs = []
+
+        def keep(graph, example_inputs):
+            graphs.append(graph)
+            return tf.backends.eager(graph, example_inputs)
+
+        tf.reset()
+        out = tf.compile(f, backend=keep)(x)
+        (graph,) = graphs
+        return out, [graph.values[o].dtype for n in graph.nodes for o in n.outputs]
+
+    MEMO.clear()
+    _, dtypes32 = recorded_dtypes(torch.randn(3))
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        x = torch.randn(3, dtype=torch.float32)
+        out, dtypes64 = recorded_dtypes(x)
+        expected = f(x)
+    finally:
+        torch.set_default_dtype(previous)
+    assert set(dtypes32) == {"float32"}
+    assert set(dtypes64) == {"float64"} and out.dtype == expected.dtype == torch.float64
+    torch.testing.assert_close(out, expected)

@@ -66,7 +66,8 @@ class PassRecorder(Recorder):
     def __init__(self, builder: GraphBuilder | None = None) -> None:
         super().__init__(builder)
         # sizes that are SymInts are decided by the size env as they are asked: never memoized
-        self.memo = MEMO if config.meta_memo and self.builder.size_env is None else None
+        self.memo = (MEMO.use_disk(config.meta_memo_disk)
+                     if config.meta_memo and self.builder.size_env is None else None)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -8,13 +8,17 @@ backward graphs are logged on the ``torchfuse.autograd`` logger at INFO level. A
 ``TORCHFUSE_DEBUG`` (``1``, ``true``, ``yes``) turns on the graph verifier after every pass.
 
 ``TORCHFUSE_META_MEMO=0`` makes every pass run every meta kernel again (see
-`torchfuse.graph.meta_memo`).
+`torchfuse.graph.meta_memo`). ``TORCHFUSE_META_MEMO_DISK=0`` keeps that memo in memory: by
+default its answers for ATen ops are kept in ``<cache dir>/meta_memo/`` (one file per torch
+version, `torchfuse.graph.meta_memo_store`), so a new process runs no meta kernel an earlier
+one ran.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -30,21 +34,30 @@ class Config:
     meta_memo: bool = True
     """Answer a pass's meta-kernel calls from `torchfuse.graph.meta_memo` when the same op
     met arguments of the same metadata before (``TORCHFUSE_META_MEMO=0``: off)."""
+    meta_memo_disk: bool = True
+    """Keep that memo in the cache directory across processes
+    (``TORCHFUSE_META_MEMO_DISK=0``: in memory only)."""
 
 
-def _parse_logs(text: str, debug: bool, memo: bool = True) -> Config:
+def _parse_logs(text: str, debug: bool, memo: bool = True, disk: bool = True) -> Config:
     names = {n.strip() for n in text.split(",") if n.strip()}
     if "+aot" in names:
-        return Config(log_aot=True, log_level=logging.DEBUG, verify_passes=debug, meta_memo=memo)
-    return Config(log_aot="aot" in names or "all" in names, verify_passes=debug, meta_memo=memo)
+        return Config(log_aot=True, log_level=logging.DEBUG, verify_passes=debug, meta_memo=memo,
+                      meta_memo_disk=disk)
+    return Config(log_aot="aot" in names or "all" in names, verify_passes=debug, meta_memo=memo,
+                  meta_memo_disk=disk)
+
+
+def _on(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
 def from_environment(environ: dict[str, str] | None = None) -> Config:
     """The config described by ``environ`` (defaults to ``os.environ``)."""
     env = os.environ if environ is None else environ
     debug = env.get("TORCHFUSE_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
-    memo = env.get("TORCHFUSE_META_MEMO", "1").strip().lower() not in {"0", "false", "no", "off"}
-    return _parse_logs(env.get("TORCHFUSE_LOGS", ""), debug, memo)
+    return _parse_logs(env.get("TORCHFUSE_LOGS", ""), debug, _on(env, "TORCHFUSE_META_MEMO"),
+                       _on(env, "TORCHFUSE_META_MEMO_DISK"))
 
 
 config: Config = from_environment()

@@ -17,6 +17,11 @@ variable                           meaning
                                    (default: answered from `torchfuse.graph.meta_memo` when
                                    an earlier op had arguments of the same metadata; the
                                    switch autograd's passes read too)
+``TORCHFUSE_META_MEMO_DISK``       ``0``: the memo stays in memory (default: its answers for
+                                   ATen ops are kept in ``<cache dir>/meta_memo/``, one file
+                                   per torch version, so a new process's capture and passes
+                                   run no meta kernel an earlier one ran; the cache dir is
+                                   ``TORCHFUSE_CACHE_DIR``, see `torchfuse.runtime.config`)
 ``TORCHFUSE_LOGS``                 the shared logging switch (parsed by
                                    `torchfuse.graph.observe`); this package writes the
                                    channels ``graph``, ``guards``, ``recompiles``, ``breaks``
@@ -71,6 +76,9 @@ class CaptureConfig:
     """Answer an op whose outputs are new tensors from `torchfuse.graph.meta_memo` when an
     earlier op met arguments of the same metadata (a model's repeated layers), instead of
     running its meta kernel again (``TORCHFUSE_META_MEMO=0``: off)."""
+    meta_memo_disk: bool = True
+    """Keep that memo in the cache directory across processes
+    (`torchfuse.graph.meta_memo_store`; ``TORCHFUSE_META_MEMO_DISK=0``: in memory only)."""
     rank_check_timeout: float = 120.0
     """Seconds a rank waits for the others to capture the same graph before it reports them
     (the ranks compare before the backend compiles: the wait covers capture, not compile)."""
@@ -97,6 +105,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> CaptureConfig:
         ddp_split=_flag(env, "TORCHFUSE_DDP_SPLIT", True),
         rank_check=_rank_check(env.get("TORCHFUSE_RANK_CHECK", "")),
         meta_memo=_flag(env, "TORCHFUSE_META_MEMO", True),
+        meta_memo_disk=_flag(env, "TORCHFUSE_META_MEMO_DISK", True),
     )
 
 

@@ -82,7 +82,8 @@ class Capture:
         """The size symbols of this graph; guards and specialization errors name ``self.loc``."""
         self.rec.builder.size_env = self.size_env
         # a model's layers repeat their ops: each meta kernel runs once per argument metadata
-        self.rec.meta_memo = MEMO if C.config.meta_memo else None
+        # (and, kept on disk, once per cache directory and torch version)
+        self.rec.meta_memo = MEMO.use_disk(C.config.meta_memo_disk) if C.config.meta_memo else None
         self.dynamic = dynamic or DynamicPolicy()
         self.symbol_reads: dict[str, str] = {}
         """Symbol name -> the Python expression reading it on a call (``L[0].size(1)``)."""
