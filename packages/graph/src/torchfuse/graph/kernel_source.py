@@ -52,8 +52,10 @@ Triton value (a dtype, an enum member), never a container. So ``tl.core.builtins
 ``triton.runtime.build`` are refused. Without triton installed, chains are checked for
 spelling only (nothing can run a Triton kernel then anyway).
 
-Sources this process produced itself (capture's rebuilding of the user's own ``@triton.jit``
-kernels, through `mark_trusted`) are not checked: they are the user's code.
+Sources this process produced itself, or read back from the user's own compile cache, are not
+checked: they are the user's code (through `mark_trusted`: capture's rebuilding of the user's
+own ``@triton.jit`` kernels, and every Triton kernel of a Program the inductor's
+``compile_graph`` compiled or found in its cache; see the trust model in the format docs).
 """
 
 from __future__ import annotations
