@@ -225,3 +225,22 @@ def test_a_contextmanager_generator_still_runs_in_python():
     torch.testing.assert_close(compile(f, backend="eager")(x), f(x))
     assert log == ["enter", "exit"] * 2
     assert explain(f)(x).graph_break_count >= 1
+
+
+def test_contextlib_classes_that_touch_process_state_still_run_in_python(tmp_path):
+    import os
+
+    seen = []
+
+    def f(x):
+        with contextlib.chdir(tmp_path):
+            seen.append(os.getcwd())
+            x = x + 1
+        return x * 2
+
+    before = os.getcwd()
+    x = torch.randn(3)
+    torch.testing.assert_close(compile(f, backend="eager")(x), f(x))
+    assert os.getcwd() == before and seen == [str(tmp_path)] * 2
+    reasons = [r.reason for r in explain(f)(x).break_reasons]
+    assert any("chdir (contextlib" in r for r in reasons), reasons

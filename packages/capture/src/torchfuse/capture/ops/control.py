@@ -112,6 +112,12 @@ def end_send(frame, inst) -> None:
     frame.push(value)
 
 
+_PURE_CONTEXTS = (contextlib.nullcontext, contextlib.suppress)
+"""contextlib's classes whose ``__enter__``/``__exit__`` only return and compare: interpreted.
+(``transformers`` 5.17's ``maybe_autocast`` returns a ``nullcontext`` outside autocast, which
+broke Llama's rotary embedding out of the graph when every contextlib object ran in Python.)"""
+
+
 def before_with(frame, inst) -> None:
     mgr = frame.pop()
     if isinstance(mgr, V.ObjVar):
@@ -122,15 +128,15 @@ def before_with(frame, inst) -> None:
         frame.push(V.ConstVar(None))
         return
     if isinstance(mgr, V.UserObjVar) and isinstance(mgr.value, contextlib.AbstractContextManager) \
-            and type(mgr.value).__module__ == "contextlib" \
-            and inspect.isgenerator(getattr(mgr.value, "gen", None)):
+            and type(mgr.value).__module__ == "contextlib" and type(mgr.value) not in _PURE_CONTEXTS:
         # a @contextmanager generator: interpreting it would run the code after its yield
         # at __enter__; both halves run in Python instead, the block resumes between them.
-        # contextlib's plain classes (nullcontext, suppress, ...) are interpreted as any
-        # other object: transformers 5.17's maybe_autocast returns a nullcontext outside
-        # autocast, and broke Llama's rotary embedding out of the graph
-        raise Unsupported(f"`with` on {type(mgr.value).__qualname__} (a @contextmanager "
-                          f"generator; its __enter__ and __exit__ run in Python)")
+        # So do contextlib's classes that touch process state (redirect_stdout, chdir,
+        # ExitStack's callbacks); its pure ones are interpreted as any other object
+        what = "a @contextmanager generator" if inspect.isgenerator(getattr(mgr.value, "gen", None)) \
+            else "contextlib"
+        raise Unsupported(f"`with` on {type(mgr.value).__qualname__} ({what}; its __enter__ and "
+                          f"__exit__ run in Python)")
     if isinstance(mgr, V.UserObjVar):
         from torchfuse.capture.attrs import getattr_var
         from torchfuse.capture.calls import call
