@@ -341,11 +341,15 @@ def _check_source(name: str, conditions: list[str]) -> str:
             f"        return False\n")
 
 
-def _compile_check(name: str, conditions: list[str], namespace: dict[str, Any]) -> tuple[str, Any]:
-    src = _check_source(name, conditions)
+def _exec_check(name: str, src: str, namespace: dict[str, Any]) -> Any:
     ns = dict(namespace)
     exec(compile(src, f"<torchfuse guards {name}>", "exec"), ns)
-    return src, ns[name]
+    return ns[name]
+
+
+def _compile_check(name: str, conditions: list[str], namespace: dict[str, Any]) -> tuple[str, Any]:
+    src = _check_source(name, conditions)
+    return src, _exec_check(name, src, namespace)
 
 
 class _CompiledOnFirstCall:
@@ -360,9 +364,7 @@ class _CompiledOnFirstCall:
 
     def __call__(self, L: Any, G: Any, C: Any) -> bool:
         if self.fn is None:
-            ns = self.namespace
-            exec(compile(self.src, f"<torchfuse guards {self.name}>", "exec"), ns)
-            self.fn = ns[self.name]
+            self.fn = _exec_check(self.name, self.src, self.namespace)
         return self.fn(L, G, C)
 
 

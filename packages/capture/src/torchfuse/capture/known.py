@@ -172,10 +172,11 @@ class KnownValues:
                 continue
             self._values[id(fake)] = (fake, value)
 
-
     def _by_range(self, name: str, args: Any, out: Any) -> bool:
         """A draw of `_UNIT_DRAWS` gets its range; a comparison of a ranged draw with a number
         that the range decides gets a known value. True when ``out`` was handled here."""
+        if not self._ranges and name not in _UNIT_DRAWS:
+            return False  # the common case, every op of a capture without a draw: one lookup
         if not isinstance(out, FakeTensor) or is_symbolic(out):
             return False
         if name in _UNIT_DRAWS and out.dtype.is_floating_point:

@@ -46,8 +46,6 @@ costs the next process its warm answers, never this one its program: logged at d
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import logging
 import os
 import re
@@ -61,6 +59,7 @@ import msgspec
 import torch
 from torchfuse.graph import schema as S
 from torchfuse.graph.__about__ import __version__
+from torchfuse.graph.caches import cache_root, source_hash
 from torchfuse.graph.ops import op_name, to_dtype, to_layout, to_memory_format
 
 log = logging.getLogger(__name__)
@@ -320,27 +319,12 @@ def _check_scalars(arg: _Arg) -> None:
 def source_digest() -> str:
     """A digest of torchfuse-graph's Python source: the recorder's rules are part of every
     answer, and a development checkout changes them without a new version."""
-    spec = importlib.util.find_spec("torchfuse.graph")
-    digest = hashlib.sha256(__version__.encode())
-    for root in sorted(spec.submodule_search_locations or []) if spec else []:
-        for path in sorted(Path(root).rglob("*.py")):
-            try:
-                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-            except OSError:
-                continue
-    return digest.hexdigest()[:16]
+    return source_hash("torchfuse.graph")[:16]
 
 
 def default_directory(environ: Mapping[str, str] | None = None) -> Path:
-    """``<cache dir>/meta_memo``: ``TORCHFUSE_CACHE_DIR``, else ``$XDG_CACHE_HOME/torchfuse``
-    or ``~/.cache/torchfuse`` (the runtime's rule, `torchfuse.runtime.config`, which this
-    package does not import)."""
-    env = os.environ if environ is None else environ
-    root = env.get("TORCHFUSE_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "meta_memo"
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "torchfuse" / "meta_memo"
+    """``<cache dir>/meta_memo`` (`torchfuse.graph.caches.cache_root`)."""
+    return cache_root(environ) / "meta_memo"
 
 
 def _safe(text: str) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import logging
 import os
 import re
@@ -34,6 +33,7 @@ import msgspec
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.archive import ArchiveError, load, save_bytes, to_json
+from torchfuse.graph.caches import source_hash
 from torchfuse.inductor.config import InductorConfig
 
 log = logging.getLogger("torchfuse.inductor.cache")
@@ -72,16 +72,6 @@ def cache_root() -> Path:
 
 
 @functools.cache
-def _source_hash(package: str) -> str:
-    spec = importlib.util.find_spec(package)
-    digest = hashlib.sha256(package.encode())
-    for root in sorted(spec.submodule_search_locations or []) if spec else []:
-        for path in sorted(Path(root).rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-@functools.cache
 def _versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -95,7 +85,7 @@ def _versions() -> str:
             parts.append(f"{dist}={version(dist)}")
         except PackageNotFoundError:
             parts.append(f"{dist}=?")
-        parts.append(_source_hash(package))
+        parts.append(source_hash(package))
     return "|".join(parts)
 
 

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchfuse.graph.caches import cache_root
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -74,11 +76,6 @@ class Config:
     log_level: int = logging.INFO
 
 
-def _default_cache_dir(env: Mapping[str, str]) -> Path:
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "torchfuse"
-
-
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     value = env.get(name)
     if value is None or value == "":
@@ -110,7 +107,6 @@ def default_compile_workers(ncores: int) -> int:
 def from_environment(environ: Mapping[str, str] | None = None) -> Config:
     """The config described by ``environ`` (defaults to ``os.environ``)."""
     env = os.environ if environ is None else environ
-    cache = env.get("TORCHFUSE_CACHE_DIR")
     logs = {n.strip() for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()}
     threads = env.get("TORCHFUSE_COMPILE_THREADS")
     workers = env.get("TORCHFUSE_COMPILE_WORKERS")
@@ -120,7 +116,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
     default_max = env.get("TORCHFUSE_AUTOTUNE_DEFAULT_MAX")
     graphs = env.get("TORCHFUSE_CUDAGRAPH_MAX")
     return Config(
-        cache_dir=Path(cache).expanduser() if cache else _default_cache_dir(env),
+        cache_dir=cache_root(env),
         autotune=_flag(env, "TORCHFUSE_AUTOTUNE", True),
         autotune_min_bytes=max(0, int(min_bytes)) if min_bytes else 1 << 24,
         autotune_default_max=max(0, int(default_max)) if default_max else 2,
