@@ -255,6 +255,24 @@ def test_the_pool_makes_the_binaries_sequential_compiles_make_and_is_reused_acro
         precompile(warm, stats, threads=1)
     assert (stats.worker_compiles, stats.triton_compiles) == (0, 0)
     assert _cubins(warm) == expected
+    assert stats.plans_skipped == 0 and not (sm90 / "kernels" / "a" / "compiled").exists(), \
+        "no device to name here: no marker"
+
+    # With a device named, a start whose warm-ups all succeed leaves a marker, and the next
+    # start over the same jobs skips the plan; a failed warm-up leaves none.
+    import torchfuse.runtime.kernels as rk
+
+    monkeypatch.setattr(rk, "device_key", lambda device: "cuda-sm90-test")
+    planned = []
+    real_plan = cw.plan
+    monkeypatch.setattr(cw, "plan", lambda jobs, where: planned.append(len(jobs)) or real_plan(jobs, where))
+    bad = _jobs(sm90 / "kernels", programs)[0]
+    bad[0] = WarmupJob(bad[0].name, bad[0].fn, bad[0].args[:-1], bad[0].kwargs)  # an argument short
+    for jobs, skipped, plans in ((bad, 0, 1), (bad, 0, 2), (warm, 0, 3), (warm, 1, 3)):
+        stats = CompileStats()
+        precompile(jobs, stats, threads=1)
+        assert (stats.plans_skipped, len(planned)) == (skipped, plans)
+    assert _cubins(warm) == expected
 
 
 def test_a_worker_that_dies_is_replaced_and_a_warning_says_what_was_compiled_here(tmp_path, caplog):

@@ -32,6 +32,7 @@ import torchfuse.runtime.config as rconfig
 from torchfuse.graph import progress
 from torchfuse.graph import schema as S
 from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source
+from torchfuse.runtime.code_cache import compile_cached
 from torchfuse.runtime.config import logger
 from torchfuse.runtime.errors import KernelCompileError, UntrustedCodeError
 
@@ -54,6 +55,11 @@ def entry_name(kernel: S.Kernel) -> str:
 
 def kernels_dir(cache_dir: Path | None = None) -> Path:
     return (cache_dir or rconfig.config.cache_dir) / "kernels"
+
+
+def code_dir(cache_dir: Path | None = None) -> Path:
+    """Where `torchfuse.runtime.code_cache` keeps compiled Python code."""
+    return (cache_dir or rconfig.config.cache_dir) / "code"
 
 
 _new_sources: set[str] = set()
@@ -156,7 +162,9 @@ def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: 
             module = importlib.util.module_from_spec(spec)
             sys.modules[mod_name] = module
             try:
-                spec.loader.exec_module(module)
+                # what exec_module does, with the bytecode from the code cache (no compile warm)
+                code = compile_cached(kernel.source, str(path), code_dir(cache_dir))
+                exec(code, module.__dict__)
             except Exception as e:
                 sys.modules.pop(mod_name, None)
                 raise KernelCompileError(
@@ -215,6 +223,9 @@ class CompileStats:
     """Binaries Triton loaded from its on-disk cache; ``None`` where Triton does not report it."""
     triton_compiles: int | None = None
     """Binaries Triton really compiled (cache misses); ``None`` where Triton does not report it."""
+    plans_skipped: int = 0
+    """First calls whose compile plan was skipped: every job was warmed up here before
+    (`_compiled_marker`), a warm start."""
     worker_compiles: int = 0
     """Binaries compiled by the worker processes (`torchfuse.runtime.compile_workers`); this
     process then loads each from Triton's disk cache (counted in ``triton_cache_hits``)."""
@@ -360,6 +371,8 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     compiled: list[Any] = []
     """The binaries this process will launch (not the clones'): their launchers are bound below."""
 
+    failed = [0]
+
     def run(group: Sequence[WarmupJob], fn: Any = None) -> None:
         for job in group:
             try:
@@ -367,6 +380,7 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             except Exception as e:  # the first real launch reports it with full context
                 logger.debug("warm-up of %s failed (%s: %s); compiling at first launch", job.name,
                              type(e).__name__, e)
+                failed[0] += 1  # int += under the GIL: a lost count only keeps the marker away
             else:
                 if fn is None and kernel is not None:
                     compiled.append(kernel)  # list.append is atomic: no lock needed
@@ -383,9 +397,15 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             tasks.append((group, None))
     total = sum(len(group) for group in by_fn.values())
     workers = rconfig.config.compile_workers
+    unique = [job for group in by_fn.values() for job in group]
+    marker = None
     if workers > 0 and total >= rconfig.config.compile_workers_min and not triton_interpreting():
-        _compile_in_workers([job for group in by_fn.values() for job in group], stats, workers,
-                            priority=1 if background else 0)
+        marker = _compiled_marker(unique)
+        if marker is None or not marker.exists():
+            _compile_in_workers(unique, stats, workers, priority=1 if background else 0)
+        else:
+            stats.plans_skipped += 1
+            marker = None  # nothing to write after
     done = [0]
     done_lock = threading.Lock()
 
@@ -404,6 +424,12 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     for group in reload:  # Triton disk-cache hits now, so that launches find them in memory
         run(group)
     bind_launchers(compiled, threads)
+    if marker is not None and not failed[0]:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError as e:  # a read-only cache: the next start plans again
+            logger.debug("cannot write %s: %s", marker, e)
     stats.warmups += len(jobs)
     stats.compile_seconds += time.perf_counter() - start
 
@@ -462,6 +488,31 @@ def _launcher_key(kernel: Any) -> Any:
         return tuple(str(v) for v in dict(kernel.src.signature).values())  # in argument order
     except Exception:
         return id(kernel)
+
+
+def _compiled_marker(jobs: Sequence[WarmupJob]) -> Path | None:
+    """A file whose presence says that every one of ``jobs`` was warmed up without error
+    before, on a device of this kind (`device_key`), so that their binaries sit in Triton's
+    disk cache: a warm start then skips `compile_workers.plan` (about 1.5 ms a kernel on the
+    H100, spent working out Triton's cache key only to find the binary on disk).
+
+    Named by the jobs' kernel files (content hashes), arguments and options; None for jobs the
+    workers could not take anyway. A stale marker (Triton's cache emptied since, another
+    ``ptxas``) costs time, never a result: each warm-up then compiles in this process's
+    threads instead of the workers.
+    """
+    lines = []
+    for job in jobs:
+        path = _source_path(job.fn)
+        if path is None:
+            return None
+        lines.append(f"{path.name} {job.args!r} {job.kwargs!r}")
+    try:
+        lines.append(device_key("cuda"))
+    except Exception:  # no device to name: no marker
+        return None
+    digest = hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:40]
+    return path.parent / "compiled" / digest
 
 
 def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int,

@@ -42,10 +42,12 @@ from torchfuse.runtime.errors import (
     RuntimeLoadError,
     UntrustedCodeError,
 )
+from torchfuse.runtime.code_cache import compile_cached
 from torchfuse.runtime.kernels import (
     CompileStats,
     WarmupJob,
     any_new_source,
+    code_dir,
     count_compiles,
     device_key,
     kernel_hash,
@@ -307,6 +309,7 @@ class CompiledProgram:
                 observe.record_time(f"runtime.{phase}", seconds)
             for what, n in (("kernels", st.kernels_loaded), ("warmups", st.warmups),
                             ("triton_compiles", st.triton_compiles), ("worker_compiles", st.worker_compiles),
+                            ("plans_skipped", st.plans_skipped),
                             ("triton_cache_hits", st.triton_cache_hits),
                             ("autotuned", st.autotuned), ("autotune_cache_hits", st.autotune_cache_hits),
                             ("autotune_skipped", st.autotune_skipped)):
@@ -484,7 +487,7 @@ class CompiledProgram:
                 _record=self._recorder(handles),
             )
         filename = f"<torchfuse.runtime:{self.program.name}:{self.stats.generated}>"
-        code = compile(gen.source, filename, "exec")
+        code = compile_cached(gen.source, filename, code_dir(self.cache_dir))
         # Register the source so tracebacks through the generated function show its lines.
         import linecache
 
