@@ -34,6 +34,7 @@ from torchfuse.runtime.autotune import (
     tuning_key,
 )
 from torchfuse.runtime.checks import buffer_table, diagnose_inputs, symbol_source, validate_program
+from torchfuse.runtime.code_cache import compile_cached
 from torchfuse.runtime.config import logger
 from torchfuse.runtime.errors import (
     CorruptArchiveError,
@@ -42,7 +43,6 @@ from torchfuse.runtime.errors import (
     RuntimeLoadError,
     UntrustedCodeError,
 )
-from torchfuse.runtime.code_cache import compile_cached
 from torchfuse.runtime.kernels import (
     CompileStats,
     WarmupJob,
