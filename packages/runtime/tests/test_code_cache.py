@@ -90,3 +90,23 @@ def test_a_kernel_module_imported_again_takes_its_bytecode_from_the_cache(tmp_pa
     assert code_cache.stats == {"hits": 1, "misses": 1}
     assert rk.param_names(fn)[0] == kernel.signature[0].name
     assert list((tmp_path / "code").glob("*.code"))
+
+
+def test_a_call_function_is_found_whatever_was_generated_before_it(monkeypatch):
+    """A cold first call that tuned generated a tuning variant first; the warm start tunes
+    nothing: the final function must still be the same cache entry."""
+    import torch
+    from torchfuse.graph import trace
+    from torchfuse.inductor import compile_graph
+    from torchfuse.runtime import load
+
+    graph, _ = trace(lambda a: torch.relu(a * 2.0 + 1.0), torch.randn(8))
+    program = compile_graph(graph, options={"cache": False})
+    x = torch.randn(8)
+    monkeypatch.setattr(code_cache, "stats", {"hits": 0, "misses": 0})
+    cold = load(program, device="cpu")
+    cold.stats.generated = 2  # as after a tuning variant
+    torch.testing.assert_close(cold(x)[0], torch.relu(x * 2.0 + 1.0))
+    warm = load(program, device="cpu")
+    torch.testing.assert_close(warm(x)[0], torch.relu(x * 2.0 + 1.0))
+    assert code_cache.stats == {"hits": 1, "misses": 1}

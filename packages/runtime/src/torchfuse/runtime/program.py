@@ -9,6 +9,7 @@ chosen configs (see [`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); l
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 import warnings
@@ -486,7 +487,11 @@ class CompiledProgram:
                 _handles=handles,
                 _record=self._recorder(handles),
             )
-        filename = f"<torchfuse.runtime:{self.program.name}:{self.stats.generated}>"
+        # Named by its content, not by how many were generated before it: a warm start that
+        # tunes nothing generates one function fewer than the cold one, and must find the
+        # code cache's entry for the same source under the same name.
+        digest = hashlib.sha256(gen.source.encode()).hexdigest()[:12]
+        filename = f"<torchfuse.runtime:{self.program.name}:{digest}>"
         code = compile_cached(gen.source, filename, code_dir(self.cache_dir))
         # Register the source so tracebacks through the generated function show its lines.
         import linecache
