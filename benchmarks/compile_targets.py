@@ -164,6 +164,11 @@ def environment(device: str) -> dict[str, Any]:
            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device, "cores": os.cpu_count()}
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
+    # settings the children inherit (e.g. TORCHFUSE_COMPILE_FORWARD_FIRST): the table says which
+    # ran, the cache directories excepted (each child gets fresh ones)
+    for name in sorted(os.environ):
+        if name.startswith("TORCHFUSE_") and name != "TORCHFUSE_CACHE_DIR":
+            env[name] = os.environ[name]
     return env
 
 

@@ -121,7 +121,7 @@ def test_custom_decomposition_table_is_not_cached():
     assert store.entries == {} and store.misses == 0
 
 
-def test_backward_compiled_with_the_forward_and_warmed_early():
+def test_backward_compiled_with_the_forward_and_warmed_early(monkeypatch):
     graph, _ = trace(_loss, *_inputs())
     events = []
 
@@ -144,6 +144,21 @@ def test_backward_compiled_with_the_forward_and_warmed_early():
         torch.testing.assert_close(a, b)
     _grads(fn, _inputs())
     assert events.count("backward") == 1
+
+    # TORCHFUSE_COMPILE_FORWARD_FIRST=1: the forward is lowered and its compiles started first
+    import dataclasses
+
+    import torchfuse.autograd.config as aconfig
+
+    monkeypatch.setattr(aconfig, "config", aconfig.from_environment({"TORCHFUSE_COMPILE_FORWARD_FIRST": "1"}))
+    assert aconfig.config.forward_first and not aconfig.from_environment({}).forward_first
+    assert dataclasses.replace(aconfig.config, forward_first=False) == aconfig.from_environment({})
+    events.clear()
+    fn = aot(graph, compiler, compile_backward_early=True)
+    got = _grads(fn, _inputs())
+    assert events == ["forward", "warm forward", "backward", "warm backward", "run forward", "run backward"]
+    for a, b in zip(got, _grads(_loss, _inputs()), strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_backward_compiled_late_by_default():

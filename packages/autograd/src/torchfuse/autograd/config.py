@@ -12,10 +12,17 @@ backward graphs are logged on the ``torchfuse.autograd`` logger at INFO level. A
 default its answers for ATen ops are kept in ``<cache dir>/meta_memo/`` (one file per torch
 version, `torchfuse.graph.meta_memo_store`), so a new process runs no meta kernel an earlier
 one ran.
+
+``TORCHFUSE_COMPILE_FORWARD_FIRST=1`` changes the order in which a training step's halves are
+compiled when the backward is compiled early (`torchfuse.autograd.aot`'s
+``compile_backward_early``, which the inductor backend sets): the forward is lowered first and
+its kernels' compiles are started before the backward is lowered, instead of the backward first.
+Off by default until a GPU run has measured both orders.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -37,6 +44,9 @@ class Config:
     meta_memo_disk: bool = True
     """Keep that memo in the cache directory across processes
     (``TORCHFUSE_META_MEMO_DISK=0``: in memory only)."""
+    forward_first: bool = False
+    """With ``compile_backward_early``: lower the forward and start its compiles before
+    lowering the backward (``TORCHFUSE_COMPILE_FORWARD_FIRST=1``)."""
 
 
 def _parse_logs(text: str, debug: bool, memo: bool = True, disk: bool = True) -> Config:
@@ -56,8 +66,10 @@ def from_environment(environ: dict[str, str] | None = None) -> Config:
     """The config described by ``environ`` (defaults to ``os.environ``)."""
     env = os.environ if environ is None else environ
     debug = env.get("TORCHFUSE_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
-    return _parse_logs(env.get("TORCHFUSE_LOGS", ""), debug, _on(env, "TORCHFUSE_META_MEMO"),
-                       _on(env, "TORCHFUSE_META_MEMO_DISK"))
+    parsed = _parse_logs(env.get("TORCHFUSE_LOGS", ""), debug, _on(env, "TORCHFUSE_META_MEMO"),
+                         _on(env, "TORCHFUSE_META_MEMO_DISK"))
+    first = env.get("TORCHFUSE_COMPILE_FORWARD_FIRST", "0").strip().lower()
+    return dataclasses.replace(parsed, forward_first=first in {"1", "true", "yes", "on"})
 
 
 config: Config = from_environment()

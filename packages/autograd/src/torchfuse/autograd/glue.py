@@ -52,6 +52,7 @@ from typing import Any, Protocol
 
 import msgspec
 import torch
+import torchfuse.autograd.config as aconfig
 from torchfuse.autograd.common import AutogradError, eliminate_common_subexpressions, format_graph
 from torchfuse.autograd.config import config
 from torchfuse.autograd.decompositions import DEFAULT_TABLE, Table, decompose
@@ -417,21 +418,30 @@ class AotFunction:
                 plan = self.plan(rg, training, self.sizes_key(inputs))
             if plan.forward is None:
                 with gc_paused():  # the compilers' lowering allocates as much as the passes
-                    if training and self.compile_backward_early and plan.backward is None:
+                    early = training and self.compile_backward_early and plan.backward is None
+                    if early and aconfig.config.forward_first:
+                        self._compile_forward(plan, inputs, start=True)
+                    if early:
                         assert plan.partition is not None
                         with observe.compiling(self.debug_name, role="backward"):
                             plan.backward = self.bw_compiler(plan.partition.backward, [])
-                        start = getattr(plan.backward, "precompile_async", None)
-                        if start is not None:
-                            start()
-                    with observe.compiling(self.debug_name):
-                        plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
+                        _start_precompile(plan.backward)
+                    if plan.forward is None:
+                        self._compile_forward(plan, inputs)
             if training:
                 outs = list(_CompiledFunction.apply(self, plan, *inputs))
             else:
                 with torch.no_grad():
                     outs = list(plan.forward(*inputs))[: len(plan.functional.outputs)]
             return self._epilogue(plan.functional, inputs, outs)
+
+    def _compile_forward(self, plan: _Plan, inputs: Sequence[Any], start: bool = False) -> None:
+        """Compile the forward half into ``plan``; ``start``: begin its kernels' compiles now,
+        in the background (the first call then waits for them, as for the backward's)."""
+        with observe.compiling(self.debug_name):
+            plan.forward = self.fw_compiler(plan.forward_graph, list(inputs))
+        if start:
+            _start_precompile(plan.forward)
 
     def _epilogue(self, g: S.Graph, inputs: Sequence[Any], outs: list[Any]) -> list[Any]:
         position = {i.name: k for k, i in enumerate(g.inputs)}
@@ -444,6 +454,14 @@ class AotFunction:
         for n in self._spec:
             grouped.append(next(it) if n < 0 else [next(it) for _ in range(n)])
         return grouped
+
+
+def _start_precompile(compiled: Any) -> None:
+    """Start a compiled half's kernel compiles in the background, when its compiler offers it
+    (``precompile_async``, as the inductor backend's callables do)."""
+    start = getattr(compiled, "precompile_async", None)
+    if start is not None:
+        start()
 
 
 def _fill_training_plan(plan: _Plan, part: Partition, guards: tuple[S.SymbolGuard, ...]) -> None:
