@@ -64,10 +64,11 @@ class KernelWriterBase:
         become kernel arguments."""
         e = ir.simplify_index(ir.substitute(e, placement.varmap), self.bounds)
         names = {XI: "xindex", RI: "rindex", **(extra or {})}
-        for s in e.free_symbols:
+        free = ir.free_symbols(e)
+        for s in free:
             if s not in names and not s.name.startswith("ind"):
                 self.size_syms.add(s)
-        shape = FULL if RI in e.free_symbols else ROWS if XI in e.free_symbols else SCALAR
+        shape = FULL if RI in free else ROWS if XI in free else SCALAR
         return self.print_index(e, names), shape
 
     def name(self) -> str:
