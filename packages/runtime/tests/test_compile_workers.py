@@ -255,7 +255,7 @@ def test_the_pool_makes_the_binaries_sequential_compiles_make_and_is_reused_acro
         precompile(warm, stats, threads=1)
     assert (stats.worker_compiles, stats.triton_compiles) == (0, 0)
     assert _cubins(warm) == expected
-    assert stats.plans_skipped == 0 and not (sm90 / "kernels" / "a" / "compiled").exists(), \
+    assert stats.plans_skipped == 0 and not list((sm90 / "kernels").glob("*/compiled")), \
         "no device to name here: no marker"
 
     # With a device named, a start whose warm-ups all succeed leaves a marker, and the next
@@ -273,6 +273,15 @@ def test_the_pool_makes_the_binaries_sequential_compiles_make_and_is_reused_acro
         precompile(jobs, stats, threads=1)
         assert (stats.plans_skipped, len(planned)) == (skipped, plans)
     assert _cubins(warm) == expected
+    (marker,) = (sm90 / "kernels").glob("*/compiled/*")
+    listed = marker.read_text().split()
+    assert len(listed) == len(warm) and all(p.endswith(".json") and os.path.exists(p) for p in listed)
+
+    # Triton's cache emptied since: the marker no longer counts, and the plan runs again
+    shutil.rmtree(sm90 / "triton_pool")
+    stats = CompileStats()
+    precompile([job for jobs in _jobs(sm90 / "kernels", programs) for job in jobs], stats, threads=1)
+    assert (stats.plans_skipped, len(planned)) == (0, 4)
 
 
 def test_a_worker_that_dies_is_replaced_and_a_warning_says_what_was_compiled_here(tmp_path, caplog):

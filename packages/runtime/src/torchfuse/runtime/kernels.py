@@ -401,7 +401,7 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     marker = None
     if workers > 0 and total >= rconfig.config.compile_workers_min and not triton_interpreting():
         marker = _compiled_marker(unique)
-        if marker is None or not marker.exists():
+        if marker is None or not _binaries_listed(marker):
             _compile_in_workers(unique, stats, workers, priority=1 if background else 0)
         else:
             stats.plans_skipped += 1
@@ -425,11 +425,7 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
         run(group)
     bind_launchers(compiled, threads)
     if marker is not None and not failed[0]:
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError as e:  # a read-only cache: the next start plans again
-            logger.debug("cannot write %s: %s", marker, e)
+        _write_marker(marker, compiled)
     stats.warmups += len(jobs)
     stats.compile_seconds += time.perf_counter() - start
 
@@ -497,9 +493,10 @@ def _compiled_marker(jobs: Sequence[WarmupJob]) -> Path | None:
     H100, spent working out Triton's cache key only to find the binary on disk).
 
     Named by the jobs' kernel files (content hashes), arguments and options; None for jobs the
-    workers could not take anyway. A stale marker (Triton's cache emptied since, another
-    ``ptxas``) costs time, never a result: each warm-up then compiles in this process's
-    threads instead of the workers.
+    workers could not take anyway. The marker lists the binaries' metadata files in Triton's
+    cache, and counts only while they all exist (`_binaries_listed`); a marker stale in another
+    way (another ``ptxas``, which changes Triton's cache keys) costs time, never a result: each
+    warm-up then compiles in this process's threads instead of the workers.
     """
     lines = []
     for job in jobs:
@@ -513,6 +510,38 @@ def _compiled_marker(jobs: Sequence[WarmupJob]) -> Path | None:
         return None
     digest = hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:40]
     return path.parent / "compiled" / digest
+
+
+def _binaries_listed(marker: Path) -> bool:
+    """Whether ``marker`` exists and every binary it lists is still in Triton's disk cache (a
+    stat each: Triton's cache may have been emptied since, and a start that skipped the plan
+    would then compile everything in this process instead of the workers)."""
+    try:
+        paths = marker.read_text().splitlines()
+    except OSError:
+        return False
+    return bool(paths) and all(os.path.exists(p) for p in paths)
+
+
+def _write_marker(marker: Path, compiled: Sequence[Any]) -> None:
+    """Write ``marker`` listing the metadata file of every binary in ``compiled`` (Triton's
+    ``CompiledKernel.metadata_group``); nothing when one has no such file to name."""
+    paths = []
+    for kernel in compiled:
+        group = getattr(kernel, "metadata_group", None) or {}
+        found = [str(p) for name, p in group.items() if str(name).endswith(".json")]
+        if not found:
+            return
+        paths += found
+    if not paths:
+        return
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text("\n".join(sorted(set(paths))) + "\n")
+        os.replace(tmp, marker)
+    except OSError as e:  # a read-only cache: the next start plans again
+        logger.debug("cannot write %s: %s", marker, e)
 
 
 def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int,
