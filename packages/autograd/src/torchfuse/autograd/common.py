@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 from torchfuse.autograd.config import config
 from torchfuse.graph import printer
 from torchfuse.graph import schema as S
@@ -25,7 +24,7 @@ from torchfuse.graph.ops import (
     to_dtype,
 )
 from torchfuse.graph.symbolic import SizeEnv, env_from_symbols
-from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder
+from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder, outside_dispatch
 from torchfuse.graph.tracing import fake_from_meta as tracing_fake_from_meta
 
 
@@ -236,7 +235,7 @@ def fake_from_meta(meta: S.TensorMeta, env: SizeEnv | None, requires_grad: bool 
     offset = concrete(meta.storage_offset, {})
     # the passes call this inside their recorder: with it active, the meta tensor's factory
     # calls would be recorded as (dead) nodes that take names, and the fake would wrap a fake
-    with _disable_current_modes():
+    with outside_dispatch():
         if offset == 0:
             elem = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
         else:

@@ -50,11 +50,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 from torchfuse.graph import schema as S
 from torchfuse.graph.meta_memo_store import Key, MemoStore, default_directory
 from torchfuse.graph.ops import op_name, to_dtype
-from torchfuse.graph.tracing import FakeTensor
+from torchfuse.graph.tracing import FakeTensor, outside_dispatch
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +118,7 @@ class Entry:
     def fakes(self) -> list[FakeTensor]:
         """New fake tensors with the remembered metadata (sizes and strides are plain ints)."""
         out = []
-        with _disable_current_modes():
+        with outside_dispatch():
             for m, device in zip(self.metas, self.devices, strict=True):
                 elem = torch.empty_strided(m.sizes, m.strides, dtype=to_dtype(m.dtype), device="meta")
                 out.append(FakeTensor(elem, device))
