@@ -291,23 +291,36 @@ def _run_on_meta(func, args, kwargs) -> tuple[Any, torch.device]:
 
 def _mutated_returns(func, args, kwargs) -> dict[int, torch.Tensor]:
     """Return index -> the input tensor object an in-place/out= op returns."""
+    pairs = _written_returns(func)
+    if not pairs:  # most ops: no written argument comes back
+        return {}
     out: dict[int, torch.Tensor] = {}
+    for i, position, name, kwarg_only in pairs:
+        val = args[position] if position < len(args) and not kwarg_only else kwargs.get(name)
+        if isinstance(val, torch.Tensor):
+            out[i] = val
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _written_returns(func) -> tuple[tuple[int, int, str, bool], ...]:
+    """(return index, argument position, argument name, keyword-only) for each return of
+    ``func`` that is an argument it writes (its schema's alias sets), read once per op."""
     schema = func._schema
-    by_alias: dict[str, torch.Tensor] = {}
+    written: dict[str, tuple[int, str, bool]] = {}
     for i, a in enumerate(schema.arguments):
         info = a.alias_info
         if info is None or not info.is_write:
             continue
-        val = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
-        if isinstance(val, torch.Tensor):
-            for s in info.before_set:
-                by_alias[s] = val
+        for s in info.before_set:
+            written[s] = (i, a.name, a.kwarg_only)
+    out = []
     for i, r in enumerate(schema.returns):
         if r.alias_info is not None and r.alias_info.is_write:
             for s in r.alias_info.before_set:
-                if s in by_alias:
-                    out[i] = by_alias[s]
-    return out
+                if s in written:
+                    out.append((i, *written[s]))
+    return tuple(out)
 
 
 def mutated_arguments(op: torch._ops.OpOverload) -> list[int]:
