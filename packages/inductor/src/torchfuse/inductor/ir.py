@@ -435,7 +435,10 @@ def writes(node: Node) -> list[str]:
 # ----------------------------------------------------------------------------- printing
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _idx(e: sympy.Expr) -> str:
+    """An index as the debug texts print it; remembered (the pre- and post-fusion texts of
+    every compile print the same indices again, sympy's printer being most of their time)."""
     text = print_index(e)
     return text[1:-1] if isinstance(e, sympy.Add | sympy.Mul) else text
 
@@ -455,16 +458,23 @@ def format_value(v: Value) -> str:
     return f"{v.op.value}({', '.join(format_value(a) for a in v.args)})"
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _sizes(sizes: tuple[sympy.Expr, ...]) -> str:
+    """A node's loop sizes as a list prints them; remembered (sympy prints even an integer
+    through its printer, and a model's nodes share a few dozen shapes)."""
+    return str(list(sizes))
+
+
 def format_node(node: Node) -> str:
     if isinstance(node, Pointwise):
         return (
-            f"{node.name}: Pointwise[{node.dtype}] ranges={list(node.ranges)} "
+            f"{node.name}: Pointwise[{node.dtype}] ranges={_sizes(node.ranges)} "
             f"origins={list(node.origins)}\n  store[{_idx(node.store_index)}] = {format_value(node.body)}"
         )
     if isinstance(node, Reduction):
         return (
-            f"{node.name}: Reduction[{node.dtype}] {node.reduce.value} ranges={list(node.ranges)} "
-            f"rranges={list(node.rranges)} origins={list(node.origins)}\n"
+            f"{node.name}: Reduction[{node.dtype}] {node.reduce.value} ranges={_sizes(node.ranges)} "
+            f"rranges={_sizes(node.rranges)} origins={list(node.origins)}\n"
             f"  store[{_idx(node.store_index)}] = {node.reduce.value}_r {format_value(node.body)}"
         )
     if isinstance(node, View):
