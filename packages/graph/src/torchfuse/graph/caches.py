@@ -4,7 +4,8 @@ The format package holds the two rules so that every package reads them the same
 runtime's caches (kernels, Programs, autotune winners), inductor's Program and plan caches
 and the meta-kernel memo (`torchfuse.graph.meta_memo_store`) all live under `cache_root`,
 and inductor's compiler fingerprint and the memo file's header both hash package sources
-with `source_hash` (a development checkout changes its code without a new version).
+with `source_hash` (a development checkout changes its code without a new version). Every
+cache file is written with `write_atomic`, so a concurrent reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -13,8 +14,30 @@ import functools
 import hashlib
 import importlib.util
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` (its folders made) through a temporary file beside it and
+    ``os.replace``, so that a process reading it at the same time sees the old content or the
+    new, never half of it. An ``OSError`` is raised as is, the temporary file removed; what it
+    costs (a cache entry, a warning) is the caller's decision."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, str):
+            tmp.write_text(data)
+        else:
+            tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
 
 
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -43,4 +66,4 @@ def source_hash(package: str) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["cache_root", "source_hash"]
+__all__ = ["cache_root", "source_hash", "write_atomic"]

@@ -47,9 +47,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -59,7 +57,7 @@ import msgspec
 import torch
 from torchfuse.graph import schema as S
 from torchfuse.graph.__about__ import __version__
-from torchfuse.graph.caches import cache_root, source_hash
+from torchfuse.graph.caches import cache_root, source_hash, write_atomic
 from torchfuse.graph.ops import op_name, to_dtype, to_layout, to_memory_format
 
 log = logging.getLogger(__name__)
@@ -459,16 +457,9 @@ class MemoStore:
         while len(data) > MAX_FILE_BYTES and records:
             records = records[len(records) // 2:]
             data = _ENCODER.encode((header, records))
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}.{threading.get_ident()}")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, self.path)  # a concurrent reader sees the old file or the new one
+            write_atomic(self.path, data)  # a concurrent reader sees the old file or the new one
         except OSError as e:
             log.debug("meta memo: cannot write %s: %s", self.path, e)
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             return 0
         return len(records)

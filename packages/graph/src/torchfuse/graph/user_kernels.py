@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torchfuse.graph.caches import write_atomic
 from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source, mark_trusted
 
 SPEC_VERSION = 1
@@ -108,10 +108,7 @@ def load_kernel(source: str, entry: str) -> Any:
         module = _modules.get(key)
         if module is None:
             if not (path.exists() and path.read_text() == source):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-                tmp.write_text(source)
-                os.replace(tmp, path)  # a concurrent reader never sees half a file
+                write_atomic(path, source)  # a concurrent reader never sees half a file
             name = f"torchfuse_user_kernels.uk_{digest}{'_interp' if key[1] else ''}"
             spec = importlib.util.spec_from_file_location(name, path)
             assert spec is not None and spec.loader is not None

@@ -23,9 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import re
-import threading
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -33,7 +31,7 @@ import msgspec
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.archive import ArchiveError, load, save_bytes, to_json
-from torchfuse.graph.caches import source_hash
+from torchfuse.graph.caches import source_hash, write_atomic
 from torchfuse.inductor.config import InductorConfig
 
 log = logging.getLogger("torchfuse.inductor.cache")
@@ -169,10 +167,7 @@ class Store:
     def write(self, key: str, data: bytes) -> None:
         path = self.path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            write_atomic(path, data)
         except OSError as e:  # a read-only or full disk costs the cache, never the compile
             log.warning("torchfuse cache: cannot write %s: %s", path, e)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ from typing import Any
 
 import msgspec
 from torchfuse.graph import schema as S
+from torchfuse.graph.caches import write_atomic
 from torchfuse.graph.expr import evaluate, free_symbols
 from torchfuse.graph.ops import to_dtype
 from torchfuse.runtime.config import logger
@@ -181,10 +181,7 @@ class AutotuneCache:
             self._entries = None
             entries = self._load()
             entries[key] = msgspec.to_builtins(cfg)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(entries, indent=1, sort_keys=True))
 
 
 def benchmark(kernel: S.Kernel, cfg: S.LaunchConfig, launch: Callable[[], Any]) -> float:

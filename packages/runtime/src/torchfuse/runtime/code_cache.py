@@ -20,11 +20,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import marshal
-import os
-import threading
 from pathlib import Path
 from types import CodeType
 
+from torchfuse.graph.caches import write_atomic
 from torchfuse.runtime.config import logger
 
 stats = {"hits": 0, "misses": 0}
@@ -62,11 +61,7 @@ def compile_cached(source: str, filename: str, folder: Path) -> CodeType:
     code = compile(source, filename, "exec")
     stats["misses"] += 1
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        # written then renamed: a process reading it at the same time sees all of it or nothing
-        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(marshal.dumps(code))
-        os.replace(tmp, path)
+        write_atomic(path, marshal.dumps(code))
     except OSError as e:
         logger.debug("code cache: cannot write %s (%s)", path, e)
     return code

@@ -31,6 +31,7 @@ from typing import Any
 import torchfuse.runtime.config as rconfig
 from torchfuse.graph import progress
 from torchfuse.graph import schema as S
+from torchfuse.graph.caches import write_atomic
 from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source
 from torchfuse.runtime.code_cache import compile_cached
 from torchfuse.runtime.config import logger
@@ -69,11 +70,7 @@ _new_sources: set[str] = set()
 def _write_once(path: Path, text: str) -> None:
     if path.exists() and path.read_text() == text:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write then rename so that a concurrent process never imports a half-written file.
-    tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)  # a concurrent process never imports a half-written file
     _new_sources.add(str(path))
 
 
@@ -536,10 +533,7 @@ def _write_marker(marker: Path, compiled: Sequence[Any]) -> None:
     if not paths:
         return
     try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        tmp = marker.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text("\n".join(sorted(set(paths))) + "\n")
-        os.replace(tmp, marker)
+        write_atomic(marker, "\n".join(sorted(set(paths))) + "\n")
     except OSError as e:  # a read-only cache: the next start plans again
         logger.debug("cannot write %s: %s", marker, e)
 

@@ -36,8 +36,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +44,7 @@ from typing import Any, Literal
 import torch
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
+from torchfuse.graph.caches import write_atomic
 from torchfuse.graph.ops import to_dtype
 from torchfuse.graph.verify import verify
 from torchfuse.inductor.templates.matmul import DEFAULT_CONFIGS, Matmul, MMConfig, fit_configs
@@ -154,11 +153,8 @@ class DecisionCache:
         choices = self._read()
         choices[key] = decision.to_json()
         text = json.dumps({"version": 1, "choices": choices}, indent=1, sort_keys=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}.{threading.get_ident()}")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, text)
         except OSError as e:  # a read-only disk costs the cache, never the compile
             log.warning("torchfuse: cannot write %s: %s", self.path, e)
 
