@@ -17,11 +17,10 @@ _CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import msgspec, torch
-import torchfuse.capture as tf
 from torchfuse.graph import tracing
 from torchfuse.graph.meta_memo import MEMO
 from torchfuse.graph.meta_memo_store import record_key
-from test_meta_memo_capture import _Stack
+from test_meta_memo_capture import capture_stack
 
 ran = []
 real_run = tracing._run_on_meta
@@ -31,19 +30,9 @@ def counting(func, args, kwargs):
     return real_run(func, args, kwargs)
 
 tracing._run_on_meta = counting
-torch.manual_seed(0)
-model = _Stack()
-x, mask = torch.randn(4, 8), torch.rand(4, 8) > 0.5
-graphs = []
-
-def keep(graph, example_inputs):
-    graphs.append(graph)
-    return tf.backends.eager(graph, example_inputs)
-
-out = tf.compile(model, backend=keep)(x, mask)
-torch.testing.assert_close(out, model(x, mask))
+graph, out, expected = capture_stack()
+torch.testing.assert_close(out, expected)
 assert out.dtype == torch.float64
-(graph,) = graphs
 saved = sorted({k[0] for k in MEMO._unsaved if record_key(k) is not None}, key=str)
 print(json.dumps({
     "graph": {f: msgspec.to_builtins(getattr(graph, f)) for f in ("inputs", "outputs", "nodes", "values")},
