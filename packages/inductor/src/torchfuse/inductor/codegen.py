@@ -1,4 +1,4 @@
-"""Triton code generation: one [`KernelGroup`][torchfuse.inductor.scheduler.KernelGroup] becomes
+"""Triton code generation: one [`KernelGroup`][torchfuse.inductor.kernel_groups.KernelGroup] becomes
 one ``@triton.jit`` function in a self-contained module (a [`Kernel`][torchfuse.graph.Kernel]).
 
 Three kernel shapes:
@@ -29,9 +29,9 @@ import sympy
 from torchfuse.graph import schema as S
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
+from torchfuse.inductor.kernel_groups import RI, XI, GroupKind, KernelGroup, Role
 from torchfuse.inductor.kernel_writer import FULL, ROWS, SCALAR, KernelWriterBase
 from torchfuse.inductor.kernel_writer import Tmp as _Tmp
-from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Role
 from torchfuse.inductor.sizes import size_info
 from torchfuse.inductor.tiling import plan_tile, rows_transposed
 from torchfuse.inductor.triton_ops import TL_DTYPE, cast_text, const_text, helper_source, helpers_in, render

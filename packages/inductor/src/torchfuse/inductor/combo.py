@@ -65,13 +65,8 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
-from torchfuse.inductor.scheduler import (
-    GroupKind,
-    KernelGroup,
-    Schedule,
-    ScheduleVerifyError,
-    verify_schedule,
-)
+from torchfuse.inductor.kernel_groups import GroupKind, KernelGroup, Schedule
+from torchfuse.inductor.scheduler import ScheduleVerifyError, verify_schedule
 from torchfuse.inductor.triton_ops import HELPERS, helper_source
 
 log = logging.getLogger("torchfuse.inductor.schedule")

@@ -35,13 +35,13 @@ from torchfuse.inductor.conv import rewrite_convolution_graphs
 from torchfuse.inductor.cpp_codegen import generate_kernel as cpp_kernel
 from torchfuse.inductor.decompositions import DECOMPOSITIONS, DECOMPOSITIONS_BN_TRAINING
 from torchfuse.inductor.inplace import write_in_place
+from torchfuse.inductor.kernel_groups import KERNEL_KINDS
 from torchfuse.inductor.layout import layout_pass
 from torchfuse.inductor.lowering import lower
 from torchfuse.inductor.pad_mm import pad_matmuls
 from torchfuse.inductor.plan import build_program
 from torchfuse.inductor.rules import RULE_MODULES as RULE_MODULES  # registers every lowering rule
 from torchfuse.inductor.scheduler import (
-    KERNEL_KINDS,
     dead_code_elimination,
     format_decisions,
     format_schedule,

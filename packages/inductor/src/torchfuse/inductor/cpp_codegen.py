@@ -1,4 +1,4 @@
-"""C++/OpenMP code generation for the CPU: one [`KernelGroup`][torchfuse.inductor.scheduler.KernelGroup]
+"""C++/OpenMP code generation for the CPU: one [`KernelGroup`][torchfuse.inductor.kernel_groups.KernelGroup]
 becomes one ``extern "C"`` function (a [`Kernel`][torchfuse.graph.Kernel] of language ``cpp``),
 from the same loop IR, scheduler and fusion decisions as the Triton path
 ([`torchfuse.inductor.codegen`][torchfuse.inductor.codegen]); scalar ops are rendered by
@@ -61,9 +61,9 @@ from torchfuse.inductor.cpp_ops import (
     render,
     store_text,
 )
+from torchfuse.inductor.kernel_groups import GroupKind, KernelGroup, Role
 from torchfuse.inductor.kernel_writer import FULL, ROWS, SCALAR, KernelWriterBase
 from torchfuse.inductor.kernel_writer import Tmp as _Tmp
-from torchfuse.inductor.scheduler import GroupKind, KernelGroup, Role
 from torchfuse.inductor.sizes import size_info
 
 PARALLEL_MIN_WORK = 1 << 15

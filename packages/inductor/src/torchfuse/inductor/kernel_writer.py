@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import sympy
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
-from torchfuse.inductor.scheduler import RI, XI, KernelGroup
+from torchfuse.inductor.kernel_groups import RI, XI, KernelGroup
 
 SCALAR, ROWS, FULL = 0, 1, 2
 """How a value varies inside a kernel: not at all, per row (x), per element (x and r)."""

@@ -26,7 +26,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.ops import to_dtype
 from torchfuse.inductor import ir
 from torchfuse.inductor.codegen import format_expr
-from torchfuse.inductor.scheduler import KERNEL_KINDS, GroupKind, KernelGroup, Schedule
+from torchfuse.inductor.kernel_groups import KERNEL_KINDS, GroupKind, KernelGroup, Schedule
 
 
 def _fmt(e: sympy.Expr) -> S.Expr:

@@ -30,100 +30,26 @@ last value is stored.
 
 from __future__ import annotations
 
-import enum
-import functools
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
+from torchfuse.inductor.kernel_groups import (
+    KERNEL_KINDS,
+    RI,
+    XI,
+    GroupKind,
+    KernelGroup,
+    Placement,
+    Role,
+    Schedule,
+)
 from torchfuse.inductor.sizes import size_info
 
 log = logging.getLogger("torchfuse.inductor.schedule")
-
-XI = sympy.Symbol("xindex", integer=True, nonnegative=True)
-RI = sympy.Symbol("rindex", integer=True, nonnegative=True)
-
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _t(e: Any) -> str:
-    """``str(e)`` of a size or index in a decision's text, remembered: sympy prints even an
-    integer through its printer, and the scheduler words thousands of decisions and
-    rejections about a few hundred sizes (BERT training: 1.4k, 37 ms under cProfile)."""
-    return str(e)
-
-class Role(enum.Enum):
-    FULL = "full"
-    ROW = "row"
-    REDUCE = "reduce"
-
-
-class GroupKind(enum.Enum):
-    POINTWISE = "poi"
-    PERSISTENT = "per"
-    LOOPED = "red"
-    EXTERN = "extern"
-    VIEW = "view"
-
-
-KERNEL_KINDS = frozenset({GroupKind.POINTWISE, GroupKind.PERSISTENT, GroupKind.LOOPED})
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where a node sits in its kernel: role, loop-variable substitution, loop phase."""
-
-    role: Role
-    varmap: tuple[tuple[sympy.Symbol, sympy.Expr], ...]
-    phase: int = 0
-    """For FULL/REDUCE: which pass over the row computes it; for ROW: after which pass (-1:
-    before the first)."""
-    online_with: str | None = None
-    """For ``sum(exp(v - max(v)))``: the max reduction it is computed with in one pass
-    (online softmax: the running sum is rescaled whenever the running max grows)."""
-
-
-@dataclass(frozen=True, slots=True)
-class KernelGroup:
-    index: int
-    kind: GroupKind
-    nodes: tuple[ir.Node, ...]
-    xnumel: sympy.Expr = sympy.S.One
-    rnumel: sympy.Expr = sympy.S.One
-    placements: tuple[tuple[str, Placement], ...] = ()
-    stores: frozenset[str] = frozenset()
-    """Buffers the kernel writes to memory (the others live only in registers)."""
-    phases: int = 1
-    outer: bool = False
-    """A reduction over a strided (leading) dim: launched with wide ``XBLOCK`` tiles."""
-    fits: int = 0
-    """A looped reduction over a symbolic row length: rows of at most ``fits`` elements (the
-    hint's power of two) take a persistent path in the same kernel, longer rows the loop.
-    0: no such path."""
-    by_name: Mapping[str, Placement] = field(init=False, repr=False, compare=False)
-    """`placements` by node name (built once)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "by_name", dict(self.placements))
-
-    def placement(self, name: str) -> Placement:
-        return self.by_name[name]
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    groups: tuple[KernelGroup, ...]
-    """In execution order."""
-    decisions: tuple[str, ...] = ()
-    """Why each node joined its kernel, or why it did not join a kernel it could have shared
-    reads with (``fusion.txt``, and the ``schedule`` log channel)."""
-    combos: tuple[tuple[int, ...], ...] = ()
-    """Runs of adjacent pointwise groups launched as one combo kernel, by group index
-    (`torchfuse.inductor.combo`; empty until its ``plan_combos`` pass)."""
 
 
 @dataclass(slots=True)
@@ -300,8 +226,8 @@ class _Builder:
             role = _role(n, xnumel, rnumel)
             if role is None:
                 nx, nr = _numels(n)
-                return Reject(f"{n.name} ({_t(nx)} x {_t(nr)}) fits neither the domain "
-                              f"{_t(xnumel)} x {_t(rnumel)} nor its rows")
+                return Reject(f"{n.name} ({ir.text(nx)} x {ir.text(nr)}) fits neither the domain "
+                              f"{ir.text(xnumel)} x {ir.text(rnumel)} nor its rows")
             roles[n.name] = role
             maps[n.name] = self._varmap(n, role, xnumel, rnumel)
         bounds = {XI: xnumel, RI: rnumel}
@@ -323,8 +249,8 @@ class _Builder:
                 lhs = at(ld.index, n.name, maps, bounds)
                 rhs = at(prod.store_index, prod.name, maps, bounds)
                 if lhs != rhs:
-                    return Reject(f"{n.name} reads {prod.name} at {_t(lhs)}, "
-                                  f"where it is computed at {_t(rhs)}")
+                    return Reject(f"{n.name} reads {prod.name} at {ir.text(lhs)}, "
+                                  f"where it is computed at {ir.text(rhs)}")
                 pp = phase[prod.name]
                 if roles[prod.name] == Role.FULL:
                     p = max(p, pp)
@@ -438,7 +364,7 @@ class _Builder:
         nx, nr = _numels(node)
         if isinstance(node, ir.Reduction) and R == 1:
             if not (_eq(X, nx * nr) or _eq(X, nx)):
-                return Reject(f"a reduction of {_t(nx)} x {_t(nr)} covers neither its {_t(X)} "
+                return Reject(f"a reduction of {ir.text(nx)} x {ir.text(nr)} covers neither its {ir.text(X)} "
                               "elements nor its rows")
             X, R = nx, nr
         placed = self.place([*g.nodes, node], X, R)
@@ -493,7 +419,7 @@ class _Builder:
             g.xnumel, g.rnumel, g.placed = fit.xnumel, fit.rnumel, fit.placed
             self._record(gi, node)
             self.decide(f"{node.name} fused into {self.label(gi)} "
-                        f"(domain {_t(fit.xnumel)} x {_t(fit.rnumel)}, {fit.shared} bytes shared)")
+                        f"(domain {ir.text(fit.xnumel)} x {ir.text(fit.rnumel)}, {fit.shared} bytes shared)")
         self.merge()
         if self.config.pointwise_rows:
             self.split_rows(self.config.pointwise_rows)
@@ -792,7 +718,7 @@ def format_schedule(s: Schedule) -> str:
     for g in s.groups:
         head = f"kernel {g.index} [{g.kind.value}]"
         if g.kind in KERNEL_KINDS:
-            head += (f" xnumel={_t(g.xnumel)} rnumel={_t(g.rnumel)} phases={g.phases} "
+            head += (f" xnumel={ir.text(g.xnumel)} rnumel={ir.text(g.rnumel)} phases={g.phases} "
                      f"stores={sorted(g.stores)}")
         lines.append(head)
         for node in g.nodes:

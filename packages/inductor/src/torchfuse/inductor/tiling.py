@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import sympy
 from torchfuse.graph.ops import to_dtype
 from torchfuse.inductor import ir
-from torchfuse.inductor.scheduler import RI, XI, GroupKind, KernelGroup, Placement, Role
+from torchfuse.inductor.kernel_groups import RI, XI, GroupKind, KernelGroup, Placement, Role
 
 MIN_RUN = 8
 """A transposed access must be contiguous over at least this many elements along the tile's
