@@ -150,9 +150,9 @@ def test_backward_compiled_with_the_forward_and_warmed_early(monkeypatch):
 
     import torchfuse.autograd.config as aconfig
 
-    monkeypatch.setattr(aconfig, "config", aconfig.from_environment({"TORCHFUSE_COMPILE_FORWARD_FIRST": "1"}))
-    assert aconfig.config.forward_first and not aconfig.from_environment({}).forward_first
-    assert dataclasses.replace(aconfig.config, forward_first=False) == aconfig.from_environment({})
+    monkeypatch.setattr(glue_module, "config", aconfig.from_environment({"TORCHFUSE_COMPILE_FORWARD_FIRST": "1"}))
+    assert glue_module.config.forward_first and not aconfig.from_environment({}).forward_first
+    assert dataclasses.replace(glue_module.config, forward_first=False) == aconfig.from_environment({})
     events.clear()
     fn = aot(graph, compiler, compile_backward_early=True)
     got = _grads(fn, _inputs())

@@ -52,7 +52,6 @@ from typing import Any, Protocol
 
 import msgspec
 import torch
-import torchfuse.autograd.config as aconfig
 from torchfuse.autograd.common import AutogradError, eliminate_common_subexpressions, format_graph
 from torchfuse.autograd.config import config
 from torchfuse.autograd.decompositions import DEFAULT_TABLE, Table, decompose
@@ -419,7 +418,7 @@ class AotFunction:
             if plan.forward is None:
                 with gc_paused():  # the compilers' lowering allocates as much as the passes
                     early = training and self.compile_backward_early and plan.backward is None
-                    if early and aconfig.config.forward_first:
+                    if early and config.forward_first:
                         self._compile_forward(plan, inputs, start=True)
                     if early:
                         assert plan.partition is not None
