@@ -22,7 +22,6 @@ Off by default until a GPU run has measured both orders.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -49,27 +48,26 @@ class Config:
     lowering the backward (``TORCHFUSE_COMPILE_FORWARD_FIRST=1``)."""
 
 
-def _parse_logs(text: str, debug: bool, memo: bool = True, disk: bool = True) -> Config:
-    names = {n.strip() for n in text.split(",") if n.strip()}
-    if "+aot" in names:
-        return Config(log_aot=True, log_level=logging.DEBUG, verify_passes=debug, meta_memo=memo,
-                      meta_memo_disk=disk)
-    return Config(log_aot="aot" in names or "all" in names, verify_passes=debug, meta_memo=memo,
-                  meta_memo_disk=disk)
-
-
-def _on(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "1").strip().lower() not in {"0", "false", "no", "off"}
+def _on(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A switch: on by default unless set to 0/false/no/off, or off unless set to 1/true/yes/on."""
+    value = env.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value not in {"0", "false", "no", "off"} if default else value in {"1", "true", "yes", "on"}
 
 
 def from_environment(environ: dict[str, str] | None = None) -> Config:
     """The config described by ``environ`` (defaults to ``os.environ``)."""
     env = os.environ if environ is None else environ
-    debug = env.get("TORCHFUSE_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
-    parsed = _parse_logs(env.get("TORCHFUSE_LOGS", ""), debug, _on(env, "TORCHFUSE_META_MEMO"),
-                         _on(env, "TORCHFUSE_META_MEMO_DISK"))
-    first = env.get("TORCHFUSE_COMPILE_FORWARD_FIRST", "0").strip().lower()
-    return dataclasses.replace(parsed, forward_first=first in {"1", "true", "yes", "on"})
+    names = {n.strip() for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()}
+    return Config(
+        log_aot=bool(names & {"aot", "+aot", "all"}),
+        log_level=logging.DEBUG if "+aot" in names else logging.INFO,
+        verify_passes=_on(env, "TORCHFUSE_DEBUG", False),
+        meta_memo=_on(env, "TORCHFUSE_META_MEMO", True),
+        meta_memo_disk=_on(env, "TORCHFUSE_META_MEMO_DISK", True),
+        forward_first=_on(env, "TORCHFUSE_COMPILE_FORWARD_FIRST", False),
+    )
 
 
 config: Config = from_environment()
