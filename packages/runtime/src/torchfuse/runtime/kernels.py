@@ -392,9 +392,9 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
             reload.append(group[1:])
         else:
             tasks.append((group, None))
-    total = sum(len(group) for group in by_fn.values())
-    workers = rconfig.config.compile_workers
     unique = [job for group in by_fn.values() for job in group]
+    total = len(unique)
+    workers = rconfig.config.compile_workers
     marker = None
     if workers > 0 and total >= rconfig.config.compile_workers_min and not triton_interpreting():
         marker = _compiled_marker(unique)
@@ -484,8 +484,7 @@ def _launcher_key(kernel: Any) -> Any:
 
 
 def _compiled_marker(jobs: Sequence[WarmupJob]) -> Path | None:
-    """A file whose presence says that every one of ``jobs`` was warmed up without error
-    before, on a device of this kind (`device_key`), so that their binaries sit in Triton's
+    """Where a file says that every one of ``jobs`` was warmed up without error before, on a device of this kind (`device_key`), so that their binaries sit in Triton's
     disk cache: a warm start then skips `compile_workers.plan` (about 1.5 ms a kernel on the
     H100, spent working out Triton's cache key only to find the binary on disk).
 
