@@ -484,9 +484,10 @@ def _launcher_key(kernel: Any) -> Any:
 
 
 def _compiled_marker(jobs: Sequence[WarmupJob]) -> Path | None:
-    """Where a file says that every one of ``jobs`` was warmed up without error before, on a device of this kind (`device_key`), so that their binaries sit in Triton's
-    disk cache: a warm start then skips `compile_workers.plan` (about 1.5 ms a kernel on the
-    H100, spent working out Triton's cache key only to find the binary on disk).
+    """Where a file says that every one of ``jobs`` was warmed up without error before, on a
+    device of this kind (`device_key`), so that their binaries sit in Triton's disk cache: a
+    warm start then skips `compile_workers.plan` (about 1.5 ms a kernel on the H100, spent
+    working out Triton's cache key only to find the binary on disk).
 
     Named by the jobs' kernel files (content hashes), arguments and options; None for jobs the
     workers could not take anyway. The marker lists the binaries' metadata files in Triton's
