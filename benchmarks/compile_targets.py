@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="run every child N times (fresh caches each time), keep the minimum")
     p.add_argument("--out", default="", help="folder for <tag>.json and <tag>.md")
     p.add_argument("--tag", default="", help="file name stem (default: compile_targets_<device>_<time>)")
+    p.add_argument("--skip-tc", action="store_true",
+                   help="torchfuse's processes only (a setting's effect beside a run that has torch.compile's)")
     p.add_argument("--tc-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.only and not args.models:
@@ -187,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                            "environment": environment(args.device), "rows": []}
     stage_rows: list[tuple[str, dict[str, Any]]] = []
     for row in cp.select_rows(_profile_args(args)):
-        runs = [t for t in (run_tc(row, args) for _ in range(max(1, args.repeat))) if t is not None]
+        runs = [] if args.skip_tc else \
+            [t for t in (run_tc(row, args) for _ in range(max(1, args.repeat))) if t is not None]
         tc = min(runs) if runs else None
         tf = dict(cp.child_rows([row], _profile_args(args)))
         cold, warm = tf.get(f"{row.name} cold"), tf.get(f"{row.name} warm")

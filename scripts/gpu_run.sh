@@ -6,6 +6,7 @@
 #   scripts/gpu_run.sh warm             # cold vs warm start, the warm first call profiled
 #   scripts/gpu_run.sh compileprof      # compile time by stage, cold vs warm (compile_profile --warm)
 #   scripts/gpu_run.sh targets          # tc cold vs tf cold and warm per row (compile_targets.py; TARGETS_ARGS)
+#   scripts/gpu_run.sh tritontimes      # each Triton compile of a row's first call by stage, both compilers (TCT_ARGS)
 #   scripts/gpu_run.sh dynamic          # forward workloads static vs dynamic=True
 #   scripts/gpu_run.sh gpt2prof         # GPT-2: GPU busy vs wall time, top kernels
 #   scripts/gpu_run.sh autotune         # matmul rows under mode="max-autotune", both compilers
@@ -22,7 +23,7 @@
 # PYTHON, TORCHFUSE_SITE, WHEEL_DIR, FORCE_WHEELS=1 (install the wheels even when the module
 # imports), GPU_RUN_BUDGET_S (whole run, default 540), BENCH_ARGS (extra run.py arguments),
 # MODELS_ARGS (extra benchmarks/models.py arguments; ";;" separates several runs), MODELS_TIMEOUT_S (the models phase's cap, 420),
-# TARGETS_ARGS (benchmarks/compile_targets.py rows, ";;" between runs), TARGETS_TIMEOUT_S (each run's cap, 560),
+# TARGETS_ARGS (benchmarks/compile_targets.py rows, ";;" between runs, a run's leading NAME=VALUE words its environment), TARGETS_TIMEOUT_S (each run's cap, 560),
 # DIST_MODELS (default gpt2; or llama, or "gpt2 llama"), DIST_ARGS (extra benchmarks/distributed.py
 # arguments).
 set -uo pipefail
@@ -317,7 +318,7 @@ phase_compileprof() {
 # cold, torchfuse cold and warm, each in a fresh process. TARGETS_ARGS picks the rows
 # (default: the micro rows' cold-compile set); ";;" separates several runs.
 phase_targets() {
-    local t rc=0 r run n=0 runs dev=cuda extra=()
+    local t rc=0 r run n=0 runs dev=cuda extra=() words envs
     have_cuda || { dev=cpu; extra=(--small); }
     mapfile -t runs < <(printf '%s\n' "${TARGETS_ARGS:---only softmax,cross_entropy,layer_norm_train,gpt2,gpt2_train}" \
         | sed 's/;;/\n/g')
@@ -328,13 +329,33 @@ phase_targets() {
         # counted here, not in the pipeline below: each part of a pipeline runs in a subshell,
         # where ++n was lost and every run wrote (over) the files of run 1
         n=$((n + 1))
-        # shellcheck disable=SC2086  # run is a list of words on purpose
-        timeout "$t" "$PY" benchmarks/compile_targets.py --device "$dev" "${extra[@]}" --out "$DEST" \
-            --tag "compile_targets_${TAG}_$n" --timeout $((t / 3)) $run 2>&1 | tee -a "$BENCH_LOG"
+        # a run's leading NAME=VALUE words are its environment (e.g. TORCHFUSE_AUTOTUNE=0),
+        # the rest compile_targets.py's arguments
+        read -r -a words <<<"$run"
+        envs=()
+        while ((${#words[@]})) && [[ ${words[0]} =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+            envs+=("${words[0]}")
+            words=("${words[@]:1}")
+        done
+        timeout "$t" env "${envs[@]}" "$PY" benchmarks/compile_targets.py --device "$dev" "${extra[@]}" \
+            --out "$DEST" --tag "compile_targets_${TAG}_$n" --timeout $((t / 3)) "${words[@]}" 2>&1 \
+            | tee -a "$BENCH_LOG"
         r=${PIPESTATUS[0]}
         ((r != 0)) && rc=$r
     done
     return "$rc"
+}
+
+# Each Triton compile of a row's first call, stage by stage, both compilers
+# (benchmarks/triton_compile_times.py; TCT_ARGS picks the rows).
+phase_tritontimes() {
+    local t
+    t=$(phase_timeout 300)
+    ((t < 30)) && return 124
+    # shellcheck disable=SC2086  # a list of words on purpose
+    timeout "$t" "$PY" benchmarks/triton_compile_times.py --out "$DEST" --tag "triton_compile_times_$TAG" \
+        ${TCT_ARGS:---only softmax,cross_entropy,layer_norm_train} 2>&1 | tee -a "$BENCH_LOG"
+    return "${PIPESTATUS[0]}"
 }
 
 # Forward workloads static vs dynamic=True (the dynamic-shapes issue's table).
@@ -448,8 +469,8 @@ main() {
     local phases=("$@") p rc failed=0
     ((${#phases[@]})) || phases=(tests capture bench overhead)
     for p in "${phases[@]}"; do
-        case $p in setup | tests | capture | bench | overhead | modes | warm | compileprof | targets | dynamic | gpt2prof | autotune | models | dist) ;;
-            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm compileprof targets dynamic gpt2prof autotune models dist)" >&2
+        case $p in setup | tests | capture | bench | overhead | modes | warm | compileprof | targets | tritontimes | dynamic | gpt2prof | autotune | models | dist) ;;
+            *) echo "unknown phase '$p' (setup tests capture bench overhead modes warm compileprof targets tritontimes dynamic gpt2prof autotune models dist)" >&2
                exit 2 ;; esac
     done
     log "phases: setup ${phases[*]/setup/}; budget ${BUDGET}s; files in $DEST/*$TAG*"
