@@ -22,9 +22,10 @@ def tune_small_launches(monkeypatch):
 
     import torchfuse.runtime.config as rconfig
 
-    # and every candidate (mode="default" tunes the first two: test_default_mode_tunes_little)
+    # and every candidate (mode="default" tunes the first two: test_default_mode_tunes_little),
+    # before the first call returns (tuning after it: test_autotune_later.py)
     monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=0,
-                                                                autotune_default_max=0))
+                                                                autotune_default_max=0, autotune_later=False))
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def bench(monkeypatch):
 
 def _min_bytes(monkeypatch, n: int) -> None:
     monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=n,
-                                                                autotune_default_max=0))
+                                                                autotune_default_max=0, autotune_later=False))
 
 
 def _tuned(prog):

@@ -77,8 +77,10 @@ def test_copy_step_on_gpu():
 def test_autotuning_picks_and_persists(cache_dir, monkeypatch):
     import torchfuse.runtime.config as rconfig
 
-    # 8 MB moved: under the default threshold, which would take the cheapest config untuned
-    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=0))
+    # 8 MB moved: under the default threshold, which would take the cheapest config untuned;
+    # tuned before the first call returns (after it: the next test)
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_min_bytes=0,
+                                                                autotune_later=False))
     fn = load(P.scale_program("cuda"))
     x = torch.randn(1 << 20, device="cuda")
     (out,) = fn(x)
@@ -94,6 +96,30 @@ def test_autotuning_picks_and_persists(cache_dir, monkeypatch):
     (out,) = again(x)
     torch.testing.assert_close(out, x * 0.5)
     assert again.stats.autotuned == 0 and again.stats.autotune_cache_hits == 1
+
+
+def test_tuning_after_the_first_call(cache_dir, monkeypatch):
+    import torchfuse.runtime.config as rconfig
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(
+        rconfig.config, autotune_min_bytes=0, autotune_default_max=0, autotune_later=True))
+    fn = load(P.scale_program("cuda"))
+    x = torch.randn(1 << 20, device="cuda")
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert fn.stats.autotuned == 0 and "XBLOCK=32" in fn.source  # the first candidate
+    fn._later_compiles.result(timeout=300)  # the other two, compiled in the background
+    assert fn.stats.later["background"] > 0
+    y = torch.randn(1 << 20, device="cuda")
+    (out,) = fn(y)  # the first call after them tunes
+    torch.testing.assert_close(out, y * 0.5)
+    assert fn.stats.autotuned == 1 and fn.stats.tuned_later == 1
+    (stored,) = (cache_dir / "autotune").iterdir()
+    ((_, winner),) = json.loads(stored.read_text()).items()
+    assert f"XBLOCK={winner['meta']['XBLOCK']}" in fn.source
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert fn.stats.autotuned == 1
 
 
 _CHILD = textwrap.dedent("""
@@ -125,7 +151,8 @@ def _child(env):
 
 def test_a_second_process_compiles_nothing(tmp_path, cache_dir):
     env = dict(os.environ, TORCHFUSE_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(tmp_path / "triton"),
-               TORCHFUSE_AUTOTUNE_MIN_BYTES="0")  # tune the small scale kernel anyway
+               TORCHFUSE_AUTOTUNE_MIN_BYTES="0",  # tune the small scale kernel anyway,
+               TORCHFUSE_AUTOTUNE_LATER="0")  # in the first call
     cold = _child(env)
     warm = _child(env)
     print(f"first call, cold caches: {cold['first_call_s']:.3f} s; warm caches: {warm['first_call_s']:.3f} s")

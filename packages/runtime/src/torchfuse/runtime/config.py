@@ -6,6 +6,7 @@
 | `TORCHFUSE_AUTOTUNE` | `0`: no first-call autotuning (each kernel's first config); default on |
 | `TORCHFUSE_AUTOTUNE_MIN_BYTES` | launches moving fewer bytes are not tuned; default 16 MiB |
 | `TORCHFUSE_AUTOTUNE_DEFAULT_MAX` | candidates a kernel tunes in `mode="default"`; default 2, `0`: all |
+| `TORCHFUSE_AUTOTUNE_LATER` | `0`: tune before the first call returns; default on: tune after it (`mode="default"`) |
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
 | `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not the C launcher; default on |
 | `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs kept per program under reduce-overhead; default 8, `0`: unlimited |
@@ -49,6 +50,13 @@ class Config:
     the first ones in the producer's order once equivalent ones are pruned
     (`torchfuse.runtime.autotune.prune_candidates`); ``max-autotune`` Programs tune them all.
     0: no limit."""
+    autotune_later: bool = True
+    """In ``mode="default"``, a first call that would tune runs each kernel still to tune with
+    its first candidate instead; the other candidates compile in the background, and the first
+    call after they are ready benchmarks them all and switches to the winners (cached on disk
+    as ever, so the next process starts tuned). Off, or under ``max-autotune`` or
+    ``reduce-overhead`` (whose CUDA graphs are captured at once): tuned before the first call
+    returns."""
     fast_launch: bool = True
     """Launch through the compiled kernel's launcher once it is known (GPU only)."""
     direct_launch: bool = True
@@ -120,6 +128,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         autotune=_flag(env, "TORCHFUSE_AUTOTUNE", True),
         autotune_min_bytes=max(0, int(min_bytes)) if min_bytes else 1 << 24,
         autotune_default_max=max(0, int(default_max)) if default_max else 2,
+        autotune_later=_flag(env, "TORCHFUSE_AUTOTUNE_LATER", True),
         fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, ncores)),

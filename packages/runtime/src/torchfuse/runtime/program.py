@@ -197,6 +197,8 @@ class CompiledProgram:
         tunable = [k for k in program.kernels if len(k.configs) > 1]
         self._setup_tuning(tunable if (self._gpu and rconfig.config.autotune) else [])
         self._precompiled: set[tuple[Any, ...]] = set()
+        self._later_compiles: Future[None] | None = None
+        """The deferred candidates' background compiles (`_install_pending`), if any."""
         self._generated: codegen.Generated | None = None
         self._entry: Any = self._first_call
         self._graphs: Any = None
@@ -317,27 +319,37 @@ class CompiledProgram:
                 observe.record_count(f"runtime.{what}", n or 0)
         observe.flush_timings(name)
 
-    def _dispatch_counted(self, args: tuple[Any, ...], env: dict[str, int]) -> list[Any]:
+    def _dispatch_counted(self, args: tuple[Any, ...], env: dict[str, int], now: bool = False) -> list[Any]:
         """Choose configs for these symbol values (tuning if needed), then call their function.
 
         Runs on the first call (GPU), and again for each new value of the symbols that tuned
-        kernels depend on.
+        kernels depend on. Tuning is deferred (`_later`) unless ``now``: the call that
+        finishes a deferred tuning (`_tune_pending`).
         """
         key = tuple(env[s] for s in self._tune_symbols)
         fn = self._by_key.get(key)
         if fn is not None:
             self._entry = fn
             return fn(*args)
-        phases = self.stats.first_call
+        phases = self.stats.later if now else self.stats.first_call
         t0 = time.perf_counter()
         configs = self._default_configs()
-        winners, missing, tkeys = self._choose(env, count=True)
+        winners, missing, tkeys = self._choose(env, count=not now)
+        # deferred only on the first call: sizes met later tune at once, as before
+        later = not now and not self._by_key and self._later(missing)
         t1 = time.perf_counter()
         _add(phases, "choose", t1 - t0)
         if self._gpu:
-            self._precompile(env, self._to_warm(configs, winners, missing))
+            self._precompile(env, self._to_warm(configs, winners, missing, later))
         t2 = time.perf_counter()
         _add(phases, "precompile", t2 - t1)
+        if later:
+            fn = self._install_pending(configs, winners, missing, env)
+            t3 = time.perf_counter()
+            _add(phases, "generate", t3 - t2)
+            result = fn(*args)
+            _add(phases, "run", time.perf_counter() - t3)
+            return result
         result = None
         if missing:
             assert self._autotune_cache is not None
@@ -396,10 +408,74 @@ class CompiledProgram:
         return winners, missing, tkeys
 
     def _to_warm(self, configs: dict[str, S.LaunchConfig | None], winners: dict[str, S.LaunchConfig],
-                 missing: list[str]) -> dict[str, list[S.LaunchConfig | None]]:
-        """Only what will run: every candidate of a kernel still to tune, else the chosen config."""
-        return {k.name: list(self._candidates.get(k.name) or k.configs) if k.name in missing
+                 missing: list[str], later: bool = False) -> dict[str, list[S.LaunchConfig | None]]:
+        """Only what will run: every candidate of a kernel still to tune (only the first when
+        its tuning is deferred, ``later``), else the chosen config."""
+        return {k.name: self._tuning_candidates(k)[:1 if later else None] if k.name in missing
                 else [winners.get(k.name) or configs[k.name]] for k in self.program.kernels}
+
+    def _tuning_candidates(self, kernel: S.Kernel) -> list[S.LaunchConfig | None]:
+        return list(self._candidates.get(kernel.name) or kernel.configs)
+
+    # ------------------------------------------------------------------------- deferred tuning
+
+    def _later(self, missing: list[str]) -> bool:
+        """Whether kernels still to tune are tuned after the first call (`Config.autotune_later`)."""
+        return (bool(missing) and rconfig.config.autotune_later and self._graphs is None
+                and self.program.meta.get("mode") != "max-autotune")
+
+    def _install_pending(self, configs: dict[str, S.LaunchConfig | None], winners: dict[str, S.LaunchConfig],
+                         missing: list[str], env: dict[str, int]) -> Any:
+        """Run on each kernel's first candidate until the others are compiled, then tune.
+
+        The provisional function checks no sizes (any candidate is correct at any size; only
+        its speed was to be chosen), so calls go straight to it while the background compiles
+        run; the first call that finds them done tunes, through `_dispatch_counted`, and
+        installs the winners' function."""
+        kmap = self._kmap
+        chosen = {**configs, **winners, **{k: self._tuning_candidates(kmap[k])[0] for k in missing}}
+        gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
+                               configs=chosen, fast=self._fast_allowed(), layout=self._layout)
+        provisional = self._exec(gen, {"_TUNED_FOR": set()})
+        self._generated = gen
+        rest = {k: self._tuning_candidates(kmap[k])[1:] for k in missing}
+        done: Future[None] | None = None
+        if self._gpu:
+            device = torch.cuda.current_device()
+            done = _background().submit(self._compile_later, env, rest, device)
+        self._later_compiles = done
+        logger.info("program %r: %d kernel(s) run their first candidate; tuned after %s",
+                    self.program.name, len(missing),
+                    "the others compile" if done is not None else "this call")
+
+        def pending(*args: Any) -> list[Any]:
+            if done is None or done.done():
+                return self._tune_pending(args)
+            return provisional(*args)
+
+        self._entry = pending
+        return provisional
+
+    def _compile_later(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]],
+                       device: int) -> None:
+        """The deferred candidates' compiles (background thread; the calls go on meanwhile)."""
+        start = time.perf_counter()
+        with torch.cuda.device(device), self._lock:
+            try:
+                self._precompile(env, warm, background=True)
+            except Exception as e:  # the tuning call compiles what is missing, and reports it
+                logger.debug("background compile of %r's candidates failed: %s", self.program.name, e)
+        _add(self.stats.later, "background", time.perf_counter() - start)
+
+    def _tune_pending(self, args: tuple[Any, ...]) -> list[Any]:
+        """The call that tunes what the first call deferred (its own sizes: any not tuned yet)."""
+        with self._lock:
+            env = self._bind(args)
+            with count_compiles(self.stats):
+                before = self.stats.autotuned
+                out = self._dispatch_counted(args, env, now=True)
+                self.stats.tuned_later += self.stats.autotuned - before
+            return out
 
     def precompile_async(self) -> Future[None] | None:
         """Start compiling, in the background, what the first call will launch (GPU only).
@@ -429,7 +505,7 @@ class CompiledProgram:
             # Not under count_compiles: Triton's listener is one global, and a foreground call
             # of another program may be swapping it right now.
             try:
-                warm = self._to_warm(self._default_configs(), winners, missing)
+                warm = self._to_warm(self._default_configs(), winners, missing, self._later(missing))
                 self._precompile(env, warm, background=True)
             except Exception as e:  # the first call meets it again and reports it there
                 logger.debug("background warm-up of %r failed: %s", self.program.name, e)

@@ -1,0 +1,123 @@
+"""Tuning after the first call (``Config.autotune_later``), on the CPU with a stand-in benchmark.
+
+On the CPU no candidate needs compiling, so the call after the first tunes; on the GPU it is
+the first call after the background compiles end (test_gpu.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import pytest
+import runtime_programs as P
+import torch
+import torchfuse.runtime.autotune as autotune
+import torchfuse.runtime.config as rconfig
+from torchfuse.runtime import load
+from torchfuse.runtime.errors import InputError
+
+pytestmark = pytest.mark.filterwarnings("ignore:torchfuse.runtime. running Triton kernels")
+
+
+@pytest.fixture(autouse=True)
+def later(monkeypatch):
+    # the test programs are tiny: tune them anyway, every candidate, after the first call
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(
+        rconfig.config, autotune_min_bytes=0, autotune_default_max=0, autotune_later=True))
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """A benchmark that prefers XBLOCK=128 and really launches each candidate once."""
+    seen = []
+
+    def fake(kernel, cfg, launch):
+        launch()
+        seen.append(cfg.meta["XBLOCK"])
+        return 1.0 if cfg.meta["XBLOCK"] == 128 else 5.0
+
+    monkeypatch.setattr(autotune, "benchmark", fake)
+    return seen
+
+
+def tuned(prog):
+    fn = load(prog)
+    fn._setup_tuning([k for k in prog.kernels if len(k.configs) > 1])
+    return fn
+
+
+def test_first_call_runs_the_first_candidate_and_the_next_call_tunes(bench, cache_dir):
+    fn = tuned(P.scale_program("cpu"))
+    x = torch.randn(100)
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert bench == [] and fn.stats.autotuned == 0 and fn.stats.tuned_later == 0
+    assert "XBLOCK=32" in fn.source and "_TUNED_FOR" not in fn.source  # first candidate, no size check
+    assert set(fn.stats.first_call) == {"wait", "choose", "precompile", "generate", "run"}
+    assert not (cache_dir / "autotune").exists()
+
+    y = torch.randn(100)
+    (out,) = fn(y)  # tunes, on this call's buffers, and switches to the winner
+    torch.testing.assert_close(out, y * 0.5)
+    assert bench == [32, 128, 1024]
+    assert fn.stats.autotuned == 1 and fn.stats.tuned_later == 1
+    assert "XBLOCK=128" in fn.source
+    assert fn.stats.later["tune"] > 0 and "tune" not in fn.stats.first_call
+    (stored,) = (cache_dir / "autotune").iterdir()  # kept on disk as ever
+
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert bench == [32, 128, 1024]  # tuned once
+
+    fresh = tuned(P.scale_program("cpu"))  # a new process starts tuned: nothing deferred
+    (out,) = fresh(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert fresh.stats.autotune_cache_hits == 1 and "XBLOCK=128" in fresh.source
+    assert bench == [32, 128, 1024] and fresh.stats.tuned_later == 0
+
+
+def test_sizes_met_after_the_first_call_tune_at_once(bench):
+    fn = tuned(P.scale_program("cpu"))
+    a, b = torch.randn(100), torch.randn(37)
+    fn(a)
+    fn(a)
+    assert len(bench) == 3
+    (out,) = fn(b)  # a new size for a tuned Program: tuned before this call returns
+    torch.testing.assert_close(out, b * 0.5)
+    assert len(bench) == 6 and fn.stats.tuned_later == 1
+
+
+def test_the_tuning_call_tunes_its_own_sizes(bench):
+    fn = tuned(P.scale_program("cpu"))
+    a, b = torch.randn(100), torch.randn(3000)
+    fn(a)
+    (out,) = fn(b)  # the deferred tuning happens here, for b's sizes
+    torch.testing.assert_close(out, b * 0.5)
+    assert len(bench) == 3 and fn.stats.tuned_later == 1
+    (out,) = fn(a)  # a's sizes were never tuned: now they are, at once
+    torch.testing.assert_close(out, a * 0.5)
+    assert len(bench) == 6
+
+
+def test_max_autotune_tunes_before_the_first_call_returns(bench):
+    prog = P.scale_program("cpu")
+    fn = tuned(msgspec.structs.replace(prog, meta={**prog.meta, "mode": "max-autotune"}))
+    x = torch.randn(100)
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.5)
+    assert bench == [32, 128, 1024] and fn.stats.tuned_later == 0
+
+
+def test_bad_inputs_still_fail_on_the_first_call_and_during_the_wait(bench):
+    fn = tuned(P.scale_program("cpu"))
+    with pytest.raises(InputError):
+        fn(torch.randn(4, 4))
+    fn(torch.randn(100))
+    with pytest.raises(InputError):  # the provisional function checks its inputs too
+        fn(torch.randn(100, dtype=torch.float64))
+    assert bench == []
+
+
+def test_the_switch_is_read_from_the_environment():
+    assert rconfig.from_environment({}).autotune_later is True
+    assert rconfig.from_environment({"TORCHFUSE_AUTOTUNE_LATER": "0"}).autotune_later is False
