@@ -19,7 +19,9 @@ and then times the first compiled call (compile and first step, synchronized); `
 keeps each cell's minimum over N runs, each with fresh caches. Both compilers
 run with the same ``ptxas`` (`run._pin_ptxas`). The table gives the two ratios the issue's
 targets are about: ``tf cold / tc cold`` (target ≤ 0.5) and ``tf warm / tf cold`` (≤ 0.15),
-followed by the stage breakdown of torchfuse's processes. With ``--out``, ``<tag>.json``
+followed by the stage breakdown of torchfuse's processes. ``tf cold, tuned s`` is when the
+cold process was done tuning: its first call, the wait for the background compiles and a
+second call (which tunes what the first deferred, ``TORCHFUSE_AUTOTUNE_LATER``). With ``--out``, ``<tag>.json``
 (schema ``torchfuse-compile-targets/1``) and ``<tag>.md`` are rewritten after every row, so a
 run cut short keeps what it measured.
 """
@@ -132,8 +134,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def summarize(results: list[dict[str, Any]]) -> list[str]:
     """The markdown table of the targets, one line per row, and a count of passes."""
-    lines = ["| row | tc cold s | tf cold s | tf warm s | tf cold / tc cold | tf warm / cold |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| row | tc cold s | tf cold s | tf warm s | tf cold / tc cold | tf warm / cold | tf cold, tuned s |",
+             "|---|---|---|---|---|---|---|"]
 
     def seconds(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
@@ -148,7 +150,7 @@ def summarize(results: list[dict[str, Any]]) -> list[str]:
         warm_ok += warm is not None and warm <= WARM_TARGET
         lines.append(f"| {r['row']} | {seconds(r['tc_cold_s'])} | {seconds(r['tf_cold_s'])} | "
                      f"{seconds(r['tf_warm_s'])} | {judged(cold, COLD_TARGET, '.2f')} | "
-                     f"{judged(warm, WARM_TARGET, '.1%')} |")
+                     f"{judged(warm, WARM_TARGET, '.1%')} | {seconds(r.get('tf_cold_tuned_s'))} |")
     lines.append("")
     n = len(results)
     lines.append(f"targets: cold <= {COLD_TARGET:.0%} of torch.compile's on {cold_ok} of {n} rows; "
@@ -197,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         stage_rows += [(k, v) for k, v in tf.items()]
         tf_cold = cold["first_call_s"] if cold else None
         tf_warm = warm["first_call_s"] if warm else None
+        tuned = cold.get("tuned_s") if cold else None
         doc["rows"].append({"row": row.name, "tc_cold_s": tc, "tf_cold_s": tf_cold, "tf_warm_s": tf_warm,
                             "tf_cold_over_tc": _ratio(tf_cold, tc),
                             "tf_warm_over_cold": _ratio(tf_warm, tf_cold),
+                            "tf_cold_tuned_s": tuned if tuned is not None and tuned < float("inf") else None,
                             "tf_stages": tf})
         if out:  # after every row: a run cut short keeps what it measured
             (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -30,6 +30,8 @@ For each (model, mode, compiler) a cell records:
 - ``compile_s``: wall time of the first call (capture + compile + run). The compile caches point
   at fresh directories at the start of the run and each compiler first compiles a trivial
   function, as in ``run.py``; later models may reuse kernels an earlier one cached;
+  ``tuned_after_s`` (torchfuse): from the same start until the tuning it deferred past the
+  first call was done (``Device.finish_tuning``), before ``ms`` and ``peak_mb`` are measured;
 - ``peak_mb``: on CUDA, the peak memory of one step above what was allocated before it;
 - the error against eager: ``err_logits`` = max |a - e| / max |e| over the logits; training adds
   ``err_loss`` = |a - e| / |e| and ``err_grads`` = ||a - e||₂ / ||e||₂ over every parameter
@@ -560,6 +562,8 @@ def run_row(spec: ModelSpec, training: bool, dev: Device, compilers: ModelCompil
                 except Exception as e:  # e.g. a value that is not a real tensor
                     cell["check"] = "MISMATCH: comparing with eager: " + short_error(e)
             first = None
+            if variant == "torchfuse":
+                cell["tuned_after_s"] = first_s + dev.finish_tuning(step)
             cell["peak_mb"] = dev.peak_extra_mb(step)
             cell["ms"] = dev.bench_ms(step)
             if variant == "torchfuse" and hasattr(compiled, "graph_count"):

@@ -78,6 +78,15 @@ def _background() -> ThreadPoolExecutor:
     return _background_pool
 
 
+def wait_for_background(timeout: float | None = None) -> None:
+    """Wait until the background compiles started so far in this process are done: a training
+    step's backward warm-ups (`CompiledProgram.precompile_async`) and the candidates of tuning
+    deferred past a first call (`torchfuse.runtime.config.Config.autotune_later`). The next
+    call of such a Program then tunes. ``timeout``: seconds, else ``TimeoutError``."""
+    if _background_pool is not None:
+        _background_pool.submit(lambda: None).result(timeout)
+
+
 def _add(phases: dict[str, float], name: str, seconds: float) -> None:
     phases[name] = phases.get(name, 0.0) + seconds
 
