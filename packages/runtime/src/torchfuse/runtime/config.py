@@ -52,7 +52,7 @@ class Config:
     0: no limit."""
     autotune_later: bool = True
     """In ``mode="default"``, a first call that would tune runs each kernel still to tune with
-    its first candidate instead; the other candidates compile in the background, and the first
+    its candidate cheapest to compile instead; the others compile in the background, and the first
     call after they are ready benchmarks them all and switches to the winners (cached on disk
     as ever, so the next process starts tuned). Off, or under ``max-autotune`` or
     ``reduce-overhead`` (whose CUDA graphs are captured at once): tuned before the first call

@@ -237,7 +237,7 @@ class CompileStats:
     ``Config.autotune_min_bytes``): the cheapest to compile was taken."""
     tuned_later: int = 0
     """Tunings deferred past a first call (``Config.autotune_later``): the first call ran the
-    kernels' first candidates, a later call benchmarked them all."""
+    kernels' candidates cheapest to compile, a later call benchmarked them all."""
     later: dict[str, float] = field(default_factory=dict)
     """Seconds of deferred tuning, not part of any first call: ``background`` (the other
     candidates' compiles, while calls went on), ``precompile`` and ``tune`` (the call that

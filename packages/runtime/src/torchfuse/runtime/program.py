@@ -420,11 +420,17 @@ class CompiledProgram:
                  missing: list[str], later: bool = False) -> dict[str, list[S.LaunchConfig | None]]:
         """Only what will run: every candidate of a kernel still to tune (only the first when
         its tuning is deferred, ``later``), else the chosen config."""
-        return {k.name: self._tuning_candidates(k)[:1 if later else None] if k.name in missing
+        return {k.name: ([self._provisional(k)] if later else self._tuning_candidates(k)) if k.name in missing
                 else [winners.get(k.name) or configs[k.name]] for k in self.program.kernels}
 
-    def _tuning_candidates(self, kernel: S.Kernel) -> list[S.LaunchConfig | None]:
+    def _tuning_candidates(self, kernel: S.Kernel) -> list[S.LaunchConfig]:
         return list(self._candidates.get(kernel.name) or kernel.configs)
+
+    def _provisional(self, kernel: S.Kernel) -> S.LaunchConfig:
+        """What a kernel whose tuning is deferred runs until then: its candidate cheapest to
+        compile (Triton's compile time grows faster than the work per thread: a softmax row's
+        two-rows-per-program candidate took 780 ms against 132 ms for one row per program)."""
+        return cheapest_to_compile(self._tuning_candidates(kernel))
 
     # ------------------------------------------------------------------------- deferred tuning
 
@@ -435,25 +441,25 @@ class CompiledProgram:
 
     def _install_pending(self, configs: dict[str, S.LaunchConfig | None], winners: dict[str, S.LaunchConfig],
                          missing: list[str], env: dict[str, int]) -> Any:
-        """Run on each kernel's first candidate until the others are compiled, then tune.
+        """Run each kernel's `_provisional` candidate until the others are compiled, then tune.
 
         The provisional function checks no sizes (any candidate is correct at any size; only
         its speed was to be chosen), so calls go straight to it while the background compiles
         run; the first call that finds them done tunes, through `_dispatch_counted`, and
         installs the winners' function."""
         kmap = self._kmap
-        chosen = {**configs, **winners, **{k: self._tuning_candidates(kmap[k])[0] for k in missing}}
+        chosen = {**configs, **winners, **{k: self._provisional(kmap[k]) for k in missing}}
         gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
                                configs=chosen, fast=self._fast_allowed(), layout=self._layout)
         provisional = self._exec(gen, {"_TUNED_FOR": set()})
         self._generated = gen
-        rest = {k: self._tuning_candidates(kmap[k])[1:] for k in missing}
+        rest = {k: [c for c in self._tuning_candidates(kmap[k]) if c is not chosen[k]] for k in missing}
         done: Future[None] | None = None
         if self._gpu:
             device = torch.cuda.current_device()
             done = _background().submit(self._compile_later, env, rest, device)
         self._later_compiles = done
-        logger.info("program %r: %d kernel(s) run their first candidate; tuned after %s",
+        logger.info("program %r: %d kernel(s) run their candidate cheapest to compile; tuned after %s",
                     self.program.name, len(missing),
                     "the others compile" if done is not None else "this call")
 
