@@ -11,6 +11,12 @@ from collections.abc import Iterable, Mapping
 
 import sympy
 
+# sympy's ``Add.flatten`` imports this module (and sympy.combinatorics with it) the first time
+# two symbolic terms are added: 30-70 ms inside the first compile of the process that indexes
+# anything in two dimensions. It is an import, paid here with sympy's own: torch.compile's
+# first compile of even ``t * 2 + 1`` imports it too.
+import sympy.tensor.tensor  # noqa: F401
+
 
 def exact_div(t: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:
     """``t / b`` when it is an integer expression for sure (a multiple by construction),
