@@ -121,3 +121,31 @@ def test_bad_inputs_still_fail_on_the_first_call_and_during_the_wait(bench):
 def test_the_switch_is_read_from_the_environment():
     assert rconfig.from_environment({}).autotune_later is True
     assert rconfig.from_environment({"TORCHFUSE_AUTOTUNE_LATER": "0"}).autotune_later is False
+
+
+def test_deferred_compiles_are_dropped_once_the_interpreter_exits(monkeypatch):
+    import torchfuse.runtime.program as program
+
+    fn = tuned(P.scale_program("cpu"))
+    monkeypatch.setattr(fn, "_precompile", lambda *a, **k: pytest.fail("compiled while exiting"))
+    monkeypatch.setattr(program, "_exiting", True)
+    fn._compile_later({"s0": 100}, {"scale": []}, 0)  # returns before touching the device
+    assert "background" not in fn.stats.later
+
+
+def test_the_exit_flag_is_set_before_the_background_thread_is_joined():
+    """What a queued deferred compile sees when the script ends: the flag, so it skips."""
+    import subprocess
+    import sys
+
+    child = (
+        "import time\n"
+        "import torchfuse.runtime.program as p\n"
+        "def job():\n"
+        "    time.sleep(0.5)\n"
+        "    print('exiting', p._exiting, flush=True)\n"
+        "p._background().submit(job)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "exiting True" in out.stdout

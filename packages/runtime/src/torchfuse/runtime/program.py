@@ -8,6 +8,7 @@ chosen configs (see [`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); l
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import threading
@@ -76,6 +77,21 @@ def _background() -> ThreadPoolExecutor:
     if _background_pool is None:
         _background_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchfuse-warmup")
     return _background_pool
+
+
+_exiting = False
+"""Set when the interpreter starts shutting down: deferred candidates not yet compiling are
+dropped (a script that exits after one call should not wait for compiles it will never use;
+the backward warm-ups still run, their first calls wait for them)."""
+
+
+def _on_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+# Before the executor's own exit hook joins its thread (threading's hooks run before atexit's).
+getattr(threading, "_register_atexit", atexit.register)(_on_exit)
 
 
 def wait_for_background(timeout: float | None = None) -> None:
@@ -474,6 +490,8 @@ class CompiledProgram:
     def _compile_later(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]],
                        device: int) -> None:
         """The deferred candidates' compiles (background thread; the calls go on meanwhile)."""
+        if _exiting:
+            return
         start = time.perf_counter()
         with torch.cuda.device(device), self._lock:
             try:
