@@ -21,7 +21,8 @@ run with the same ``ptxas`` (`run._pin_ptxas`). The table gives the two ratios t
 targets are about: ``tf cold / tc cold`` (target ≤ 0.5) and ``tf warm / tf cold`` (≤ 0.15),
 followed by the stage breakdown of torchfuse's processes. ``tf cold, tuned s`` is when the
 cold process was done tuning: its first call, the wait for the background compiles and a
-second call (which tunes what the first deferred, ``TORCHFUSE_AUTOTUNE_LATER``). With ``--out``, ``<tag>.json``
+second call (which tunes what the first deferred, ``TORCHFUSE_AUTOTUNE_LATER``). With ``--out``,
+``<tag>.json``
 (schema ``torchfuse-compile-targets/1``) and ``<tag>.md`` are rewritten after every row, so a
 run cut short keeps what it measured.
 """
@@ -63,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="", help="folder for <tag>.json and <tag>.md")
     p.add_argument("--tag", default="", help="file name stem (default: compile_targets_<device>_<time>)")
     p.add_argument("--skip-tc", action="store_true",
-                   help="torchfuse's processes only (a setting's effect beside a run that has torch.compile's)")
+                   help="torchfuse's processes only (a setting's effect, beside a run with torch.compile)")
     p.add_argument("--tc-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.only and not args.models:
@@ -134,7 +135,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def summarize(results: list[dict[str, Any]]) -> list[str]:
     """The markdown table of the targets, one line per row, and a count of passes."""
-    lines = ["| row | tc cold s | tf cold s | tf warm s | tf cold / tc cold | tf warm / cold | tf cold, tuned s |",
+    lines = ["| row | tc cold s | tf cold s | tf warm s | tf cold / tc cold | tf warm / cold "
+             "| tf cold, tuned s |",
              "|---|---|---|---|---|---|---|"]
 
     def seconds(v: float | None) -> str:

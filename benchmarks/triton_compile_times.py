@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300, help="seconds per child process")
     p.add_argument("--out", default="", help="folder for <tag>.json")
     p.add_argument("--tag", default="", help="file name stem (default: triton_compile_times_<time>)")
-    p.add_argument("--child", default="", choices=("",) + COMPILERS, help=argparse.SUPPRESS)
+    p.add_argument("--child", default="", choices=("", *COMPILERS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.only and not args.models:
         p.error("name the rows: --models and/or --only")
@@ -83,7 +83,8 @@ def child(args: argparse.Namespace) -> int:
     gc.collect()
     records: list[dict[str, Any]] = []
 
-    def listener(*, src: Any, metadata: dict[str, Any], metadata_group: Any, times: Any, cache_hit: bool) -> None:
+    def listener(*, src: Any, metadata: dict[str, Any], metadata_group: Any, times: Any,
+                 cache_hit: bool) -> None:
         fn_ = getattr(src, "fn", None)
         stages = {"ir": times.ir_initialization, **dict(times.lowering_stages), "store": times.store_results}
         records.append({"kernel": getattr(fn_, "__name__", "?"), "cache_hit": cache_hit,
@@ -108,7 +109,8 @@ def run_child(row: Any, compiler: str, args: argparse.Namespace) -> dict[str, An
     root = tempfile.mkdtemp(prefix="torchfuse_tct_")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
                TRITON_CACHE_DIR=os.path.join(root, "triton"), TORCHFUSE_CACHE_DIR=os.path.join(root, "tf"),
-               TORCHINDUCTOR_COMPILE_THREADS="1", TORCHFUSE_COMPILE_WORKERS="0", TORCHFUSE_COMPILE_THREADS="1")
+               TORCHINDUCTOR_COMPILE_THREADS="1", TORCHFUSE_COMPILE_WORKERS="0",
+               TORCHFUSE_COMPILE_THREADS="1")
     env.pop("TRITON_INTERPRET", None)
     flag = ["--models", row.name.split("/")[0], "--model-modes", row.name.split("/")[1]] \
         if "/" in row.name else ["--only", row.name]
@@ -134,7 +136,8 @@ def report(row: str, compiler: str, res: dict[str, Any]) -> list[str]:
         for k, v in b["us"].items():
             stages[k] += v
     total = sum(b["total_us"] for b in bins)
-    lines = [f"{row} {compiler}: first call {res['first_call_s']:.2f} s (serial), {len(bins)} binaries compiled, "
+    lines = [f"{row} {compiler}: first call {res['first_call_s']:.2f} s (serial), "
+             f"{len(bins)} binaries compiled, "
              f"{total / 1e3:.0f} ms in Triton's compile: "
              + ", ".join(f"{k} {v / 1e3:.0f}" for k, v in stages.items())]
     for b in sorted(bins, key=lambda b: -b["total_us"])[:8]:

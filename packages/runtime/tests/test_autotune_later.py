@@ -63,7 +63,7 @@ def test_first_call_runs_the_cheapest_candidate_and_the_next_call_tunes(bench, c
     assert fn.stats.autotuned == 1 and fn.stats.tuned_later == 1
     assert "XBLOCK=128" in fn.source
     assert fn.stats.later["tune"] > 0 and "tune" not in fn.stats.first_call
-    (stored,) = (cache_dir / "autotune").iterdir()  # kept on disk as ever
+    assert len(list((cache_dir / "autotune").iterdir())) == 1  # kept on disk as ever
 
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)

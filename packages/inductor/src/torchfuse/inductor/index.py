@@ -15,7 +15,7 @@ import sympy
 # two symbolic terms are added: 30-70 ms inside the first compile of the process that indexes
 # anything in two dimensions. It is an import, paid here with sympy's own: torch.compile's
 # first compile of even ``t * 2 + 1`` imports it too.
-import sympy.tensor.tensor  # noqa: F401
+import sympy.tensor.tensor
 
 
 def exact_div(t: sympy.Expr, b: sympy.Expr) -> sympy.Expr | None:

@@ -7,8 +7,9 @@ resolve to real operators, buffer sizes evaluate) and every kernel source must h
 from a content-addressed cache directory and compiled by Triton (whose own cache keeps the
 binaries), autotuned on the GPU after the first call or, under ``max-autotune``, before it
 returns (winners kept on disk; `wait_for_background`), and launched by a generated Python
-call function. ``mode="reduce-overhead"`` replays calls as CUDA graphs. Nothing here imports torchfuse.capture, torchfuse.autograd or
-torchfuse.inductor: an archive runs with torchfuse-graph and torchfuse-runtime alone.
+call function. ``mode="reduce-overhead"`` replays calls as CUDA graphs. Nothing here imports
+torchfuse.capture, torchfuse.autograd or torchfuse.inductor: an archive runs with
+torchfuse-graph and torchfuse-runtime alone.
 """
 
 from torchfuse.runtime.__about__ import __version__

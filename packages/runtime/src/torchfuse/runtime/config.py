@@ -6,7 +6,7 @@
 | `TORCHFUSE_AUTOTUNE` | `0`: no first-call autotuning (each kernel's first config); default on |
 | `TORCHFUSE_AUTOTUNE_MIN_BYTES` | launches moving fewer bytes are not tuned; default 16 MiB |
 | `TORCHFUSE_AUTOTUNE_DEFAULT_MAX` | candidates a kernel tunes in `mode="default"`; default 2, `0`: all |
-| `TORCHFUSE_AUTOTUNE_LATER` | `0`: tune before the first call returns; default on: tune after it (`mode="default"`) |
+| `TORCHFUSE_AUTOTUNE_LATER` | `0`: tune before the first call returns; default: after it (`mode="default"`) |
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
 | `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not the C launcher; default on |
 | `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs kept per program under reduce-overhead; default 8, `0`: unlimited |

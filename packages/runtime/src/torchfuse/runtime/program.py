@@ -434,8 +434,8 @@ class CompiledProgram:
 
     def _to_warm(self, configs: dict[str, S.LaunchConfig | None], winners: dict[str, S.LaunchConfig],
                  missing: list[str], later: bool = False) -> dict[str, list[S.LaunchConfig | None]]:
-        """Only what will run: every candidate of a kernel still to tune (only the first when
-        its tuning is deferred, ``later``), else the chosen config."""
+        """Only what will run: every candidate of a kernel still to tune (only its
+        `_provisional` one when its tuning is deferred, ``later``), else the chosen config."""
         return {k.name: ([self._provisional(k)] if later else self._tuning_candidates(k)) if k.name in missing
                 else [winners.get(k.name) or configs[k.name]] for k in self.program.kernels}
 
