@@ -387,8 +387,8 @@ def triton_compile(program: Any, times: dict[str, float]) -> None:
 REAL_MARK = "COMPILE_PROFILE_REAL "
 REAL_COLUMNS = ("capture", "aot", "inductor", "inductor.cache_lookup", "runtime.load", "runtime.wait",
                 "runtime.choose", "runtime.precompile", "runtime.tune", "runtime.generate", "runtime.run",
-                "runtime.background")
-OVERLAPPING = ("runtime.background",)
+                "runtime.background", "runtime.later")
+OVERLAPPING = ("runtime.background", "runtime.later")
 """Stages that ran beside the others (a backward's compiles during the forward): shown, but
 not in the ``stages`` sum, whose time they overlap (``runtime.wait`` is what they added)."""
 """Stage groups of a real first call (a recorded stage counts in the most specific one)."""
@@ -577,7 +577,8 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     runs = max((int(r.get("runs", 1)) for _, r in rows), default=1)
     print("(milliseconds, forward and backward entries summed; first call = wall time of the step; "
           "runtime.run = the kernels' first run; runtime.background = a backward's compiles while the "
-          "forward ran, not in 'stages', and runtime.wait = its first call waiting for them"
+          "forward ran, not in 'stages', and runtime.wait = its first call waiting for them; "
+          "runtime.later = the second call's tuning of what the first deferred, not in 'stages'"
           + (f"; the minimum of {runs} runs per cell" if runs > 1 else "") + ")")
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for name, r in rows:

@@ -149,3 +149,19 @@ def test_the_exit_flag_is_set_before_the_background_thread_is_joined():
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "exiting True" in out.stdout
+
+
+def test_the_deferred_tuning_is_filed_with_its_entry(bench):
+    from torchfuse.graph import observe
+
+    with observe.collect(artifacts=False):
+        with observe.compiling("g/entry_0"):
+            fn = tuned(P.scale_program("cpu"))
+        x = torch.randn(100)
+        fn(x)
+        first, _ = observe.timings_of("g/entry_0")
+        assert "runtime.precompile" in first and "runtime.later" not in first
+        fn(x)
+        stages, counts = observe.timings_of("g/entry_0")
+    assert stages["runtime.later"] > 0 and counts["runtime.tuned_later"] == 1
+    assert stages["runtime.later"] >= fn.stats.later["tune"]
