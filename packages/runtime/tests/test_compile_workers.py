@@ -284,6 +284,44 @@ def test_the_pool_makes_the_binaries_sequential_compiles_make_and_is_reused_acro
     assert (stats.plans_skipped, len(planned)) == (0, 4)
 
 
+@pytest.mark.triton_cpu
+@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
+    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
+    reason="no ptxas to compile with")
+def test_a_marker_left_after_tuning_lets_the_next_start_skip_its_plan(sm90, fresh_pool, monkeypatch):
+    """After a tuning, the winners' warm-ups (compiled by then) leave the marker a warm start
+    asks for, which no precompile of this process wrote (it warmed up other sets)."""
+    import torchfuse.runtime.kernels as rk
+    from torchfuse.runtime.kernels import precompile
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(sm90 / "triton_pool"))
+    programs = _two_programs()
+    first, second = _jobs(sm90 / "kernels", programs)
+    precompile(first, CompileStats(), threads=1)  # compiled, in two sets: no marker for both
+    precompile(second, CompileStats(), threads=1)
+    monkeypatch.setattr(rk, "device_key", lambda device: "cuda-sm90-test")
+    assert not list((sm90 / "kernels").glob("*/compiled/*"))
+    rk.mark_warm(first + second)
+    (marker,) = (sm90 / "kernels").glob("*/compiled/*")
+    assert len(marker.read_text().split()) == len(first + second)
+
+    planned = []
+    real_plan = cw.plan
+    monkeypatch.setattr(cw, "plan", lambda jobs, where: planned.append(len(jobs)) or real_plan(jobs, where))
+    warm = [job for jobs in _jobs(sm90 / "kernels", programs) for job in jobs]  # a new process's
+    stats = CompileStats()
+    with count_compiles(stats):
+        precompile(warm, stats, threads=1)
+    assert stats.plans_skipped == 1 and planned == [] and stats.triton_compiles == 0
+    assert _cubins(warm) == _cubins(first + second)
+
+    # jobs that are not all compiled leave no marker
+    bad = _jobs(sm90 / "kernels", programs)[0]
+    bad[0] = WarmupJob(bad[0].name, bad[0].fn, bad[0].args[:-1], bad[0].kwargs)
+    rk.mark_warm(bad)
+    assert len(list((sm90 / "kernels").glob("*/compiled/*"))) == 1
+
+
 def test_a_worker_that_dies_is_replaced_and_a_warning_says_what_was_compiled_here(tmp_path, caplog):
     dies = tmp_path / "dies.py"
     dies.write_text("import os\nos._exit(3)\n")

@@ -363,14 +363,7 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
         return
     threads = threads or rconfig.config.compile_threads
     start = time.perf_counter()
-    by_fn: dict[int, list[WarmupJob]] = {}
-    seen: set[tuple[Any, ...]] = set()
-    for job in jobs:
-        # two kernels of equal code share a function (`load_kernel`): compile it once
-        same = (id(job.fn), tuple(map(repr, job.args)), job.kwargs)
-        if same not in seen:
-            seen.add(same)
-            by_fn.setdefault(id(job.fn), []).append(job)
+    by_fn = _by_function(jobs)
 
     compiled: list[Any] = []
     """The binaries this process will launch (not the clones'): their launchers are bound below."""
@@ -403,7 +396,7 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     total = len(unique)
     workers = rconfig.config.compile_workers
     marker = None
-    if workers > 0 and total >= rconfig.config.compile_workers_min and not triton_interpreting():
+    if _through_workers(total):
         marker = _compiled_marker(unique)
         if marker is None or not _binaries_listed(marker):
             _compile_in_workers(unique, stats, workers, priority=1 if background else 0)
@@ -488,6 +481,53 @@ def _launcher_key(kernel: Any) -> Any:
         return tuple(str(v) for v in dict(kernel.src.signature).values())  # in argument order
     except Exception:
         return id(kernel)
+
+
+def _by_function(jobs: Sequence[WarmupJob]) -> dict[int, list[WarmupJob]]:
+    """The distinct jobs, grouped by kernel function: two kernels of equal code share a
+    function (`load_kernel`), and are compiled once."""
+    by_fn: dict[int, list[WarmupJob]] = {}
+    seen: set[tuple[Any, ...]] = set()
+    for job in jobs:
+        same = (id(job.fn), tuple(map(repr, job.args)), job.kwargs)
+        if same not in seen:
+            seen.add(same)
+            by_fn.setdefault(id(job.fn), []).append(job)
+    return by_fn
+
+
+def _through_workers(total: int) -> bool:
+    """Whether a precompile of ``total`` distinct jobs goes through the compile workers (and
+    so plans, or skips the plan by a marker)."""
+    return (rconfig.config.compile_workers > 0 and total >= rconfig.config.compile_workers_min
+            and not triton_interpreting())
+
+
+def mark_warm(jobs: Sequence[WarmupJob]) -> None:
+    """Leave the marker (`_compiled_marker`) that a warm start's warm-up of ``jobs`` will look
+    for, when none is there yet. ``jobs`` must all be compiled in this process by now: after a
+    tuning, the warm-ups of the winners, which a later process chooses from the autotune cache
+    at once. (A first call that tunes warms up every candidate, and a tuning deferred past it
+    warms up the cheapest first and the others later: neither set is the one a warm start
+    asks for, so without this its plan ran again, about 1.5 ms a kernel.) Each warm-up here
+    is a hit in the kernel's own cache, returning its binary."""
+    unique = [job for group in _by_function(jobs).values() for job in group]
+    if not _through_workers(len(unique)):
+        return
+    marker = _compiled_marker(unique)
+    if marker is None or _binaries_listed(marker):
+        return
+    compiled = []
+    for job in unique:
+        try:
+            kernel = job.fn.warmup(*job.args, grid=(1,), **dict(job.kwargs))
+        except Exception as e:  # then no marker: a warm start plans, as before
+            logger.debug("no warm-start marker: warm-up of %s failed: %s", job.name, e)
+            return
+        if kernel is None:
+            return
+        compiled.append(kernel)
+    _write_marker(marker, compiled)
 
 
 def _compiled_marker(jobs: Sequence[WarmupJob]) -> Path | None:

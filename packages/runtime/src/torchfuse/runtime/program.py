@@ -54,6 +54,7 @@ from torchfuse.runtime.kernels import (
     device_key,
     kernel_hash,
     load_kernel,
+    mark_warm,
     precompile,
     timed,
     triton_interpreting,
@@ -386,6 +387,8 @@ class CompiledProgram:
         t3 = time.perf_counter()
         _add(phases, "tune", t3 - t2)
         configs.update(winners)
+        if self._gpu and missing:  # the set a warm start will warm up: the winners'
+            mark_warm(self._warmup_jobs(env, self._to_warm(configs, winners, [])))
         fn = self._install(configs, tuned_key=key if self._tune_symbols else None)
         self._by_key[key] = fn
         t4 = time.perf_counter()
@@ -562,6 +565,17 @@ class CompiledProgram:
     def _precompile(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]],
                     background: bool = False) -> None:
         """Compile every (launch, config) in ``warm`` before the first launch, in parallel."""
+        jobs = []
+        for job in self._warmup_jobs(env, warm):
+            jkey = (job.name, tuple(map(repr, job.args)), tuple(sorted(job.kwargs)))
+            if jkey not in self._precompiled:
+                self._precompiled.add(jkey)
+                jobs.append(job)
+        precompile(jobs, self.stats, background=background)
+
+    def _warmup_jobs(self, env: dict[str, int],
+                     warm: dict[str, list[S.LaunchConfig | None]]) -> list[WarmupJob]:
+        """A warm-up per (launch, config) in ``warm``: the kernel's arguments at these sizes."""
         buffers = buffer_table(self.program)
         jobs = []
         for step in self.program.steps:
@@ -584,12 +598,8 @@ class CompiledProgram:
             for cfg in warm.get(kernel.name, [None]):
                 values = codegen.launch_values(kernel, cfg, fn, args)
                 kw = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages} if cfg else {}
-                jkey = (kernel.name, tuple(map(repr, values)), tuple(sorted(kw.items())))
-                if jkey in self._precompiled:
-                    continue
-                self._precompiled.add(jkey)
                 jobs.append(WarmupJob(kernel.name, fn, tuple(values), tuple(kw.items())))
-        precompile(jobs, self.stats, background=background)
+        return jobs
 
     def _exec(self, gen: codegen.Generated, extra: dict[str, Any]) -> Any:
         namespace = dict(gen.globals)
