@@ -124,11 +124,11 @@ def test_the_switch_is_read_from_the_environment():
 
 
 def test_deferred_compiles_are_dropped_once_the_interpreter_exits(monkeypatch):
-    import torchfuse.runtime.program as program
+    import torchfuse.runtime.background as background
 
     fn = tuned(P.scale_program("cpu"))
     monkeypatch.setattr(fn, "_precompile", lambda *a, **k: pytest.fail("compiled while exiting"))
-    monkeypatch.setattr(program, "_exiting", True)
+    monkeypatch.setattr(background, "_exiting", True)
     fn._compile_later({"s0": 100}, {"scale": []}, 0)  # returns before touching the device
     assert "background" not in fn.stats.later
 
@@ -140,11 +140,11 @@ def test_the_exit_flag_is_set_before_the_background_thread_is_joined():
 
     child = (
         "import time\n"
-        "import torchfuse.runtime.program as p\n"
+        "import torchfuse.runtime.background as p\n"
         "def job():\n"
         "    time.sleep(0.5)\n"
         "    print('exiting', p._exiting, flush=True)\n"
-        "p._background().submit(job)\n"
+        "p.submit(job)\n"
     )
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -13,6 +13,7 @@ torchfuse-graph and torchfuse-runtime alone.
 """
 
 from torchfuse.runtime.__about__ import __version__
+from torchfuse.runtime.background import wait_for_background
 from torchfuse.runtime.config import Config
 from torchfuse.runtime.errors import (
     CorruptArchiveError,
@@ -25,7 +26,7 @@ from torchfuse.runtime.errors import (
     UntrustedCodeError,
 )
 from torchfuse.runtime.kernels import CompileStats
-from torchfuse.runtime.program import CompiledProgram, load, wait_for_background
+from torchfuse.runtime.program import CompiledProgram, load
 
 __all__ = [
     "CompileStats", "CompiledProgram", "Config", "CorruptArchiveError", "DeviceMismatchError",

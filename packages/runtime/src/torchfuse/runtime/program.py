@@ -8,13 +8,12 @@ chosen configs (see [`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); l
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import threading
 import time
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,7 +24,7 @@ from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import to_dtype
-from torchfuse.runtime import codegen, launchers
+from torchfuse.runtime import background, codegen, launchers
 from torchfuse.runtime.autotune import (
     AutotuneCache,
     Tuner,
@@ -67,41 +66,6 @@ _INTERPRETER_LOCK = threading.RLock()
 """Held while a program runs Triton kernels through the interpreter (CPU): the interpreter
 patches ``triton.language`` for the duration of each launch, so two threads launching at once
 see each other's patches ("Did you forget to add @triton.jit?"). GPU launches run unlocked."""
-
-
-_background_pool: ThreadPoolExecutor | None = None
-
-
-def _background() -> ThreadPoolExecutor:
-    """One thread that runs background warm-ups in order (each fans out to its own pool)."""
-    global _background_pool
-    if _background_pool is None:
-        _background_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchfuse-warmup")
-    return _background_pool
-
-
-_exiting = False
-"""Set when the interpreter starts shutting down: deferred candidates not yet compiling are
-dropped (a script that exits after one call should not wait for compiles it will never use;
-the backward warm-ups still run, their first calls wait for them)."""
-
-
-def _on_exit() -> None:
-    global _exiting
-    _exiting = True
-
-
-# Before the executor's own exit hook joins its thread (threading's hooks run before atexit's).
-getattr(threading, "_register_atexit", atexit.register)(_on_exit)
-
-
-def wait_for_background(timeout: float | None = None) -> None:
-    """Wait until the background compiles started so far in this process are done: a training
-    step's backward warm-ups (`CompiledProgram.precompile_async`) and the candidates of tuning
-    deferred past a first call (`torchfuse.runtime.config.Config.autotune_later`). The next
-    call of such a Program then tunes. ``timeout``: seconds, else ``TimeoutError``."""
-    if _background_pool is not None:
-        _background_pool.submit(lambda: None).result(timeout)
 
 
 def _add(phases: dict[str, float], name: str, seconds: float) -> None:
@@ -476,7 +440,7 @@ class CompiledProgram:
         done: Future[None] | None = None
         if self._gpu:
             device = torch.cuda.current_device()
-            done = _background().submit(self._compile_later, env, rest, device)
+            done = background.submit(self._compile_later, env, rest, device)
         self._later_compiles = done
         logger.info("program %r: %d kernel(s) run their candidate cheapest to compile; tuned after %s",
                     self.program.name, len(missing),
@@ -493,7 +457,7 @@ class CompiledProgram:
     def _compile_later(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]],
                        device: int) -> None:
         """The deferred candidates' compiles (background thread; the calls go on meanwhile)."""
-        if _exiting:
+        if background.exiting():
             return
         start = time.perf_counter()
         with torch.cuda.device(device), self._lock:
@@ -543,7 +507,7 @@ class CompiledProgram:
             return None
         # the caller's device: Triton compiles and loads for the thread's current one
         device = torch.cuda.current_device() if torch.cuda.is_available() else None
-        return _background().submit(self._warm_in_background, {k: int(v) for k, v in env.items()}, device)
+        return background.submit(self._warm_in_background, {k: int(v) for k, v in env.items()}, device)
 
     def _warm_in_background(self, env: dict[str, int], device: int | None = None) -> None:
         on_device = torch.cuda.device(device) if device is not None else contextlib.nullcontext()

@@ -1,0 +1,49 @@
+"""The runtime's background work: one thread that runs, in order, the compiles nobody waits
+for yet (a training step's backward warm-ups, `CompiledProgram.precompile_async`; the
+candidates of tuning deferred past a first call, `torchfuse.runtime.config.Config.autotune_later`),
+each fanning out to the compile threads or workers; `wait_for_background` waits for it."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+_pool: ThreadPoolExecutor | None = None
+_exiting = False
+"""Set when the interpreter starts shutting down: deferred candidates not yet compiling are
+dropped (a script that exits after one call should not wait for compiles it will never use;
+the backward warm-ups still run, their first calls wait for them)."""
+
+
+def submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """Run ``fn(*args)`` on the background thread, after everything submitted before."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchfuse-warmup")
+    return _pool.submit(fn, *args)
+
+
+def exiting() -> bool:
+    """Whether the interpreter is shutting down (`_exiting`)."""
+    return _exiting
+
+
+def _on_exit() -> None:
+    global _exiting
+    _exiting = True
+
+
+# Before the executor's own exit hook joins its thread (threading's hooks run before atexit's).
+getattr(threading, "_register_atexit", atexit.register)(_on_exit)
+
+
+def wait_for_background(timeout: float | None = None) -> None:
+    """Wait until the background compiles started so far in this process are done: a training
+    step's backward warm-ups (`CompiledProgram.precompile_async`) and the candidates of tuning
+    deferred past a first call (`torchfuse.runtime.config.Config.autotune_later`). The next
+    call of such a Program then tunes. ``timeout``: seconds, else ``TimeoutError``."""
+    if _pool is not None:
+        _pool.submit(lambda: None).result(timeout)
