@@ -24,7 +24,7 @@
 # imports), GPU_RUN_BUDGET_S (whole run, default 540), BENCH_ARGS (extra run.py arguments),
 # MODELS_ARGS (extra benchmarks/models.py arguments; ";;" separates several runs), MODELS_TIMEOUT_S (the models phase's cap, 420),
 # TARGETS_ARGS (benchmarks/compile_targets.py rows, ";;" between runs, a run's leading NAME=VALUE words its environment), TARGETS_TIMEOUT_S (each run's cap, 560),
-# DIST_MODELS (default gpt2; or llama, or "gpt2 llama"), DIST_ARGS (extra benchmarks/distributed.py
+# TEST_DIRS (the tests phase's folders, default "packages/*/tests tests"), DIST_MODELS (default gpt2; or llama, or "gpt2 llama"), DIST_ARGS (extra benchmarks/distributed.py
 # arguments).
 set -uo pipefail
 
@@ -190,7 +190,8 @@ phase_tests() {
     end=$((SECONDS + $(phase_timeout 150)))
     # One pytest per test directory: a collection error in one package must not hide the GPU
     # tests of the others.
-    for dir in packages/*/tests tests; do
+    # shellcheck disable=SC2086  # a list of globs on purpose
+    for dir in ${TEST_DIRS:-packages/*/tests tests}; do
         [[ -d "$dir" ]] || continue
         t=$(phase_timeout 120 "$end")
         ((t < 20)) && return 124
