@@ -446,6 +446,9 @@ def real_first_call(row: Row, device: str, scale: str, eager_first: bool = True,
             for k, v in st.items():
                 group = _real_group(k.removeprefix("backward."))
                 stages[group] = stages.get(group, 0.0) + v
+                if group == "runtime.later":  # and its phases, kept in the JSON (not the table)
+                    phase = k.removeprefix("backward.")
+                    stages[phase] = stages.get(phase, 0.0) + v
             for k, v in ct.items():
                 k = k.removeprefix("backward.")
                 counts[k] = counts.get(k, 0) + v
@@ -559,7 +562,8 @@ def _run_child(cmd: list[str], env: dict[str, str], timeout: float, label: str) 
 
 def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     cols = [c for c in REAL_COLUMNS if any(c in r["stages_s"] for _, r in rows)]
-    extra = sorted({k for _, r in rows for k in r["stages_s"]} - set(cols))
+    extra = sorted({k for _, r in rows for k in r["stages_s"]
+                    if not k.startswith("runtime.later.")} - set(cols))
     counts = [c for c in REAL_COUNTS if any(c in r["counts"] for _, r in rows)]
     short = {"runtime.triton_compiles": "tr.comp", "runtime.triton_cache_hits": "tr.hit",
              "inductor.cache.program_hits": "prog hit", "inductor.cache.program_misses": "prog miss",
@@ -571,7 +575,7 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
         st = r["stages_s"]
         cells = [f"{st[c] * 1e3:.0f}" if c in st else "" for c in [*cols, *extra]]
         cnt = [str(r["counts"].get(c, "")) for c in counts]
-        serial = sum(v for k, v in st.items() if k not in OVERLAPPING)
+        serial = sum(v for k, v in st.items() if k not in OVERLAPPING and not k.startswith("runtime.later."))
         print(f"| {name} | {r['first_call_s'] * 1e3:.0f} | " + " | ".join(cells)
               + f" | {serial * 1e3:.0f} | " + " | ".join(cnt) + " |")
     runs = max((int(r.get("runs", 1)) for _, r in rows), default=1)
@@ -583,7 +587,8 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for name, r in rows:
         base, _, phase = name.rpartition(" ")
-        compile_side = sum(v for k, v in r["stages_s"].items() if k != "runtime.run" and k not in OVERLAPPING)
+        compile_side = sum(v for k, v in r["stages_s"].items() if k != "runtime.run" and k not in OVERLAPPING
+                           and not k.startswith("runtime.later."))
         pairs.setdefault(base, {})[phase] = (r["first_call_s"], compile_side)
     for base, p in pairs.items():
         if "cold" in p and "warm" in p and p["cold"][0] and p["cold"][1]:

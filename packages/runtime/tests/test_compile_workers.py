@@ -117,7 +117,7 @@ def test_the_default_uses_workers_on_four_cores_or_more_and_zero_turns_them_off(
     assert rc.from_environment({}).compile_workers == 15
     assert rc.from_environment({"TORCHFUSE_COMPILE_WORKERS": "0"}).compile_workers == 0
     assert rc.from_environment({"TORCHFUSE_COMPILE_WORKERS": "1000"}).compile_workers == 15
-    assert rc.from_environment({}).compile_workers_min == 8
+    assert rc.from_environment({}).compile_workers_min == 2
     assert rc.from_environment({"TORCHFUSE_COMPILE_WORKERS_MIN": "3"}).compile_workers_min == 3
     monkeypatch.setattr(rc, "cores", lambda: 2)
     assert rc.from_environment({}).compile_workers == 0

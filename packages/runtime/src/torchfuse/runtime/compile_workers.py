@@ -29,8 +29,10 @@ that dies is restarted for the next request; the kernel it was compiling is comp
 and a warning says so (once per pool).
 
 When the pool is used (`torchfuse.runtime.config.Config.compile_workers`): by default on a
-host of 4 or more cores, with ``min(16, cores - 1)`` workers, for a first call that needs at
-least ``compile_workers_min`` (8) compiles; ``TORCHFUSE_COMPILE_WORKERS=0`` turns it off.
+host of 4 or more cores, with ``min(16, cores - 1)`` workers, started by the first GPU
+Program loaded with a kernel new to the cache (as torch.compile starts its workers at its first
+compile), used by a first call that needs at least ``compile_workers_min`` (2) compiles;
+``TORCHFUSE_COMPILE_WORKERS=0`` turns it off.
 """
 
 from __future__ import annotations

@@ -174,13 +174,13 @@ class CompiledProgram:
         self.stats.kernels_loaded = len(self.kernels)
         self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
         self._gpu = device_type == "cuda"
-        compiles = sum(max(1, len(k.configs)) for k in triton_kernels)  # kernels and candidates
         workers = rconfig.config.compile_workers
-        if (self._gpu and workers > 0 and compiles >= rconfig.config.compile_workers_min
-                and any_new_source(triton_kernels, self.cache_dir)):
+        if self._gpu and workers > 0 and triton_kernels and any_new_source(triton_kernels, self.cache_dir):
             from torchfuse.runtime.compile_workers import get_pool
 
-            get_pool(workers)  # started now, while the caller works on (not for a warm start)
+            # started now, while the caller works on, for this Program's first call or a later
+            # one's (not for a warm start, whose binaries are on disk)
+            get_pool(workers)
         self._layout = launchers.triton_layout() if self._gpu and rconfig.config.direct_launch else "generic"
         self._variants: dict[tuple[Any, ...], codegen.Generated] = {}
         self._by_key: dict[tuple[int, ...], Any] = {}
@@ -480,14 +480,16 @@ class CompiledProgram:
 
     def _report_later(self) -> None:
         """File the deferred tuning with the compiled entry, as the first call's phases are:
-        ``runtime.later`` (the tuning call's choose, compiles still missing, tuning run and
-        generation; the background compiles overlapped other work and are left out)."""
+        ``runtime.later.<phase>`` (the tuning call's ``choose``, ``precompile``: compiles still
+        missing, ``tune``: the tuning run, ``generate``; the background compiles overlapped
+        other work and are left out)."""
         name, role = self._observe_as
         if name is None:
             return
         with observe.compiling(name, role):
-            observe.record_time("runtime.later", sum(v for k, v in self.stats.later.items()
-                                                     if k not in ("background", "run")))
+            for phase, seconds in self.stats.later.items():
+                if phase not in ("background", "run"):
+                    observe.record_time(f"runtime.later.{phase}", seconds)
             observe.record_count("runtime.tuned_later", self.stats.tuned_later)
         observe.flush_timings(name)
 
