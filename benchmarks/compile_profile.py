@@ -597,9 +597,11 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 def select_rows(args: argparse.Namespace) -> list[Row]:
+    """The ``--only`` workloads, then the ``--models`` rows; neither named: every workload."""
+    only = [n for n in args.only.split(",") if n]
     if args.models:
-        return model_rows(args.models, args.model_modes)
-    return workload_rows([n for n in args.only.split(",") if n])
+        return (workload_rows(only) if only else []) + model_rows(args.models, args.model_modes)
+    return workload_rows(only)
 
 
 SLOWEST: list[tuple[float, str, dict[str, Any], int]] = []
