@@ -166,3 +166,16 @@ def test_the_deferred_tuning_is_filed_with_its_entry(bench):
     assert counts["runtime.tuned_later"] == 1
     assert stages["runtime.later.tune"] == fn.stats.later["tune"] > 0
     assert {"runtime.later.choose", "runtime.later.precompile", "runtime.later.generate"} <= set(stages)
+
+
+def test_a_warm_up_set_naming_some_kernels_warms_up_only_those():
+    """The background compile of deferred candidates names only the kernels still to tune:
+    the others (compiled by the first call) must not be warmed up again, nor with no config."""
+    prog = P.mixed_program("cpu")
+    fn = load(prog)
+    first = prog.kernels[0]
+    assert len(prog.kernels) > 1
+    env = {s.name: 8 for s in prog.symbols}
+    jobs = fn._warmup_jobs(env, {first.name: [first.configs[0] if first.configs else None]})
+    assert jobs and {job.name for job in jobs} == {first.name}
+    assert fn._warmup_jobs(env, {}) == []

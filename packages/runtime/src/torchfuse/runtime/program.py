@@ -561,7 +561,7 @@ class CompiledProgram:
                 else:
                     args.append(getattr(a, "value", None))
             fn = self.kernels[kernel.name]
-            for cfg in warm.get(kernel.name, [None]):
+            for cfg in warm.get(kernel.name, ()):  # kernels not named: nothing to warm up
                 values = codegen.launch_values(kernel, cfg, fn, args)
                 kw = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages} if cfg else {}
                 jobs.append(WarmupJob(kernel.name, fn, tuple(values), tuple(kw.items())))
