@@ -197,3 +197,32 @@ def test_default_mode_tunes_little_max_autotune_everything(bench, monkeypatch, m
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)
     assert bench == ([32, 128] if mode == "default" else [32, 128, 1024])
+
+
+def test_a_tuning_run_writes_its_winners_in_one_rewrite(bench, cache_dir, monkeypatch):
+    """Two kernels tuned in one run: one read and one write of the autotune file, both stored."""
+    t = S.TensorRef
+    base = P.scale_program("cpu")
+    (scale,) = base.kernels
+    # another kernel (another hash, so its own autotune key) of the same code
+    other = msgspec.structs.replace(scale, name="scale_again", entry=scale.entry or "scale",
+                                    source=scale.source + "\n# another kernel\n")
+    prog = msgspec.structs.replace(
+        base,
+        outputs=(t(name="buf1"),),
+        buffers=(*base.buffers, msgspec.structs.replace(base.buffers[1], name="buf1")),
+        kernels=(scale, other),
+        steps=(*base.steps, S.AllocStep(buffer="buf1"),
+               S.LaunchStep(kernel="scale_again",
+                            args=(t(name="buf0"), t(name="buf1"), S.Float(value=0.5), S.SymRef(expr="s0")))),
+    )
+    writes = []
+    real = autotune.write_atomic
+    monkeypatch.setattr(autotune, "write_atomic", lambda path, data: writes.append(path) or real(path, data))
+    fn = tuned(prog)
+    x = torch.randn(100)
+    (out,) = fn(x)
+    torch.testing.assert_close(out, x * 0.25)
+    assert fn.stats.autotuned == 2 and len(writes) == 1
+    (stored,) = (cache_dir / "autotune").iterdir()
+    assert len(json.loads(stored.read_text())) == 2

@@ -176,11 +176,18 @@ class AutotuneCache:
         return cfg if cfg in candidates else None
 
     def put(self, key: str, cfg: S.LaunchConfig) -> None:
+        self.put_many({key: cfg})
+
+    def put_many(self, winners: Mapping[str, S.LaunchConfig]) -> None:
+        """Store ``winners`` with one read and one write of the file (a tuning run's, at its
+        end: one rewrite per winner re-read a file that grows with every model tuned)."""
+        if not winners:
+            return
         with _file_lock:
             # Re-read so that winners written meanwhile by other processes survive.
             self._entries = None
             entries = self._load()
-            entries[key] = msgspec.to_builtins(cfg)
+            entries.update({key: msgspec.to_builtins(cfg) for key, cfg in winners.items()})
             write_atomic(self.path, json.dumps(entries, indent=1, sort_keys=True))
 
 
@@ -213,6 +220,8 @@ class Tuner:
         self.cache = cache
         self.keys = keys
         self.stats = stats
+        self.measured: dict[str, S.LaunchConfig] = {}
+        """Winners benchmarked in this run, by autotune key: stored by `flush`, at its end."""
 
     def _launcher(self, kernel: S.Kernel, step: S.LaunchStep, cfg: S.LaunchConfig, args: tuple[Any, ...],
                   env: Mapping[str, int]) -> Any:
@@ -253,10 +262,15 @@ class Tuner:
                 cfg = candidates[0]
             else:
                 cfg = candidates[best[1]]
-                self.cache.put(self.keys[kernel.name], cfg)
+                self.measured[self.keys[kernel.name]] = cfg
             self.winners[kernel.name] = cfg
             self.stats.autotuned += 1
             self.stats.autotune_seconds += time.perf_counter() - start
             logger.info("autotune %s: %s (%s)", kernel.name, cfg,
                         ", ".join(f"#{i}: {ms:.4f} ms" for ms, i in timings))
         self._launcher(kernel, step, cfg, args, env)()
+
+    def flush(self) -> None:
+        """Write this run's winners to the autotune cache, in one rewrite of its file."""
+        self.cache.put_many(self.measured)
+        self.measured = {}

@@ -347,7 +347,10 @@ class CompiledProgram:
                           candidates=self._candidates)
             gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
                                    configs={**configs, **winners}, tune=frozenset(missing))
-            result = self._exec(gen, {"_tune": tuner})(*args)
+            try:
+                result = self._exec(gen, {"_tune": tuner})(*args)
+            finally:  # what was measured is kept, even when the run failed after it
+                tuner.flush()
         t3 = time.perf_counter()
         _add(phases, "tune", t3 - t2)
         configs.update(winners)
