@@ -2,8 +2,10 @@
 
 Loading validates the Program and imports its kernels. The first call binds the size symbols,
 precompiles every kernel launch in parallel (GPU), autotunes kernels with several candidate
-configs (GPU, winners cached on disk), then generates and ``exec``-s the call function for the
-chosen configs (see [`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); later calls go straight to it.
+configs (GPU, winners cached on disk; in ``mode="default"`` a first call without stored
+winners runs the candidates cheapest to compile and a later call tunes, `_install_pending`),
+then generates and ``exec``-s the call function for the chosen configs (see
+[`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); later calls go straight to it.
 """
 
 from __future__ import annotations
