@@ -6,6 +6,17 @@ configs (GPU, winners cached on disk; in ``mode="default"`` a first call without
 winners runs the candidates cheapest to compile and a later call tunes, `_install_pending`),
 then generates and ``exec``-s the call function for the chosen configs (see
 [`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); later calls go straight to it.
+
+Where a call goes (``CompiledProgram._entry``):
+
+    _first_call ──> generated function ──(sizes not tuned for: _TUNED_FOR)──> _redispatch
+        │               ^                                                        │
+        │               └──────────── tuned for those sizes, installed ──────────┘
+        └──(GPU, mode="default", kernels without stored winners)──> pending
+    pending ──(the deferred candidates' background compiles done)──> _tune_pending
+            ──> tuned, installed: the generated function (until then: the provisional one)
+
+``reduce-overhead`` wraps all of it in `torchfuse.runtime.cudagraphs.GraphRunner`.
 """
 
 from __future__ import annotations
