@@ -743,3 +743,13 @@ def _flatten(result: Any) -> list[Any]:
     from torchfuse.graph.ops import flatten_result
 
     return flatten_result(result)
+
+
+HELPERS: dict[str, Any] = {
+    "_empty_strided": torch.empty_strided, "_as_strided": torch.as_strided, "_ptr": torch.Tensor.data_ptr,
+    "_cuda_device": _cuda_device, "_retype": _retype, "_alloc_offset": _alloc_offset,
+    "_flatten": _flatten, "_fit": fit_layout, "_is_grad_enabled": torch.is_grad_enabled,
+    "_no_grad": torch.no_grad,
+}
+"""The fixed objects a call function's globals may hold, by global name (what
+`torchfuse.runtime.call_cache` makes them again from)."""

@@ -37,7 +37,7 @@ from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import to_dtype
-from torchfuse.runtime import background, codegen, launchers
+from torchfuse.runtime import background, call_cache, codegen, launchers
 from torchfuse.runtime.autotune import (
     AutotuneCache,
     Tuner,
@@ -200,6 +200,8 @@ class CompiledProgram:
         tunable = [k for k in program.kernels if len(k.configs) > 1]
         self._setup_tuning(tunable if (self._gpu and rconfig.config.autotune) else [])
         self._precompiled: set[tuple[Any, ...]] = set()
+        self._digest: str | None = None
+        """The Program's hash (`_generate`'s cache key), made when first needed."""
         self._later_compiles: Future[None] | None = None
         """The deferred candidates' background compiles (`_install_pending`), if any."""
         self._generated: codegen.Generated | None = None
@@ -358,8 +360,7 @@ class CompiledProgram:
             assert self._autotune_cache is not None
             tuner = Tuner(self.program, self.kernels, winners, self._autotune_cache, tkeys, self.stats,
                           candidates=self._candidates)
-            gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
-                                   configs={**configs, **winners}, tune=frozenset(missing))
+            gen = self._generate(configs={**configs, **winners}, tune=frozenset(missing))
             try:
                 result = self._exec(gen, {"_tune": tuner})(*args)
             finally:  # what was measured is kept, even when the run failed after it
@@ -448,8 +449,7 @@ class CompiledProgram:
         installs the winners' function."""
         kmap = self._kmap
         chosen = {**configs, **winners, **{k: self._provisional(kmap[k]) for k in missing}}
-        gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
-                               configs=chosen, fast=self._fast_allowed(), layout=self._layout)
+        gen = self._generate(configs=chosen, fast=self._fast_allowed())
         provisional = self._exec(gen, {"_TUNED_FOR": set()})
         self._generated = gen
         rest = {k: [c for c in self._tuning_candidates(kmap[k]) if c is not chosen[k]] for k in missing}
@@ -583,6 +583,26 @@ class CompiledProgram:
                 jobs.append(WarmupJob(kernel.name, fn, tuple(values), tuple(kw.items())))
         return jobs
 
+    def _generate(self, *, configs: dict[str, S.LaunchConfig | None], fast: bool = False,
+                  tune: frozenset[str] = frozenset(), tuned_for: tuple[str, ...] | None = None
+                  ) -> codegen.Generated:
+        """`codegen.generate` for this Program, or what an earlier process kept of it
+        (`torchfuse.runtime.call_cache`)."""
+        layout = self._layout if fast else "generic"
+        if self._digest is None:
+            self._digest = hashlib.sha256(msgspec.msgpack.encode(self.program)).hexdigest()
+        key = call_cache.call_key(
+            self._digest, device=self.device_type, fast=fast, layout=layout, tune=sorted(tune),
+            tuned_for=tuned_for, configs={k: msgspec.to_builtins(c) for k, c in sorted(configs.items())})
+        folder = self.cache_dir / "calls"
+        gen = call_cache.load(folder, key, self.kernels)
+        if gen is None:
+            gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
+                                   configs=configs, fast=fast, tune=tune, tuned_for=tuned_for,
+                                   layout=layout)
+            call_cache.store(folder, key, gen, self.kernels)
+        return gen
+
     def _exec(self, gen: codegen.Generated, extra: dict[str, Any]) -> Any:
         namespace = dict(gen.globals)
         namespace.update(
@@ -646,9 +666,7 @@ class CompiledProgram:
         gen = self._variants.get(ckey)
         if gen is None:
             tuned_for = self._tune_symbols if tuned_key is not None else None
-            gen = codegen.generate(self.program, device_type=self.device_type, kernels=self.kernels,
-                                   configs=configs, fast=self._fast_allowed(), tuned_for=tuned_for,
-                                   layout=self._layout)
+            gen = self._generate(configs=configs, fast=self._fast_allowed(), tuned_for=tuned_for)
             self._variants[ckey] = gen
             gen.globals["_fn"] = self._exec(gen, {"_TUNED_FOR": set()})
         fn = gen.globals["_fn"]
