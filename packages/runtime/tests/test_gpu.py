@@ -152,7 +152,10 @@ def _child(env):
 def test_a_second_process_compiles_nothing(tmp_path, cache_dir):
     env = dict(os.environ, TORCHFUSE_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(tmp_path / "triton"),
                TORCHFUSE_AUTOTUNE_MIN_BYTES="0",  # tune the small scale kernel anyway,
-               TORCHFUSE_AUTOTUNE_LATER="0")  # in the first call
+               TORCHFUSE_AUTOTUNE_LATER="0",  # in the first call,
+               # compiling in this process: the counts below are its own compiles and loads
+               # (the workers' path: test_compile_workers.py)
+               TORCHFUSE_COMPILE_WORKERS="0")
     cold = _child(env)
     warm = _child(env)
     print(f"first call, cold caches: {cold['first_call_s']:.3f} s; warm caches: {warm['first_call_s']:.3f} s")
