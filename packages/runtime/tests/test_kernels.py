@@ -61,6 +61,20 @@ def test_failed_warmups_are_left_to_the_first_launch():
     assert stats.warmups == 1
 
 
+def test_a_quiet_precompile_draws_no_progress_line(monkeypatch):
+    """Compiles after a first call ended (a deferred tuning's candidates) must not draw a
+    progress line that no first call will clear."""
+    import torchfuse.runtime.kernels as K
+
+    drawn = []
+    monkeypatch.setattr(K.progress, "kernels", lambda done, total: drawn.append((done, total)))
+    jobs = [WarmupJob(f"k{i}", FakeJit(["a"]), (i,), ()) for i in range(3)]
+    precompile(jobs, CompileStats(), quiet=True)
+    assert drawn == []
+    precompile(jobs, CompileStats())
+    assert sorted(drawn)[-1] == (3, 3)
+
+
 def test_count_compiles_chains_to_an_installed_listener():
     import triton
 

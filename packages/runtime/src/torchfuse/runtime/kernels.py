@@ -346,7 +346,7 @@ def _clone(fn: Any) -> Any | None:
 
 
 def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | None = None,
-               background: bool = False) -> None:
+               background: bool = False, quiet: bool = False) -> None:
     """Compile ``jobs`` with ``fn.warmup`` in a thread pool, every job at the same time.
 
     Triton's compilation releases the GIL in LLVM and runs ``ptxas`` as a subprocess, so
@@ -357,7 +357,8 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     from there (milliseconds each) once all compiles are done. A failed warm-up is logged and
     left to the first launch, which raises the real error there. ``background``: a warm-up
     ahead of the first call (`CompiledProgram.precompile_async`), whose worker compiles wait
-    behind those of any first call.
+    behind those of any first call. ``quiet``: no progress line (compiles after the first call,
+    whose line was cleared when it ended: a deferred tuning's candidates).
     """
     if not jobs:
         return
@@ -410,7 +411,8 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
         run(*task)
         with done_lock:
             done[0] += len(task[0])
-            progress.kernels(done[0], total)
+            if not quiet:
+                progress.kernels(done[0], total)
 
     if threads == 1 or len(tasks) == 1:
         for task in tasks:

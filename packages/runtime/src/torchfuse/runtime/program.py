@@ -478,7 +478,7 @@ class CompiledProgram:
         start = time.perf_counter()
         with torch.cuda.device(device), self._lock:
             try:
-                self._precompile(env, warm, background=True)
+                self._precompile(env, warm, background=True, quiet=True)
             except Exception as e:  # the tuning call compiles what is missing, and reports it
                 logger.debug("background compile of %r's candidates failed: %s", self.program.name, e)
         _add(self.stats.later, "background", time.perf_counter() - start)
@@ -545,7 +545,7 @@ class CompiledProgram:
             _add(self.stats.first_call, "background", time.perf_counter() - start)
 
     def _precompile(self, env: dict[str, int], warm: dict[str, list[S.LaunchConfig | None]],
-                    background: bool = False) -> None:
+                    background: bool = False, quiet: bool = False) -> None:
         """Compile every (launch, config) in ``warm`` before the first launch, in parallel."""
         jobs = []
         for job in self._warmup_jobs(env, warm):
@@ -553,7 +553,7 @@ class CompiledProgram:
             if jkey not in self._precompiled:
                 self._precompiled.add(jkey)
                 jobs.append(job)
-        precompile(jobs, self.stats, background=background)
+        precompile(jobs, self.stats, background=background, quiet=quiet)
 
     def _warmup_jobs(self, env: dict[str, int],
                      warm: dict[str, list[S.LaunchConfig | None]]) -> list[WarmupJob]:
