@@ -169,7 +169,8 @@ def _capture_warmups(monkeypatch) -> list:
     import torchfuse.runtime.program as program_module
 
     seen: list = []
-    monkeypatch.setattr(program_module, "precompile", lambda jobs, stats, threads=None, background=False: seen.extend(jobs))
+    monkeypatch.setattr(program_module, "precompile", lambda jobs, stats, threads=None, background=False,
+                        quiet=False: seen.extend(jobs))
     return seen
 
 
