@@ -198,3 +198,13 @@ def chain_program(n_kernels: int, size: int = 64, device: str = "cuda") -> S.Pro
     kernel = msgspec.structs.replace(add_kernel(), grid=((size + 63) // 64,))
     return S.Program(name=f"chain{n_kernels}", inputs=("x",), outputs=(t(name=prev),), buffers=tuple(bufs),
                      kernels=(kernel,), steps=tuple(steps), device=device)
+
+
+def tuned(program: S.Program):
+    """``load(program)`` with its kernels of several configs tuned on this device too (tuning is
+    GPU only otherwise): the tests' stand-in benchmark then picks among the candidates."""
+    from torchfuse.runtime import load
+
+    fn = load(program)
+    fn._setup_tuning([k for k in program.kernels if len(k.configs) > 1])
+    return fn

@@ -10,7 +10,6 @@ import runtime_programs as P
 import torch
 import torchfuse.runtime.autotune as autotune
 from torchfuse.graph import schema as S
-from torchfuse.runtime import load
 
 pytestmark = pytest.mark.filterwarnings("ignore:torchfuse.runtime. running Triton kernels")
 
@@ -28,28 +27,10 @@ def tune_small_launches(monkeypatch):
                                                                 autotune_default_max=0, autotune_later=False))
 
 
-@pytest.fixture
-def bench(monkeypatch):
-    """A benchmark that prefers XBLOCK=128 and really launches each candidate once."""
-    seen = []
-
-    def fake(kernel, cfg, launch):
-        launch()
-        seen.append(cfg.meta["XBLOCK"])
-        return 1.0 if cfg.meta["XBLOCK"] == 128 else 5.0
-
-    monkeypatch.setattr(autotune, "benchmark", fake)
-    return seen
-
-
-def tuned(prog):
-    fn = load(prog)
-    fn._setup_tuning([k for k in prog.kernels if len(k.configs) > 1])
-    return fn
 
 
 def test_tuning_picks_the_fastest_and_persists_it(bench, cache_dir):
-    fn = tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     x = torch.randn(100)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)
@@ -64,7 +45,7 @@ def test_tuning_picks_the_fastest_and_persists_it(bench, cache_dir):
     torch.testing.assert_close(again, x * 0.5)
     assert bench == [32, 128, 1024]
 
-    fresh = tuned(P.scale_program("cpu"))  # a new load (as a new process would) benchmarks nothing
+    fresh = P.tuned(P.scale_program("cpu"))  # a new load (as a new process would) benchmarks nothing
     (out,) = fresh(x)
     torch.testing.assert_close(out, x * 0.5)
     assert bench == [32, 128, 1024]
@@ -77,7 +58,7 @@ def test_tuning_picks_the_fastest_and_persists_it(bench, cache_dir):
 
 
 def test_new_symbol_values_are_tuned_once_each(bench):
-    fn = tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     a, b = torch.randn(100), torch.randn(37)
     for x in (a, b, a, b):
         (out,) = fn(x)
@@ -89,16 +70,16 @@ def test_new_symbol_values_are_tuned_once_each(bench):
 
 
 def test_winner_that_is_no_longer_a_candidate_is_ignored(bench, cache_dir):
-    fn = tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     fn(torch.randn(100))
     other = P.scale_program("cpu", configs=(S.LaunchConfig(meta={"XBLOCK": 64}), S.LaunchConfig(meta={"XBLOCK": 128})))
     # same kernel source, other candidates: the stored winner (128) is still one of them
-    fresh = tuned(other)
+    fresh = P.tuned(other)
     fresh(torch.randn(100))
     assert fresh.stats.autotune_cache_hits == 1
     only_small = P.scale_program("cpu", configs=(S.LaunchConfig(meta={"XBLOCK": 16}),
                                                  S.LaunchConfig(meta={"XBLOCK": 32})))
-    third = tuned(only_small)
+    third = P.tuned(only_small)
     third(torch.randn(100))
     assert third.stats.autotune_cache_hits == 0 and third.stats.autotuned == 1
 
@@ -112,7 +93,7 @@ def test_in_place_kernels_are_restored_between_candidates(bench):
                S.LaunchStep(kernel="scale", args=(t(name="buf0"), t(name="buf0"), S.Float(value=0.5),
                                                   S.SymRef(expr="s0")))),
     )
-    fn = tuned(prog)
+    fn = P.tuned(prog)
     x = torch.randn(100)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)  # not x * 0.5**4
@@ -134,7 +115,7 @@ def test_tuning_a_kernel_with_a_constexpr_between_its_parameters(monkeypatch):
     prog = middle_program()
     kernel = msgspec.structs.replace(prog.kernels[0], configs=(S.LaunchConfig(meta={"BLOCK": 32}),
                                                                S.LaunchConfig(meta={"BLOCK": 8})))
-    fn = tuned(msgspec.structs.replace(prog, kernels=(kernel,)))
+    fn = P.tuned(msgspec.structs.replace(prog, kernels=(kernel,)))
     x = torch.randn(50)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 3.0)
@@ -171,12 +152,12 @@ def test_candidates_equal_at_these_sizes_are_pruned_before_compiling(bench):
     assert blocks({"s0": 20}) == [32]                # all three do: one candidate, nothing to tune
     assert blocks({"s0": 5000}) == [32, 128, 1024]   # all differ
     assert blocks({"s0": 5000}, limit=2) == [32, 128]
-    fn = tuned(prog)
+    fn = P.tuned(prog)
     x = torch.randn(100)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)
     assert bench == [32, 128]  # 1024 was never compiled nor benchmarked
-    fn2 = tuned(prog)
+    fn2 = P.tuned(prog)
     x = torch.randn(20)
     (out,) = fn2(x)
     torch.testing.assert_close(out, x * 0.5)
@@ -192,7 +173,7 @@ def test_default_mode_tunes_little_max_autotune_everything(bench, monkeypatch, m
     monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, autotune_default_max=2))
     prog = P.scale_program("cpu")
     prog = msgspec.structs.replace(prog, meta={**prog.meta, "mode": mode})
-    fn = tuned(prog)
+    fn = P.tuned(prog)
     x = torch.randn(5000)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)
@@ -219,7 +200,7 @@ def test_a_tuning_run_writes_its_winners_in_one_rewrite(bench, cache_dir, monkey
     writes = []
     real = autotune.write_atomic
     monkeypatch.setattr(autotune, "write_atomic", lambda path, data: writes.append(path) or real(path, data))
-    fn = tuned(prog)
+    fn = P.tuned(prog)
     x = torch.randn(100)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.25)

@@ -11,7 +11,6 @@ import msgspec
 import pytest
 import runtime_programs as P
 import torch
-import torchfuse.runtime.autotune as autotune
 import torchfuse.runtime.config as rconfig
 from torchfuse.runtime import load
 from torchfuse.runtime.errors import InputError
@@ -26,28 +25,10 @@ def later(monkeypatch):
         rconfig.config, autotune_min_bytes=0, autotune_default_max=0, autotune_later=True))
 
 
-@pytest.fixture
-def bench(monkeypatch):
-    """A benchmark that prefers XBLOCK=128 and really launches each candidate once."""
-    seen = []
-
-    def fake(kernel, cfg, launch):
-        launch()
-        seen.append(cfg.meta["XBLOCK"])
-        return 1.0 if cfg.meta["XBLOCK"] == 128 else 5.0
-
-    monkeypatch.setattr(autotune, "benchmark", fake)
-    return seen
-
-
-def tuned(prog):
-    fn = load(prog)
-    fn._setup_tuning([k for k in prog.kernels if len(k.configs) > 1])
-    return fn
 
 
 def test_first_call_runs_the_cheapest_candidate_and_the_next_call_tunes(bench, cache_dir):
-    fn = tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     x = torch.randn(100)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)
@@ -69,7 +50,7 @@ def test_first_call_runs_the_cheapest_candidate_and_the_next_call_tunes(bench, c
     torch.testing.assert_close(out, x * 0.5)
     assert bench == [32, 128, 1024]  # tuned once
 
-    fresh = tuned(P.scale_program("cpu"))  # a new process starts tuned: nothing deferred
+    fresh = P.tuned(P.scale_program("cpu"))  # a new process starts tuned: nothing deferred
     (out,) = fresh(x)
     torch.testing.assert_close(out, x * 0.5)
     assert fresh.stats.autotune_cache_hits == 1 and "XBLOCK=128" in fresh.source
@@ -77,7 +58,7 @@ def test_first_call_runs_the_cheapest_candidate_and_the_next_call_tunes(bench, c
 
 
 def test_sizes_met_after_the_first_call_tune_at_once(bench):
-    fn = tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     a, b = torch.randn(100), torch.randn(37)
     fn(a)
     fn(a)
@@ -88,7 +69,7 @@ def test_sizes_met_after_the_first_call_tune_at_once(bench):
 
 
 def test_the_tuning_call_tunes_its_own_sizes(bench):
-    fn = tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     a, b = torch.randn(100), torch.randn(3000)
     fn(a)
     (out,) = fn(b)  # the deferred tuning happens here, for b's sizes
@@ -101,7 +82,7 @@ def test_the_tuning_call_tunes_its_own_sizes(bench):
 
 def test_max_autotune_tunes_before_the_first_call_returns(bench):
     prog = P.scale_program("cpu")
-    fn = tuned(msgspec.structs.replace(prog, meta={**prog.meta, "mode": "max-autotune"}))
+    fn = P.tuned(msgspec.structs.replace(prog, meta={**prog.meta, "mode": "max-autotune"}))
     x = torch.randn(100)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)
@@ -109,7 +90,7 @@ def test_max_autotune_tunes_before_the_first_call_returns(bench):
 
 
 def test_bad_inputs_still_fail_on_the_first_call_and_during_the_wait(bench):
-    fn = tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     with pytest.raises(InputError):
         fn(torch.randn(4, 4))
     fn(torch.randn(100))
@@ -126,7 +107,7 @@ def test_the_switch_is_read_from_the_environment():
 def test_deferred_compiles_are_dropped_once_the_interpreter_exits(monkeypatch):
     import torchfuse.runtime.background as background
 
-    fn = tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     monkeypatch.setattr(fn, "_precompile", lambda *a, **k: pytest.fail("compiled while exiting"))
     monkeypatch.setattr(background, "_exiting", True)
     fn._compile_later({"s0": 100}, {"scale": []}, 0)  # returns before touching the device
@@ -156,7 +137,7 @@ def test_the_deferred_tuning_is_filed_with_its_entry(bench):
 
     with observe.collect(artifacts=False):
         with observe.compiling("g/entry_0"):
-            fn = tuned(P.scale_program("cpu"))
+            fn = P.tuned(P.scale_program("cpu"))
         x = torch.randn(100)
         fn(x)
         first, _ = observe.timings_of("g/entry_0")

@@ -13,23 +13,10 @@ import torchfuse.runtime.autotune as autotune
 import torchfuse.runtime.config as rconfig
 import torchfuse.runtime.kernels as kernels
 from torchfuse.graph import schema as S
-from torchfuse.runtime import load
 from torchfuse.runtime.checks import buffer_table
 
 pytestmark = pytest.mark.filterwarnings("ignore:torchfuse.runtime. running Triton kernels")
 
-
-@pytest.fixture
-def bench(monkeypatch):
-    seen = []
-
-    def fake(kernel, cfg, launch):
-        launch()
-        seen.append(cfg.meta["XBLOCK"])
-        return 1.0 if cfg.meta["XBLOCK"] == 128 else 5.0
-
-    monkeypatch.setattr(autotune, "benchmark", fake)
-    return seen
 
 
 def _min_bytes(monkeypatch, n: int) -> None:
@@ -37,15 +24,10 @@ def _min_bytes(monkeypatch, n: int) -> None:
                                                                 autotune_default_max=0, autotune_later=False))
 
 
-def _tuned(prog):
-    fn = load(prog)
-    fn._setup_tuning([k for k in prog.kernels if len(k.configs) > 1])
-    return fn
-
 
 def test_small_launch_takes_the_cheapest_config_untuned(bench, cache_dir, monkeypatch):
     _min_bytes(monkeypatch, 1 << 22)
-    fn = _tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     x = torch.randn(100)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)
@@ -58,12 +40,12 @@ def test_small_launch_takes_the_cheapest_config_untuned(bench, cache_dir, monkey
 
 def test_launch_over_the_threshold_is_tuned(bench, monkeypatch):
     _min_bytes(monkeypatch, 800)  # exactly what x (400 bytes) and buf0 (400 bytes) move
-    fn = _tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     x = torch.randn(100)
     (out,) = fn(x)
     torch.testing.assert_close(out, x * 0.5)
     assert bench == [32, 128, 1024] and fn.stats.autotuned == 1
-    (small,) = _tuned(P.scale_program("cpu"))(torch.randn(99))  # 792 bytes: under it
+    (small,) = P.tuned(P.scale_program("cpu"))(torch.randn(99))  # 792 bytes: under it
     torch.testing.assert_close(small.shape, torch.Size([99]))
     assert bench == [32, 128, 1024]
 
@@ -177,7 +159,7 @@ def _capture_warmups(monkeypatch) -> list:
 def test_background_warm_up_compiles_what_the_first_call_needs(monkeypatch):
     seen = _capture_warmups(monkeypatch)
     _min_bytes(monkeypatch, 0)
-    fn = _tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     assert fn.precompile_async() is None, "nothing to do on the CPU"
     fn._gpu = True  # what a CUDA program does; the jobs are only recorded here
     fn.precompile_async().result(timeout=60)
@@ -192,7 +174,7 @@ def test_background_warm_up_compiles_what_the_first_call_needs(monkeypatch):
 def test_background_warm_up_of_a_small_launch_compiles_one_config(monkeypatch):
     seen = _capture_warmups(monkeypatch)
     _min_bytes(monkeypatch, 1 << 22)
-    fn = _tuned(P.scale_program("cpu"))
+    fn = P.tuned(P.scale_program("cpu"))
     fn._gpu = True
     fn.precompile_async().result(timeout=60)
     assert [job.args[-1] for job in seen] == [32]
