@@ -401,7 +401,7 @@ def real_first_call(row: Row, device: str, scale: str, eager_first: bool = True,
     """Compile ``row`` with the inductor backend and call it once; what its entries recorded.
     ``tuned_s``: from the same start until a second call returned, made once the background
     compiles were done (`torchfuse.runtime.wait_for_background`): when tuning deferred past
-    the first call is over.
+    the first call is over (on the CPU, which tunes nothing, the first call's time).
 
     ``eager_first``: one eager step before, untimed, as ``models.py`` runs eager before the
     compilers: the model's own first-use costs (``transformers`` imports modules lazily on a
@@ -433,12 +433,14 @@ def real_first_call(row: Row, device: str, scale: str, eager_first: bool = True,
         seconds = time.perf_counter() - t0
         if prof:
             prof.disable()
-        # until tuned: tuning deferred past the first call (the runtime's autotune_later) waits
-        # for its candidates' background compiles, then the second call tunes
-        wait_for_background()
-        step(compiled)
-        sync()
-        tuned = time.perf_counter() - t0
+        tuned = seconds
+        if device.startswith("cuda"):  # the CPU tunes nothing: no second step to take there
+            # until tuned: tuning deferred past the first call (the runtime's autotune_later)
+            # waits for its candidates' background compiles, then the second call tunes
+            wait_for_background()
+            step(compiled)
+            sync()
+            tuned = time.perf_counter() - t0
         stages: dict[str, float] = {}
         counts: dict[str, int] = {}
         for graph in observe.timed_graphs():
@@ -519,9 +521,8 @@ def child_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dic
     settings = [g.strip() for g in args.gc_pause.split(",") if g.strip()]
     out = []
     for row in rows:
-        flag = ["--models", row.name.split("/")[0], "--model-modes", row.name.split("/")[1]] \
-            if "/" in row.name else ["--only", row.name]
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--device", args.device, *flag]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--device", args.device,
+               *row_flags(row)]
         cmd += ["--small"] if args.small else []
         cmd += ["--no-eager-first"] if args.no_eager_first else []
         for gc_pause in settings:
@@ -594,6 +595,23 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
         if "cold" in p and "warm" in p and p["cold"][0] and p["cold"][1]:
             print(f"{base}: warm / cold = {p['warm'][0] / p['cold'][0]:.1%} of the first call, "
                   f"{p['warm'][1] / p['cold'][1]:.1%} of the stages before runtime.run")
+
+
+def add_row_arguments(p: argparse.ArgumentParser) -> None:
+    """The row options of the scripts that run rows in child processes (``compile_targets``,
+    ``triton_compile_times``): ``--only``, ``--models``, ``--model-modes``, ``--small``."""
+    p.add_argument("--only", default="", help="comma-separated workloads of workloads.py")
+    p.add_argument("--models", default="", help="comma-separated models of models.py, or 'all'")
+    p.add_argument("--model-modes", default="inference,training", help="with --models: inference, training")
+    p.add_argument("--small", action="store_true", help="tiny shapes instead of the full ones")
+
+
+def row_flags(row: Row) -> list[str]:
+    """The command-line words that select ``row`` alone, for a child process."""
+    if "/" in row.name:
+        model, mode = row.name.split("/")
+        return ["--models", model, "--model-modes", mode]
+    return ["--only", row.name]
 
 
 def select_rows(args: argparse.Namespace) -> list[Row]:

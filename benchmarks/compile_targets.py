@@ -53,11 +53,8 @@ WARM_TARGET = 0.15
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="", help="comma-separated workloads of workloads.py")
-    p.add_argument("--models", default="", help="comma-separated models of models.py, or 'all'")
-    p.add_argument("--model-modes", default="inference,training", help="with --models: inference, training")
+    cp.add_row_arguments(p)
     p.add_argument("--device", default="cuda", help="cuda or cpu")
-    p.add_argument("--small", action="store_true", help="tiny shapes instead of the full ones")
     p.add_argument("--timeout", type=float, default=300, help="seconds per child process")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run every child N times (fresh caches each time), keep the minimum")
@@ -110,9 +107,8 @@ def run_tc(row: Any, args: argparse.Namespace) -> float | None:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
                TRITON_CACHE_DIR=os.path.join(root, "triton"))
     env.pop("TRITON_INTERPRET", None)
-    flag = ["--models", row.name.split("/")[0], "--model-modes", row.name.split("/")[1]] \
-        if "/" in row.name else ["--only", row.name]
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--tc-child", "--device", args.device, *flag]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--tc-child", "--device", args.device,
+           *cp.row_flags(row)]
     cmd += ["--small"] if args.small else []
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE, timeout=args.timeout)

@@ -40,11 +40,8 @@ COMPILERS = ("torch.compile", "torchfuse")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="", help="comma-separated workloads of workloads.py")
-    p.add_argument("--models", default="", help="comma-separated models of models.py")
-    p.add_argument("--model-modes", default="inference,training", help="with --models: inference, training")
+    cp.add_row_arguments(p)
     p.add_argument("--device", default="cuda", help="cuda (Triton's compiler runs only for a GPU target)")
-    p.add_argument("--small", action="store_true", help="tiny shapes instead of the full ones")
     p.add_argument("--timeout", type=float, default=300, help="seconds per child process")
     p.add_argument("--out", default="", help="folder for <tag>.json")
     p.add_argument("--tag", default="", help="file name stem (default: triton_compile_times_<time>)")
@@ -112,9 +109,8 @@ def run_child(row: Any, compiler: str, args: argparse.Namespace) -> dict[str, An
                TORCHINDUCTOR_COMPILE_THREADS="1", TORCHFUSE_COMPILE_WORKERS="0",
                TORCHFUSE_COMPILE_THREADS="1")
     env.pop("TRITON_INTERPRET", None)
-    flag = ["--models", row.name.split("/")[0], "--model-modes", row.name.split("/")[1]] \
-        if "/" in row.name else ["--only", row.name]
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", compiler, "--device", args.device, *flag]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", compiler, "--device", args.device,
+           *cp.row_flags(row)]
     cmd += ["--small"] if args.small else []
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE, timeout=args.timeout)
