@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from torchfuse.graph.caches import write_atomic
-from torchfuse.graph.ops import dtype_name, to_dtype, to_layout, to_memory_format
+from torchfuse.graph.ops import dtype_name, resolve_op, to_dtype, to_layout, to_memory_format
 from torchfuse.runtime import codegen
 from torchfuse.runtime.config import logger
 
@@ -42,6 +42,7 @@ def _generator() -> str:
     h = hashlib.sha256(Path(codegen.__file__).read_bytes())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:16]
+
 
 stats = {"hits": 0, "misses": 0}
 """Call functions read from the cache, and generated (this process)."""
@@ -86,8 +87,6 @@ def recipe_of(gen: codegen.Generated, kernels: Mapping[str, Any]) -> dict[str, l
 
 def rebuild(recipe: Mapping[str, list[str]], kernels: Mapping[str, Any]) -> dict[str, Any]:
     """The globals ``recipe`` describes, made in this process (KeyError/ValueError: unknown)."""
-    from torchfuse.graph.ops import resolve_op
-
     make = {"dtype": to_dtype, "device": torch.device, "layout": to_layout,
             "memory_format": to_memory_format, "kernel": kernels.__getitem__,
             "helper": codegen.HELPERS.__getitem__,
