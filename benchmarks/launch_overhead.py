@@ -6,6 +6,9 @@ of one launch (the minimum over ``--repeats`` runs, with the median beside it). 
 
 - ``fast``: the default path (launches through Triton's C launcher where the installed
   Triton's is known, see ``torchfuse.runtime.launchers``);
+- ``fast, built launcher``: the same with ``TORCHFUSE_QUICK_LAUNCH=0``: under Triton 3.6, its
+  C launcher built per signature instead of ``cuLaunchKernel`` through ``ctypes`` (the default,
+  which builds nothing);
 - ``fast, run()``: the same through ``CompiledKernel.run`` (``TORCHFUSE_DIRECT_LAUNCH=0``);
 - ``fn[grid]``: the same Program with ``TORCHFUSE_FAST_LAUNCH=0`` (Triton's ``JITFunction.run``);
 - ``fast+alloc``: every kernel writes a freshly allocated buffer (adds ``torch.empty_strided``);
@@ -134,6 +137,8 @@ def main() -> int:
     measure("fast+alloc", load(chain_program(n, opts.size, opts.device, reuse=False)))
     saved = rconfig.config
     try:
+        rconfig.config = dataclasses.replace(saved, quick_launch=False)
+        measure("fast, built launcher", load(chain_program(n, opts.size, opts.device, reuse=True)))
         rconfig.config = dataclasses.replace(saved, direct_launch=False)
         measure("fast, run()", load(chain_program(n, opts.size, opts.device, reuse=True)))
         rconfig.config = dataclasses.replace(saved, fast_launch=False)

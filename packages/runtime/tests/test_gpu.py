@@ -231,3 +231,119 @@ def test_reduce_overhead_falls_back_for_cpu_inputs():
         (y,) = fn(x, torch.tensor(value))
         torch.testing.assert_close(y, x * value)
     assert fn.stats.graph_captures == 0
+
+
+_QUICK_SRC = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scaled(x_ptr, out_ptr, n, big, scale, half, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, x * scale + half + (big - 2**40).to(tl.float32), mask=mask)
+"""
+
+
+def _quick_kernel(tmp_path):
+    import importlib.util
+
+    path = tmp_path / "quick_kernel.py"
+    path.write_text(_QUICK_SRC)
+    spec = importlib.util.spec_from_file_location("quick_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.scaled
+
+
+def test_the_quick_launcher_launches_as_tritons_does(tmp_path):
+    """Triton 3.6: pointers, i32, i64, fp32 and fp16 scalars and a constexpr reach the kernel
+    through cuLaunchKernel as through Triton's own launcher, from any thread."""
+    import threading
+
+    import triton
+    from torchfuse.runtime import launchers
+
+    if launchers.triton_layout() != "args":
+        pytest.skip("the quick launcher applies to Triton 3.6 only")
+    kernel = _quick_kernel(tmp_path)
+    x = torch.randn(1000, device="cuda")
+    want = torch.empty_like(x)
+    args = (x, want, 1000, 2**40 + 3, 1.5, 0.25)
+    compiled = kernel[(triton.cdiv(1000, 128),)](*args, BLOCK=128)  # Triton's launch, its launcher built
+    torch.cuda.synchronize()
+    torch.testing.assert_close(want, x * 1.5 + 0.25 + 3)
+    run = launchers.DeferredLauncher(lambda s, m: pytest.fail("built"), compiled.src, compiled.metadata)
+    assert run.quick is not None
+    got = torch.full_like(x, float("nan"))
+    stream = torch.cuda.current_stream().cuda_stream
+    grid = (triton.cdiv(1000, 128), 1, 1)
+    run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+        x, got, 1000, 2**40 + 3, 1.5, 0.25, 128)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+    got2 = torch.full_like(x, float("nan"))
+    errors = []
+
+    def in_a_new_thread():
+        try:
+            run.quick(*grid, stream, compiled.function, 0, 0, None, None, compiled.packed_metadata, None,
+                      None, None, x.data_ptr(), got2.data_ptr(), 1000, 2**40 + 3, 1.5, 0.25, 128)
+        except Exception as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    t = threading.Thread(target=in_a_new_thread)
+    t.start()
+    t.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    torch.testing.assert_close(got2, want, rtol=0, atol=0)
+
+
+_NO_BUILD_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import triton.backends.nvidia.driver as nv_driver
+builds = []
+real = nv_driver.compile_module_from_src
+def counting(*a, **kw):
+    builds.append(kw.get("name"))
+    return real(*a, **kw)
+nv_driver.compile_module_from_src = counting
+import torch
+import runtime_programs as P
+from torchfuse.runtime import load
+fn = load(P.mixed_program("cuda"))
+for rows, cols in [(64, 300), (64, 300), (7, 33)]:
+    x = torch.randn(rows, cols, device="cuda")
+    y = torch.randn(rows, cols, device="cuda")
+    w = torch.randn(cols, 8, device="cuda")
+    for g, r in zip(fn(x, y, w), P.mixed_reference(x, y, w)):
+        torch.testing.assert_close(g, r)
+print(json.dumps({"builds": builds, "entry": fn.call.__name__, "launches": fn.stats.kernel_launches}))
+"""
+
+
+def test_a_cold_program_builds_no_triton_launcher(tmp_path, cache_dir):
+    """A first call in a fresh process and fresh caches loads its kernels without compiling
+    Triton 3.6's C launchers, matches eager, and takes the fast path."""
+    from torchfuse.runtime import launchers
+
+    if launchers.triton_layout() != "args":
+        pytest.skip("Triton 3.6 only")
+    env = dict(os.environ, TORCHFUSE_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    here = os.path.dirname(__file__)
+    out = subprocess.run([sys.executable, "-c", _NO_BUILD_CHILD, here], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "__triton_launcher" not in got["builds"], got
+    assert got["entry"] == "call_fast", got
+    quiet = dict(env, TORCHFUSE_QUICK_LAUNCH="0")  # the switch restores Triton's builds
+    out = subprocess.run([sys.executable, "-c", _NO_BUILD_CHILD, here], env=quiet, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "__triton_launcher" in json.loads(out.stdout.strip().splitlines()[-1])["builds"]

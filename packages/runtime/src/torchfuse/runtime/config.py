@@ -9,6 +9,7 @@
 | `TORCHFUSE_AUTOTUNE_LATER` | `0`: tune before the first call returns; default: after it (`mode="default"`) |
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
 | `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not the C launcher; default on |
+| `TORCHFUSE_QUICK_LAUNCH` | `0`: build Triton 3.6's per-signature C launchers instead of launching through `cuLaunchKernel`; default on |
 | `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs kept per program under reduce-overhead; default 8, `0`: unlimited |
 | `TORCHFUSE_COMPILE_THREADS` | threads compiling kernels ahead of time; default `min(8, cpu count)` |
 | `TORCHFUSE_COMPILE_WORKERS` | compile processes (GPU); default `min(16, cores - 1)` from 4 cores, or 0 |
@@ -62,6 +63,11 @@ class Config:
     direct_launch: bool = True
     """On the fast path, call Triton's C launcher itself where the installed Triton's is known
     ([`torchfuse.runtime.launchers`][torchfuse.runtime.launchers]); off: through ``CompiledKernel.run``."""
+    quick_launch: bool = True
+    """With Triton 3.6, load kernels without building its C launcher per signature (0.2-0.4 s of
+    system C compiler each) and launch them through ``cuLaunchKernel``
+    ([`torchfuse.runtime.launchers`][torchfuse.runtime.launchers], "Launching without the
+    launcher build"); off: Triton builds its launchers as it would alone."""
     compile_threads: int = 4
     """Threads that compile kernels concurrently before the first GPU call."""
     compile_workers: int = 0
@@ -134,6 +140,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         autotune_later=_flag(env, "TORCHFUSE_AUTOTUNE_LATER", True),
         fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
+        quick_launch=_flag(env, "TORCHFUSE_QUICK_LAUNCH", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, ncores)),
         # a worker beside every core would slow the process it works for: at most cores - 1
         compile_workers=(max(0, min(int(workers), ncores - 1)) if workers

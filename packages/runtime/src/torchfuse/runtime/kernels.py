@@ -33,6 +33,7 @@ from torchfuse.graph import progress
 from torchfuse.graph import schema as S
 from torchfuse.graph.caches import write_atomic
 from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source
+from torchfuse.runtime import launchers
 from torchfuse.runtime.code_cache import compile_cached
 from torchfuse.runtime.config import logger
 from torchfuse.runtime.errors import KernelCompileError, UntrustedCodeError
@@ -430,18 +431,19 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
 
 
 def bind_launchers(kernels: Sequence[Any], threads: int) -> None:
-    """Load each compiled kernel onto the device and build its launcher, in threads, before
-    the first launch would do it one kernel at a time.
+    """Load each compiled kernel onto the device, in threads, before the first launch would do
+    it one kernel at a time.
 
-    Some Triton versions (3.6 on the GPU machine) build a C launcher per kernel signature with
-    the system C compiler the first time a kernel of that signature launches
-    (``CompiledKernel._init_handles``, 0.3-0.4 s a build): measured in a cold first call on the
-    H200, 19 builds took 7.1 s of GPT-2 training's (all inside the first launches, in the
-    calling thread). A build runs in a subprocess and Triton caches it on disk by the
-    launcher's source, so here one kernel of each signature is bound first, in parallel, and
-    the others after (they then find the built launcher on disk). Newer Triton versions build
-    nothing here; binding is then just the module load the first launch would do anyway. A
-    failure is left to the first launch, which reports it.
+    Triton 3.6 (the GPU machine's) builds a C launcher per kernel signature with the system C
+    compiler the first time a kernel of that signature loads (``CompiledKernel._init_handles``,
+    0.2-0.4 s a build; 19 builds took 7.1 s of GPT-2 training's cold first call on the H200).
+    Kernels are loaded here without those builds (`launchers.bound_without_builds`): most then
+    launch through ``cuLaunchKernel`` directly, and the rest build Triton's launcher at their
+    first launch. Where the swap does not apply (another Triton version that builds launchers),
+    one kernel of each signature is bound first, in parallel, and the others after (they then
+    find the built launcher in Triton's disk cache). Newer Triton versions build nothing; binding
+    is then just the module load the first launch would do anyway. A failure is left to the
+    first launch, which reports it.
     """
     unique = list({id(k): k for k in kernels if hasattr(k, "_init_handles")}.values())
     if not unique:
@@ -461,18 +463,19 @@ def bind_launchers(kernels: Sequence[Any], threads: int) -> None:
             logger.debug("binding %s early failed (%s: %s); left to its first launch",
                          getattr(kernel, "name", kernel), type(e).__name__, e)
 
-    first: dict[Any, Any] = {}
-    rest = []
-    for kernel in unique:
-        if first.setdefault(_launcher_key(kernel), kernel) is not kernel:
-            rest.append(kernel)
-    for wave in (list(first.values()), rest):
-        if threads <= 1 or len(wave) <= 1:
-            for kernel in wave:
-                bind(kernel)
-            continue
-        with ThreadPoolExecutor(max_workers=min(threads, len(wave))) as pool:
-            list(pool.map(bind, wave))
+    with launchers.bound_without_builds() as deferred:
+        first: dict[Any, Any] = {}
+        rest = []
+        for kernel in unique:
+            if deferred or first.setdefault(_launcher_key(kernel), kernel) is not kernel:
+                rest.append(kernel)
+        for wave in (list(first.values()), rest):
+            if threads <= 1 or len(wave) <= 1:
+                for kernel in wave:
+                    bind(kernel)
+                continue
+            with ThreadPoolExecutor(max_workers=min(threads, len(wave))) as pool:
+                list(pool.map(bind, wave))
 
 
 def _launcher_key(kernel: Any) -> Any:

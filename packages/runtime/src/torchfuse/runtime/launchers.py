@@ -12,12 +12,27 @@ profile scratch, no tensor descriptors and no sanitizer, and everything else goe
 ``CompiledKernel.run`` ("generic" layout) exactly as Triton itself would call it. A kernel that
 cannot take the direct path in a Program that does gets a small adapter with the same calling
 convention, so one Program can mix both.
+
+**Launching without the launcher build.** Triton 3.6 also *builds* that C launcher, once per
+kernel signature, with the system C compiler (0.2-0.4 s each, cached in Triton's disk cache);
+torch.compile launches through a launcher of its own and builds none. Here kernels are loaded
+with a stand-in (`DeferredLauncher`, see `bound_without_builds`), and a kernel with a plain
+launch is launched through ``cuLaunchKernel`` by `quick_launcher`, which packs the arguments as
+Triton's launcher would; the others build Triton's launcher at their first launch.
+``TORCHFUSE_QUICK_LAUNCH=0`` turns this off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import ctypes
+import functools
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import torchfuse.runtime.config as rconfig
 
 LAYOUT_BY_VERSION = {(3, 6): "args", (3, 9): "tuple"}
 """Triton (major, minor) -> the layout of its C launcher (see ``codegen.LAUNCH_LAYOUTS``)."""
@@ -51,6 +66,10 @@ def handles(layout: str, compiled: Any) -> tuple[Any, ...]:
     run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
     if layout == "generic":
         return run, function, meta
+    if isinstance(run, DeferredLauncher):
+        if layout == "args" and run.quick is not None and rconfig.config.quick_launch:
+            return run.quick, function, meta, 0, 0
+        run = run.real()
     if _direct_ok(run):
         coop, pdl = run.launch_cooperative_grid, run.launch_pdl
         if layout == "args":
@@ -74,3 +93,214 @@ def _adapter(layout: str, run: Callable[..., Any]) -> Callable[..., Any]:
         return run(gx, gy, gz, stream, function, meta, lmeta, enter, exit_, *args)
 
     return launch_tuple
+
+
+# --- Launching without Triton's per-signature launcher build (Triton 3.6) -------------------
+#
+# Triton 3.6 builds a C launcher for each kernel signature with the system C compiler, the first
+# time a kernel of that signature is loaded (``CudaLauncher.__init__``), and caches it on disk.
+# A build takes 0.2-0.4 s; on the GPU machine a cold first call of cross_entropy spent 0.40 s of
+# its 0.87 s in two of them (``compile_profile --real --cprofile``, H100, 2026-12-07), while its
+# two Triton compiles took 0.39 s. torch.compile does not build these (it launches through its
+# own launcher), so this cost was ours alone.
+#
+# `bound_without_builds` loads kernels with a `DeferredLauncher` in place of Triton's launcher
+# class: the module is loaded onto the device as before (``CompiledKernel._init_handles``), but
+# no launcher is built. A kernel whose arguments are plain (pointers, integers, ``fp16``/``fp32``/
+# ``fp64`` scalars, constexprs), with one CTA per program, no cooperative or PDL launch and no
+# scratch memory, is launched through ``cuLaunchKernel`` with ``ctypes`` (`quick_launcher`); any
+# other kernel, or any launch with Triton's launch hooks set, builds Triton's launcher at its
+# first launch, exactly as before.
+
+PARAM_FORMAT = {
+    "i1": "b7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q",
+    "u1": "B7x", "u8": "B7x", "u16": "H6x", "u32": "I4x", "u64": "Q",
+    "fp16": "e6x", "fp32": "f4x", "f32": "f4x", "fp64": "d",
+}
+"""Triton's scalar types -> a ``struct`` code in an 8-byte slot, as Triton 3.6's launcher
+passes them to the kernel (``ty_to_cpp``, and floats as their storage bits). ``bf16`` has no
+``struct`` code: such a kernel takes Triton's launcher."""
+
+_CUDA_ERROR_INVALID_CONTEXT = 201
+_cuda_lock = threading.Lock()
+_cuda: dict[str, Any] = {}
+_patch_lock = threading.Lock()
+_patch_depth: list[Any] = [0, None]  # open `bound_without_builds` blocks, Triton's launcher class
+_retrying = threading.local()  # a launch retried after making a context current
+
+
+def _driver_api() -> dict[str, Any]:
+    """The few CUDA driver functions the quick launcher calls, loaded once."""
+    with _cuda_lock:
+        if not _cuda:
+            lib = ctypes.CDLL("libcuda.so.1")
+            launch = lib.cuLaunchKernel
+            launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+            launch.restype = ctypes.c_int
+            error = lib.cuGetErrorString
+            error.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+            error.restype = ctypes.c_int
+            _cuda.update(lib=lib, launch=launch, error=error)
+        return _cuda
+
+
+def _error_text(code: int) -> str:
+    text = ctypes.c_char_p()
+    if _driver_api()["error"](code, ctypes.byref(text)) == 0 and text.value:
+        return text.value.decode(errors="replace")
+    return f"CUDA error {code}"
+
+
+def _ensure_context() -> None:
+    """Make the current device's primary context current on this thread, as Triton's
+    launcher does before each launch (a thread that never touched CUDA has none)."""
+    import torch
+
+    lib = _driver_api()["lib"]
+    device, ctx = ctypes.c_int(), ctypes.c_void_p()
+    for rc in (lib.cuDeviceGet(ctypes.byref(device), torch.cuda.current_device()),
+               lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device),
+               lib.cuCtxSetCurrent(ctx)):
+        if rc:
+            raise RuntimeError(f"CUDA error making a context current: {_error_text(rc)}")
+
+
+def _address(value: Any) -> int:
+    """A pointer argument as Triton's launcher reads it: an int, None (null) or ``data_ptr()``."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    try:
+        return value.data_ptr()
+    except AttributeError:
+        raise TypeError("Pointer argument must be either uint64 or have data_ptr method") from None
+
+
+_TEMPLATES: dict[tuple[str, ...], Callable[..., Any]] = {}
+
+
+def _template(types: tuple[str, ...]) -> Callable[..., Any]:
+    """``make(...) -> launch``: the quick launcher's code for one signature, exec-ed once."""
+    made = _TEMPLATES.get(types)
+    if made is not None:
+        return made
+    names = [f"a{i}" for i in range(len(types))]
+    packed = [f"{n} if {n}.__class__ is int else _address({n})" if t[0] == "*" else n
+              for n, t in zip(names, types, strict=True) if t != "constexpr"]
+    lines = [
+        "def make(_launch, _pack, _buf, _params, _block, _shared, _lock, _address, _fail):",
+        f"    def launch(gx, gy, gz, stream, function, _c, _p, _g, _s, _m, _l, _e, _x{''.join(', ' + n for n in names)}):",
+        "        if gx * gy * gz > 0:",
+        "            with _lock:",
+        f"                _pack(_buf, 0{''.join(', ' + p for p in packed)}, 0, 0)",
+        "                rc = _launch(function, gx, gy, gz, _block, 1, 1, _shared, stream, _params, None)",
+        "            if rc:",
+        f"                _fail(rc, launch, (gx, gy, gz, stream, function, _c, _p, _g, _s, _m, _l, _e, _x{''.join(', ' + n for n in names)}))",
+        "    return launch",
+    ]
+    scope: dict[str, Any] = {}
+    exec(compile("\n".join(lines), f"<torchfuse launcher {','.join(types)}>", "exec"), scope)  # noqa: S102
+    _TEMPLATES[types] = made = scope["make"]
+    return made
+
+
+def quick_launcher(src: Any, metadata: Any) -> Callable[..., Any] | None:
+    """A ``cuLaunchKernel`` launcher with Triton 3.6's C launcher's calling convention
+    (``LAUNCH_LAYOUTS["args"]``), or None where this kernel needs Triton's own."""
+    try:
+        types = tuple(dict(src.signature).values())
+        num_warps, num_ctas, shared = int(metadata.num_warps), int(metadata.num_ctas), int(metadata.shared)
+        plain = (num_ctas == 1 and not metadata.launch_cooperative_grid and not metadata.launch_pdl
+                 and not metadata.global_scratch_size and not metadata.profile_scratch_size
+                 and not getattr(metadata, "tensordesc_meta", None))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if not plain or not all(isinstance(t, str) and (t == "constexpr" or t[0] == "*" or t in PARAM_FORMAT)
+                            for t in types):
+        return None
+    fmt = "=" + "".join("Q" if t[0] == "*" else PARAM_FORMAT[t] for t in types if t != "constexpr") + "QQ"
+    layout = struct.Struct(fmt)
+    count = layout.size // 8  # every parameter in an 8-byte slot, the two scratch pointers last
+    buf = ctypes.create_string_buffer(layout.size)
+    base = ctypes.addressof(buf)
+    params = (ctypes.c_void_p * count)(*(base + 8 * i for i in range(count)))
+    api = _driver_api()
+
+    def fail(rc: int, launch: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        if rc == _CUDA_ERROR_INVALID_CONTEXT and not getattr(_retrying, "on", False):
+            _ensure_context()
+            _retrying.on = True
+            try:
+                launch(*args)
+            finally:
+                _retrying.on = False
+            return
+        raise RuntimeError(f"CUDA error launching {getattr(src, 'name', 'a kernel')}: {_error_text(rc)}")
+
+    keep = (buf, params)  # referenced by the closure so they live as long as the launcher
+    launch = _template(types)(api["launch"], layout.pack_into, buf, params, 32 * num_warps, shared,
+                              threading.Lock(), _address, fail)
+    launch.keep = keep  # type: ignore[attr-defined]
+    return launch
+
+
+class DeferredLauncher:
+    """Stands in for Triton 3.6's ``CudaLauncher`` (``driver.active.launcher_cls``): nothing is
+    built at load; launches go through `quick_launcher` when the kernel allows it, else through
+    Triton's launcher, built at the first launch that needs it (`real`)."""
+
+    def __init__(self, build: Callable[..., Any], src: Any, metadata: Any) -> None:
+        self._build, self._src, self._metadata = build, src, metadata
+        self._real: Any = None
+        self._lock = threading.Lock()
+        self.num_ctas = getattr(metadata, "num_ctas", 1)
+        self.global_scratch_size = metadata.global_scratch_size
+        self.profile_scratch_size = metadata.profile_scratch_size
+        self.launch_cooperative_grid = metadata.launch_cooperative_grid
+        self.launch_pdl = metadata.launch_pdl
+        self.quick = quick_launcher(src, metadata)
+
+    def real(self) -> Any:
+        """Triton's own launcher for this kernel (built on first use)."""
+        with self._lock:
+            if self._real is None:
+                self._real = self._build(self._src, self._metadata)
+            return self._real
+
+    def __call__(self, gridX: int, gridY: int, gridZ: int, stream: int, function: int, *args: Any) -> None:
+        # args: packed metadata, launch metadata, enter hook, exit hook, then the kernel's own
+        if self.quick is not None and args[2] is None and args[3] is None:
+            self.quick(gridX, gridY, gridZ, stream, function, 0, 0, None, None, *args)
+        else:
+            self.real()(gridX, gridY, gridZ, stream, function, *args)
+
+
+@contextmanager
+def bound_without_builds() -> Iterator[bool]:
+    """While open, kernels loaded in this process (``CompiledKernel._init_handles``) get a
+    `DeferredLauncher` instead of a built Triton launcher; yields whether that applies (Triton
+    3.6 on a CUDA device). Nested and concurrent uses share one swap."""
+    if triton_layout() != "args" or not rconfig.config.quick_launch:
+        yield False
+        return
+    try:
+        import triton
+
+        drv = triton.runtime.driver.active
+        original = drv.launcher_cls
+    except Exception:  # no driver: nothing to swap
+        yield False
+        return
+    with _patch_lock:
+        if _patch_depth[0] == 0:
+            _patch_depth[1] = original
+            drv.launcher_cls = functools.partial(DeferredLauncher, original)
+        _patch_depth[0] += 1
+    try:
+        yield True
+    finally:
+        with _patch_lock:
+            _patch_depth[0] -= 1
+            if _patch_depth[0] == 0:
+                drv.launcher_cls = _patch_depth[1]
