@@ -316,14 +316,22 @@ nv_driver.compile_module_from_src = counting
 import torch
 import runtime_programs as P
 from torchfuse.runtime import load
+from torchfuse.runtime import wait_for_background
 fn = load(P.mixed_program("cuda"))
-for rows, cols in [(64, 300), (64, 300), (7, 33)]:
+first = None
+for i, (rows, cols) in enumerate([(64, 300), (64, 300), (7, 33), "wait", (64, 300), (64, 300), (7, 33)]):
+    if rows == "wait":
+        wait_for_background()  # Triton's launchers, built after the first call
+        continue
     x = torch.randn(rows, cols, device="cuda")
     y = torch.randn(rows, cols, device="cuda")
     w = torch.randn(cols, 8, device="cuda")
     for g, r in zip(fn(x, y, w), P.mixed_reference(x, y, w)):
         torch.testing.assert_close(g, r)
-print(json.dumps({"builds": builds, "entry": fn.call.__name__, "launches": fn.stats.kernel_launches}))
+    if first is None:
+        first = list(builds)
+kinds = sorted({type(h[i]).__name__ for h in fn.call.__globals__["_handles"].values() for i in range(0, len(h), 5)})
+print(json.dumps({"first": first, "builds": builds, "entry": fn.call.__name__, "launchers": kinds}))
 """
 
 
@@ -340,8 +348,10 @@ def test_a_cold_program_builds_no_triton_launcher(tmp_path, cache_dir):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "__triton_launcher" not in got["builds"], got
+    assert "__triton_launcher" not in got["first"], got  # none before the first call returned
+    assert "__triton_launcher" in got["builds"], got  # built after it, in the background,
     assert got["entry"] == "call_fast", got
+    assert got["launchers"] == ["builtin_function_or_method"], got  # and the calls since use them
     quiet = dict(env, TORCHFUSE_QUICK_LAUNCH="0")  # the switch restores Triton's builds
     out = subprocess.run([sys.executable, "-c", _NO_BUILD_CHILD, here], env=quiet, capture_output=True,
                          text=True, timeout=300)

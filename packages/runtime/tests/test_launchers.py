@@ -162,3 +162,107 @@ def test_no_swap_without_triton_36(monkeypatch):
     monkeypatch.setattr(launchers, "triton_layout", lambda: "tuple")
     with launchers.bound_without_builds() as deferred:
         assert deferred is False
+
+
+class _Hooks:
+    def __init__(self, calls):
+        self.calls = calls
+
+
+def test_an_empty_hook_chain_is_no_hook():
+    assert not launchers.hook_active(None)
+    assert not launchers.hook_active(_Hooks([]))
+    assert launchers.hook_active(_Hooks([print]))
+    assert launchers.hook_active(print)  # a plain callable
+
+
+def test_jit_launches_with_an_empty_hook_chain_stay_quick(monkeypatch):
+    drv = _Driver(monkeypatch)
+    run = launchers.DeferredLauncher(lambda s, m: pytest.fail("built"), _src("*fp32"), _meta())
+    run(1, 1, 1, 0, 5, (4, 1, 0), None, _Hooks([]), _Hooks([]), 16)
+    assert len(drv.launches) == 1
+
+
+class _Built:
+    """Triton's launcher as `launchers.handles` reads it."""
+
+    launch = len  # a builtin, as Triton's C function is
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+
+    def __init__(self, log):
+        self.log = log
+
+    def __call__(self, *args):
+        self.log.append(("built", args))
+
+
+def test_launchers_built_later_replace_the_quick_one(monkeypatch):
+    import time
+
+    _Driver(monkeypatch)
+    order = []
+
+    def build(src, metadata):
+        order.append(src.name)
+        time.sleep(0.05)
+        return _Built(order)
+
+    a = [launchers.DeferredLauncher(build, SimpleNamespace(signature={"x": "*fp32"}, name=f"a{i}"), _meta())
+         for i in range(3)]
+    b = launchers.DeferredLauncher(build, SimpleNamespace(signature={"x": "*fp16", "n": "i32"}, name="b"), _meta())
+    done = threading.Event()
+    calls = []
+    launchers.build_soon([*a, b], lambda: (calls.append(1), done.set()))
+    launchers.build_soon(a[:1], lambda: calls.append(2))  # already scheduled: waits for the same build
+    assert done.wait(10)
+    launchers.wait_for_builds(10)
+    time.sleep(0.05)
+    assert sorted(calls) == [1, 2]
+    # one signature's kernels are built in turn, in one thread; the signatures side by side
+    assert [n for n in order if isinstance(n, str) and n.startswith("a")] == ["a0", "a1", "a2"]
+    assert all(d.built is not None for d in [*a, b])
+    compiled = SimpleNamespace(run=b, function=9, packed_metadata=(4, 1, 1024))
+    assert launchers.handles("args", compiled)[0] is len  # Triton's C launcher, as before
+    b(1, 1, 1, 0, 9, (4, 1, 1024), None, None, None, 16, 3)
+    assert order[-1][0] == "built"
+    calls.clear()
+    launchers.build_soon([*a, b], lambda: calls.append(3))  # nothing left to build
+    assert calls == []
+
+
+def test_a_failed_build_keeps_the_quick_launcher_and_is_not_retried(monkeypatch):
+    _Driver(monkeypatch)
+    tries = []
+
+    def build(src, metadata):
+        tries.append(1)
+        raise OSError("no C compiler")
+
+    d = launchers.DeferredLauncher(build, _src("*fp32"), _meta())
+    done = threading.Event()
+    launchers.build_soon([d], done.set)
+    assert done.wait(10)
+    assert d.built is None and d.quick is not None
+    again = []
+    launchers.build_soon([d], lambda: again.append(1))
+    launchers.wait_for_builds(10)
+    assert tries == [1] and again == []
+
+
+def test_the_swap_restores_tritons_launcher_class(monkeypatch):
+    import triton
+
+    class Original:
+        pass
+
+    drv = SimpleNamespace(launcher_cls=Original)
+    monkeypatch.setattr(launchers, "triton_layout", lambda: "args")
+    monkeypatch.setattr(triton.runtime, "driver", SimpleNamespace(active=drv), raising=False)
+    with launchers.bound_without_builds() as outer:
+        assert outer is True
+        with launchers.bound_without_builds():
+            made = drv.launcher_cls(_src("*fp32"), _meta())
+            assert isinstance(made, launchers.DeferredLauncher)
+        assert drv.launcher_cls is not Original  # the outer block is still open
+    assert drv.launcher_cls is Original

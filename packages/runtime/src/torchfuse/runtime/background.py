@@ -43,7 +43,11 @@ getattr(threading, "_register_atexit", atexit.register)(_on_exit)
 def wait_for_background(timeout: float | None = None) -> None:
     """Wait until the background compiles started so far in this process are done: a training
     step's backward warm-ups (`CompiledProgram.precompile_async`) and the candidates of tuning
-    deferred past a first call (`torchfuse.runtime.config.Config.autotune_later`). The next
-    call of such a Program then tunes. ``timeout``: seconds, else ``TimeoutError``."""
+    deferred past a first call (`torchfuse.runtime.config.Config.autotune_later`), and the
+    Triton launchers built after a first call (`torchfuse.runtime.launchers.build_soon`). The
+    next call of such a Program then tunes. ``timeout``: seconds (each), else ``TimeoutError``."""
     if _pool is not None:
         _pool.submit(lambda: None).result(timeout)
+    from torchfuse.runtime.launchers import wait_for_builds
+
+    wait_for_builds(timeout)

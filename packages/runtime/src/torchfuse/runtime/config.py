@@ -9,7 +9,7 @@
 | `TORCHFUSE_AUTOTUNE_LATER` | `0`: tune before the first call returns; default: after it (`mode="default"`) |
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
 | `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not the C launcher; default on |
-| `TORCHFUSE_QUICK_LAUNCH` | `0`: build Triton 3.6's per-signature C launchers instead of launching through `cuLaunchKernel`; default on |
+| `TORCHFUSE_QUICK_LAUNCH` | `0`: Triton 3.6's C launchers built before a first launch; default: after |
 | `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs kept per program under reduce-overhead; default 8, `0`: unlimited |
 | `TORCHFUSE_COMPILE_THREADS` | threads compiling kernels ahead of time; default `min(8, cpu count)` |
 | `TORCHFUSE_COMPILE_WORKERS` | compile processes (GPU); default `min(16, cores - 1)` from 4 cores, or 0 |

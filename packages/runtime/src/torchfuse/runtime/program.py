@@ -102,13 +102,8 @@ def _launch_hooks_active() -> bool:
     knobs = getattr(triton, "knobs", None)
     if knobs is None:
         return False
-    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
-        if hook is None:
-            continue
-        calls = getattr(hook, "calls", None)
-        if calls is None or calls:
-            return True
-    return False
+    return launchers.hook_active(knobs.runtime.launch_enter_hook) or \
+        launchers.hook_active(knobs.runtime.launch_exit_hook)
 
 
 def _launcher_compatible(run: Any) -> bool:
@@ -647,6 +642,7 @@ class CompiledProgram:
                 self._note_fallback("fast launch off: Triton launch hooks are installed (profiler?)")
                 return
             entries: list[Any] = []
+            quick: list[launchers.DeferredLauncher] = []
             for c in compiled:
                 if c is None or not hasattr(c, "packed_metadata") or not hasattr(c, "function"):
                     self._note_fallback("fast launch off: Triton returned no compiled kernel")
@@ -656,7 +652,11 @@ class CompiledProgram:
                     self._note_fallback(f"fast launch off: unknown launcher signature {run!r}")
                     return
                 entries += launchers.handles(self._layout, c)
+                if isinstance(run, launchers.DeferredLauncher) and run.built is None and run.quick:
+                    quick.append(run)  # launched through cuLaunchKernel until Triton's is built
             handles[key] = tuple(entries)
+            if quick:  # recorded again, with Triton's launchers, once they are built
+                launchers.build_soon(quick, handles.clear)
 
         return record
 
