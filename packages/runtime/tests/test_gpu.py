@@ -319,7 +319,7 @@ from torchfuse.runtime import load
 from torchfuse.runtime import wait_for_background
 fn = load(P.mixed_program("cuda"))
 first = None
-for i, (rows, cols) in enumerate([(64, 300), (64, 300), (7, 33), "wait", (64, 300), (64, 300), (7, 33)]):
+for rows, cols in [(64, 300), (64, 300), (7, 33), ("wait", 0), (64, 300), (64, 300), (7, 33)]:
     if rows == "wait":
         wait_for_background()  # Triton's launchers, built after the first call
         continue

@@ -266,3 +266,31 @@ def test_the_swap_restores_tritons_launcher_class(monkeypatch):
             assert isinstance(made, launchers.DeferredLauncher)
         assert drv.launcher_cls is not Original  # the outer block is still open
     assert drv.launcher_cls is Original
+
+
+def test_binding_builds_now_only_what_the_quick_launcher_cannot_launch(monkeypatch):
+    """`kernels.bind_launchers` under the swap: every kernel is loaded; those with a quick
+    launcher build nothing, the others build Triton's launcher at once (one per signature
+    first), not at their first launch."""
+    import contextlib
+
+    from torchfuse.runtime import kernels
+
+    _Driver(monkeypatch)
+    monkeypatch.setattr(launchers, "bound_without_builds", lambda: contextlib.nullcontext(True))
+    built = []
+
+    class Kernel:
+        def __init__(self, name, *types):
+            self.name, self.src = name, SimpleNamespace(signature=dict(enumerate(types)), name=name)
+            self._run = None
+
+        def _init_handles(self):
+            self._run = launchers.DeferredLauncher(lambda s, m: built.append(s.name), self.src, _meta())
+
+    ks = [Kernel("quick", "*fp32", "i32"), Kernel("b1", "*bf16", "bf16"), Kernel("b2", "*bf16", "bf16"),
+          Kernel("b3", "*fp32", "bf16")]
+    kernels.bind_launchers(ks, threads=4)
+    assert all(isinstance(k._run, launchers.DeferredLauncher) for k in ks)
+    assert sorted(built) == ["b1", "b2", "b3"] and built[-1] == "b2"  # after b1, of its signature
+    assert ks[0]._run.built is None and ks[0]._run.quick is not None

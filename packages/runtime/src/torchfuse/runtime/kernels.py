@@ -438,8 +438,10 @@ def bind_launchers(kernels: Sequence[Any], threads: int) -> None:
     compiler the first time a kernel of that signature loads (``CompiledKernel._init_handles``,
     0.2-0.4 s a build; 19 builds took 7.1 s of GPT-2 training's cold first call on the H200).
     Kernels are loaded here without those builds (`launchers.bound_without_builds`): most then
-    launch through ``cuLaunchKernel`` directly, and the rest build Triton's launcher at their
-    first launch. Where the swap does not apply (another Triton version that builds launchers),
+    launch through ``cuLaunchKernel`` until their launchers are built after the first call
+    (`launchers.build_soon`), and those the quick launcher cannot launch (a ``bf16`` scalar,
+    scratch memory, clusters) build theirs here, one of each signature first, in parallel.
+    Where the swap does not apply (another Triton version that builds launchers),
     one kernel of each signature is bound first, in parallel, and the others after (they then
     find the built launcher in Triton's disk cache). Newer Triton versions build nothing; binding
     is then just the module load the first launch would do anyway. A failure is left to the
@@ -463,19 +465,44 @@ def bind_launchers(kernels: Sequence[Any], threads: int) -> None:
             logger.debug("binding %s early failed (%s: %s); left to its first launch",
                          getattr(kernel, "name", kernel), type(e).__name__, e)
 
+    def build(kernel: Any) -> None:
+        try:
+            kernel._run.real()
+        except Exception as e:
+            logger.debug("building the launcher of %s early failed (%s: %s); left to its first launch",
+                         getattr(kernel, "name", kernel), type(e).__name__, e)
+
     with launchers.bound_without_builds() as deferred:
-        first: dict[Any, Any] = {}
-        rest = []
-        for kernel in unique:
-            if deferred or first.setdefault(_launcher_key(kernel), kernel) is not kernel:
-                rest.append(kernel)
-        for wave in (list(first.values()), rest):
-            if threads <= 1 or len(wave) <= 1:
-                for kernel in wave:
-                    bind(kernel)
-                continue
-            with ThreadPoolExecutor(max_workers=min(threads, len(wave))) as pool:
-                list(pool.map(bind, wave))
+        if deferred:  # nothing is built while loading: all at once
+            _in_waves([], unique, bind, threads)
+            # ... and kernels that need Triton's launcher build it now, as without the swap
+            slow = [k for k in unique if isinstance(getattr(k, "_run", None), launchers.DeferredLauncher)
+                    and k._run.quick is None]
+            _in_waves(*_by_launcher(slow), build, threads)
+        else:
+            _in_waves(*_by_launcher(unique), bind, threads)
+
+
+def _by_launcher(kernels: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """(one kernel of each launcher signature, the others): the first build a signature's
+    launcher, in parallel; the others then find it in Triton's disk cache."""
+    first: dict[Any, Any] = {}
+    rest = []
+    for kernel in kernels:
+        if first.setdefault(_launcher_key(kernel), kernel) is not kernel:
+            rest.append(kernel)
+    return list(first.values()), rest
+
+
+def _in_waves(first: Sequence[Any], rest: Sequence[Any], action: Callable[[Any], None], threads: int) -> None:
+    """``action`` on every kernel of ``first`` in parallel threads, then on every one of ``rest``."""
+    for wave in (first, rest):
+        if threads <= 1 or len(wave) <= 1:
+            for kernel in wave:
+                action(kernel)
+            continue
+        with ThreadPoolExecutor(max_workers=min(threads, len(wave))) as pool:
+            list(pool.map(action, wave))
 
 
 def _launcher_key(kernel: Any) -> Any:
