@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import linecache
 import math
 import os
 import re
@@ -159,6 +160,10 @@ def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: 
                 raise KernelCompileError(f"kernel {kernel.name!r}: cannot import {path}")
             module = importlib.util.module_from_spec(spec)
             sys.modules[mod_name] = module
+            # Triton reads the function's source back (``inspect.getsourcelines`` in
+            # ``JITFunction.__init__``): from memory, not from the file. Kernel files are
+            # written once under their hash and never change, so the entry never goes stale.
+            linecache.cache[str(path)] = (len(kernel.source), None, kernel.source.splitlines(True), str(path))
             try:
                 # what exec_module does, with the bytecode from the code cache (no compile warm)
                 code = compile_cached(kernel.source, str(path), code_dir(cache_dir))
