@@ -294,3 +294,10 @@ def test_binding_builds_now_only_what_the_quick_launcher_cannot_launch(monkeypat
     assert all(isinstance(k._run, launchers.DeferredLauncher) for k in ks)
     assert sorted(built) == ["b1", "b2", "b3"] and built[-1] == "b2"  # after b1, of its signature
     assert ks[0]._run.built is None and ks[0]._run.quick is not None
+
+
+def test_a_refused_kernel_says_why():
+    assert launchers.quick_refusal(("*fp32", "i32"), _meta()) is None
+    assert launchers.quick_refusal(("*fp32",), _meta(num_ctas=2)) == "num_ctas=2"
+    assert launchers.quick_refusal(("*fp32",), _meta(global_scratch_size=64)) == "global_scratch_size=64"
+    assert launchers.quick_refusal(("*bf16", "bf16"), _meta()) == "argument types ['bf16']"

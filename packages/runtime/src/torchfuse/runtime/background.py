@@ -48,6 +48,16 @@ def wait_for_background(timeout: float | None = None) -> None:
     next call of such a Program then tunes. ``timeout``: seconds (each), else ``TimeoutError``."""
     if _pool is not None:
         _pool.submit(lambda: None).result(timeout)
-    from torchfuse.runtime.launchers import wait_for_builds
+    for wait in _waiters:
+        wait(timeout)
 
-    wait_for_builds(timeout)
+
+_waiters: list[Callable[[float | None], None]] = []
+"""Other background work `wait_for_background` waits for (`add_waiter`): Triton's launchers
+built after a first call (`torchfuse.runtime.launchers.wait_for_builds`)."""
+
+
+def add_waiter(wait: Callable[[float | None], None]) -> None:
+    """Have `wait_for_background` also call ``wait(timeout)`` (background work kept elsewhere)."""
+    if wait not in _waiters:
+        _waiters.append(wait)
