@@ -37,6 +37,31 @@ def test_a_second_load_reads_the_call_function_instead_of_generating_it(cache_di
             assert g == w
 
 
+def test_a_program_read_back_from_a_cache_finds_the_call_function_its_compiling_process_kept(
+        cache_dir, monkeypatch):
+    """The process that compiles a Program holds its dicts in the order they were built; a
+    later process reads it back from the program cache with sorted keys. The call function
+    kept by the first must be found by the second (its key was the Program's insertion-ordered
+    bytes, so a warm start never hit)."""
+    import msgspec
+    from torchfuse.graph import schema as S
+
+    program = P.mixed_program("cpu")
+    kernels = [msgspec.structs.replace(k, constexprs=dict(reversed(sorted(k.constexprs.items()))),
+                                   meta={"z": "1", "a": "2"}) for k in program.kernels]
+    built = msgspec.structs.replace(program, kernels=tuple(kernels))
+    read_back = msgspec.json.decode(msgspec.json.encode(built, order="sorted"), type=S.Program)
+    assert msgspec.msgpack.encode(read_back) != msgspec.msgpack.encode(built)  # the orders differ
+    want = load(built)(*_inputs())
+    hits = cc.stats["hits"]
+    monkeypatch.setattr(codegen, "generate", lambda *a, **k: pytest.fail("generated again"))
+    got = load(read_back)(*_inputs())
+    assert cc.stats["hits"] == hits + 1
+    for g, w in zip(got, want, strict=True):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w)
+
+
 def test_the_recipe_gives_back_every_global_of_a_gpu_call_function():
     """The GPU source with its fast path, an extern op, dtypes and the device helpers; generated
     on the CPU (the kernels are interpreted functions, named all the same)."""

@@ -585,7 +585,9 @@ class CompiledProgram:
         (`torchfuse.runtime.call_cache`)."""
         layout = self._layout if fast else "generic"
         if self._digest is None:
-            self._digest = hashlib.sha256(msgspec.msgpack.encode(self.program)).hexdigest()
+            # Sorted: a Program compiled in this process holds its dicts in the order they were
+            # built; one read back from the program cache, sorted. Both must hash the same.
+            self._digest = hashlib.sha256(msgspec.msgpack.encode(self.program, order="sorted")).hexdigest()
         key = call_cache.call_key(
             self._digest, device=self.device_type, fast=fast, layout=layout, tune=sorted(tune),
             tuned_for=tuned_for, configs={k: msgspec.to_builtins(c) for k, c in sorted(configs.items())})
