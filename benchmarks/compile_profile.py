@@ -57,7 +57,8 @@ builds them with the system compiler, the warm one loads the shared objects from
 ``runtime.run`` is the first launches. ``--repeat N``: N (cold, warm) pairs, each over a fresh
 cache, the minimum per cell; ``--gc-pause on,off``: each row under both settings;
 ``--cprofile N`` (with ``--warm``): the warm process's first call under cProfile, its N
-hottest functions by own time and by cumulative time.
+hottest functions by own time and by cumulative time; ``--pstats FILE`` also writes each
+row's profile to ``FILE.<row>``, for ``pstats`` (who calls what: ``print_callers``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="tiny shapes instead of the full ones")
     p.add_argument("--triton", action="store_true", help="also compile every kernel with Triton for sm_90")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the N hottest functions")
+    p.add_argument("--pstats", default="", metavar="FILE",
+                   help="with --cprofile, --real/--warm: also write each row's profile to "
+                        "FILE.<row> (pstats)")
     p.add_argument("--cache", action="store_true", help="also time a program-cache hit per graph")
     p.add_argument("--slowest", type=int, default=0, metavar="N",
                    help="with --triton: list the N slowest Triton compiles (kernel, constexprs, warps)")
@@ -478,6 +482,8 @@ def real_child(args: argparse.Namespace) -> int:
     result = real_first_call(row, args.device, scale, not args.no_eager_first, prof)
     print(REAL_MARK + json.dumps(result), flush=True)
     if prof:
+        if args.pstats:
+            prof.dump_stats(args.pstats)
         for order, n in (("tottime", args.cprofile), ("cumulative", args.cprofile * 2)):
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats(order).print_stats(n)
@@ -531,8 +537,9 @@ def child_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dic
             for rep in range(args.repeat):
                 env = child_env(args, tempfile.mkdtemp(prefix="torchfuse_profile_warm_"), gc_pause)
                 for phase in phases:
-                    profiled = ["--cprofile", str(args.cprofile)] if args.cprofile and phase == phases[-1] \
-                        and rep == args.repeat - 1 else []
+                    dump = ["--pstats", f"{args.pstats}.{row.name.replace('/', '_')}"] if args.pstats else []
+                    last = phase == phases[-1] and rep == args.repeat - 1
+                    profiled = ["--cprofile", str(args.cprofile), *dump] if args.cprofile and last else []
                     result = _run_child([*cmd, *profiled], env, args.timeout, f"{label} {phase}")
                     if result is None:
                         break
