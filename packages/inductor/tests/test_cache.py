@@ -53,6 +53,23 @@ def test_hit_skips_the_passes_and_returns_the_same_program(counted_lowering):
     torch.testing.assert_close(load(again, device="cpu")(x, y)[0], _f(x, y))
 
 
+def test_on_miss_is_called_when_the_passes_run_and_only_then(counted_lowering):
+    """The ``inductor`` backend starts the compile workers on a miss (a GPU graph about to get
+    kernels to compile): the hook runs once per compile, before the passes, never on a hit."""
+    graph, _ = trace(_f, *_inputs())
+    calls = []
+
+    def on_miss():
+        calls.append(len(counted_lowering))  # how many lowerings had run when it ran
+
+    compile_graph(graph, on_miss=on_miss)
+    assert calls == [0]
+    compile_graph(graph, on_miss=on_miss)  # a hit
+    assert calls == [0]
+    compile_graph(graph, options={"cache": False}, on_miss=on_miss)  # no cache: compiled again
+    assert calls == [0, 1]
+
+
 def test_changed_graph_or_options_miss(counted_lowering):
     x, y = _inputs()
     compile_graph(trace(_f, x, y)[0])

@@ -68,7 +68,8 @@ def _real_jit(tmp_path, kernel):
 @pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
     os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
     reason="no ptxas to compile with")
-def test_workers_compile_what_this_process_then_loads_from_the_cache(sm90):
+@pytest.mark.parametrize("warm", [False, True], ids=["cold-workers", "warmed-up-workers"])
+def test_workers_compile_what_this_process_then_loads_from_the_cache(sm90, warm):
     program, x = _program()
     (kernel,) = program.kernels
     fn, path = _real_jit(sm90, kernel)
@@ -82,7 +83,8 @@ def test_workers_compile_what_this_process_then_loads_from_the_cache(sm90):
     planned = cw.plan([job], lambda f: path)
     assert len(planned) == 1, "the plan records the compile Triton would run"
     assert not fn.device_caches[0][0], "planning compiled nothing"
-    pool = cw.WorkerPool(1, env={**os.environ, "TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]})
+    pool = cw.WorkerPool(1, env={**os.environ, "TRITON_CACHE_DIR": os.environ["TRITON_CACHE_DIR"]},
+                         target={"backend": "cuda", "arch": 90, "warp_size": 32} if warm else None)
     try:
         assert [r.error for r in pool.compile([r for _, r in planned])] == [None]
     finally:
@@ -93,6 +95,49 @@ def test_workers_compile_what_this_process_then_loads_from_the_cache(sm90):
     assert (stats.triton_compiles, stats.triton_cache_hits) == (0, 1), \
         "this process found the worker's binary under its own key"
     torch.testing.assert_close(load(program, device="cpu")(x)[0], torch.relu(x * 2.0 + 1.0).sum(dim=1))
+
+
+@pytest.mark.triton_cpu
+@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
+    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
+    reason="no ptxas to compile with")
+def test_a_workers_warm_up_compiles_outside_the_shared_cache(tmp_path):
+    """`_warm_up` runs Triton's whole pipeline once (what a worker's first request would
+    otherwise pay for) into a private cache, and leaves the shared one and the environment as
+    they were. Run as a worker runs: a fresh process that imported Triton without the
+    interpreter."""
+    import subprocess
+
+    shared = tmp_path / "triton"
+    child = (
+        "import importlib.util, json, os, sys\n"
+        "spec = importlib.util.spec_from_file_location('_w', sys.argv[1])\n"
+        "w = importlib.util.module_from_spec(spec); sys.modules['_w'] = w; spec.loader.exec_module(w)\n"
+        "import triton\n"
+        "seen = []\n"
+        "triton.knobs.compilation.listener = lambda **kw: seen.append(kw.get('cache_hit'))\n"
+        "w._warm_up({'backend': 'cuda', 'arch': 90, 'warp_size': 32})\n"
+        "print(json.dumps({'compiles': seen, 'cache_dir': os.environ.get('TRITON_CACHE_DIR')}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(shared)
+    out = subprocess.run([sys.executable, "-c", child, cw.__file__], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = __import__("json").loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"compiles": [False], "cache_dir": str(shared)}, got
+    assert not shared.exists() or not any(shared.iterdir())
+
+
+def test_a_worker_whose_warm_up_fails_still_compiles(tmp_path):
+    pool = cw.WorkerPool(1, target={"backend": "no-such-backend", "arch": 0, "warp_size": 32})
+    try:
+        bad = cw.CompileRequest(str(tmp_path / "missing.py"), "m", "k", "{}", {"backend": "cuda", "arch": 90,
+                                                                               "warp_size": 32})
+        (result,) = pool.compile([bad])  # answered (its own error), not lost
+    finally:
+        pool.close()
+    assert not result.lost and "missing.py" in result.error
 
 
 def test_a_failing_request_is_reported_not_raised(tmp_path):

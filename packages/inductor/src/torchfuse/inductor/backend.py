@@ -40,11 +40,14 @@ def compiler(
     with autocast off: an autocast enclosing the call would cast an extern ``mm`` again.
     """
     from torchfuse.runtime import load
+    from torchfuse.runtime.compile_workers import start_early
 
     types = device_types(graph)
     with no_autocast(types):
+        # a GPU graph compiled now (not read from the cache) will have Triton kernels to
+        # compile: the runtime's compile workers start, and set their compilers up, meanwhile
         program = compile_graph(graph, example_inputs, mode=mode, options=options,
-                                functionalize=functionalize)
+                                functionalize=functionalize, on_miss=start_early if "cuda" in types else None)
         runtime_mode = "reduce-overhead" if mode == "reduce-overhead" else "default"
         t0 = time.perf_counter()
         # C++ kernels compiled here (or read from the user's own compile cache) are vouched

@@ -303,6 +303,7 @@ def compile_graph(
     mode: str = "default",
     options: dict | None = None,
     functionalize: bool = False,
+    on_miss: Callable[[], None] | None = None,
 ) -> S.Program:
     """Compile a functional Graph into a Program of Triton kernels and a launch plan.
 
@@ -323,6 +324,9 @@ def compile_graph(
         options: Overrides of [`InductorConfig`][torchfuse.inductor.InductorConfig] fields,
             e.g. ``{"persistent_rnumel_max": 1024}``.
         functionalize: ``graph`` may have mutations; functionalize it first when it does.
+        on_miss: Called once before the passes run, when no cached Program serves (the
+            ``inductor`` backend starts the runtime's compile workers then, for a GPU graph:
+            they get ready while the passes run).
 
     Returns:
         The [`Program`][torchfuse.graph.Program]. Its ``meta`` keeps the debug artifacts
@@ -345,6 +349,8 @@ def compile_graph(
     """
     cfg, _ = _config(options)
     if not cfg.cache:
+        if on_miss is not None:
+            on_miss()
         graph = _functional(graph) if functionalize else graph
         return compile_graph_stages(graph, example_inputs, mode=mode, options=options).program
     from torchfuse.inductor import cache
@@ -358,6 +364,8 @@ def compile_graph(
         _vouch(program)  # the user's own cache: as much ours as a Program compiled now
         _publish(program, graph.name, cfg)
         return program
+    if on_miss is not None:
+        on_miss()
     functional = _functional(graph) if functionalize else graph
     program = compile_graph_stages(functional, example_inputs, mode=mode, options=options).program
     t0 = time.perf_counter()
