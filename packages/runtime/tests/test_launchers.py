@@ -49,15 +49,14 @@ def test_parameters_reach_the_kernel_as_triton_36_passes_them(monkeypatch):
     launch = launchers.quick_launcher(_src("*fp32", "i32", "constexpr", "i64", "fp32", "fp16", "i1", "u8"),
                                       _meta(num_warps=8, shared=4096))
     assert launch is not None
-    t = torch.arange(4.0)
     launch(3, 2, 1, 77, 1234, 0, 0, None, None, (8, 1, 4096), None, None, None,
-           t, -5, 128, 2**40, 1.5, 0.25, True, 200)
+           1 << 34, -5, 128, 2**40, 1.5, 0.25, True, 200)
     (rec,) = drv.launches
     assert rec["function"] == 1234 and rec["grid"] == (3, 2, 1) and rec["stream"] == 77
     assert rec["block"] == (256, 1, 1) and rec["shared"] == 4096 and rec["extra"] is None
     raw = rec["raw"]
     assert len(raw) == 7 + 2  # the constexpr is not a parameter; two scratch pointers follow
-    assert struct.unpack("=Q", raw[0])[0] == t.data_ptr()
+    assert struct.unpack("=Q", raw[0])[0] == 1 << 34
     assert struct.unpack("=i", raw[1][:4])[0] == -5
     assert struct.unpack("=q", raw[2])[0] == 2**40
     assert struct.unpack("=f", raw[3][:4])[0] == 1.5
@@ -70,12 +69,22 @@ def test_parameters_reach_the_kernel_as_triton_36_passes_them(monkeypatch):
 def test_pointer_arguments_take_ints_none_and_data_ptr(monkeypatch):
     drv = _Driver(monkeypatch)
     launch = launchers.quick_launcher(_src("*fp32", "*fp32", "*fp32"), _meta())
-    t = torch.ones(2)
+
+    class OnTheGpu:  # what the launcher reads of a CUDA tensor
+        device = torch.device("cuda", 0)
+
+        def data_ptr(self):
+            return 1 << 33
+
+    t = OnTheGpu()
     launch(1, 1, 1, 0, 1, 0, 0, None, None, None, None, None, None, 4096, None, t)
     raw = drv.launches[0]["raw"]
-    assert [struct.unpack("=Q", r)[0] for r in raw[:3]] == [4096, 0, t.data_ptr()]
+    assert [struct.unpack("=Q", r)[0] for r in raw[:3]] == [4096, 0, 1 << 33]
     with pytest.raises(TypeError, match="data_ptr"):
         launch(1, 1, 1, 0, 1, 0, 0, None, None, None, None, None, None, "not a pointer", None, t)
+    with pytest.raises(ValueError, match="cannot be accessed from Triton"):  # as Triton's launcher
+        launch(1, 1, 1, 0, 1, 0, 0, None, None, None, None, None, None, torch.ones(2), None, t)
+    assert len(drv.launches) == 1
 
 
 def test_an_empty_grid_launches_nothing(monkeypatch):

@@ -34,8 +34,9 @@ and a warning says so (once per pool).
 
 When the pool is used (`torchfuse.runtime.config.Config.compile_workers`): by default on a
 host of 4 or more cores, with ``min(16, cores - 1)`` workers, started by the first GPU graph
-compiled (as torch.compile starts its workers at its first compile), used by a first call that needs at least ``compile_workers_min`` (2) compiles;
-``TORCHFUSE_COMPILE_WORKERS=0`` turns it off.
+compiled (as torch.compile starts its workers at its first compile), used by a first call
+that needs at least ``compile_workers_min`` (2) compiles; ``TORCHFUSE_COMPILE_WORKERS=0``
+turns it off.
 """
 
 from __future__ import annotations

@@ -181,11 +181,15 @@ def _ensure_context() -> None:
 
 
 def _address(value: Any) -> int:
-    """A pointer argument as Triton's launcher reads it: an int, None (null) or ``data_ptr()``."""
+    """A pointer argument as Triton's launcher reads it: an int, None (null) or ``data_ptr()``
+    (a tensor on another device refused, as Triton's launcher refuses it)."""
     if value is None:
         return 0
     if isinstance(value, int):
         return value
+    device = getattr(value, "device", None)
+    if device is not None and getattr(device, "type", "cuda") != "cuda":
+        raise ValueError(f"Pointer argument cannot be accessed from Triton ({device} tensor)")
     try:
         return value.data_ptr()
     except AttributeError:
