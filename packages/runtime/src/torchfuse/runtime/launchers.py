@@ -114,9 +114,11 @@ def _adapter(layout: str, run: Callable[..., Any]) -> Callable[..., Any]:
 # class: the module is loaded onto the device as before (``CompiledKernel._init_handles``), but
 # no launcher is built. A kernel whose arguments are plain (pointers, integers, ``fp16``/``fp32``/
 # ``fp64`` scalars, constexprs), with one CTA per program, no cooperative or PDL launch and no
-# scratch memory, is launched through ``cuLaunchKernel`` with ``ctypes`` (`quick_launcher`); any
-# other kernel, or any launch with Triton's launch hooks set, builds Triton's launcher at its
-# first launch, exactly as before.
+# scratch memory, is launched through ``cuLaunchKernel`` with ``ctypes`` (`quick_launcher`)
+# until Triton's launcher, built after the first call in a background thread (`build_soon`),
+# replaces it (a quick launch costs about 2 µs more). Any other kernel builds Triton's launcher
+# while it loads (`torchfuse.runtime.kernels.bind_launchers`), and a launch with Triton's launch
+# hooks set goes through Triton's launcher, built then if need be.
 
 PARAM_FORMAT = {
     "i1": "b7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q",
@@ -126,6 +128,7 @@ PARAM_FORMAT = {
 """Triton's scalar types -> a ``struct`` code in an 8-byte slot, as Triton 3.6's launcher
 passes them to the kernel (``ty_to_cpp``, and floats as their storage bits). ``bf16`` has no
 ``struct`` code: such a kernel takes Triton's launcher."""
+
 
 def hook_active(hook: Any) -> bool:
     """Whether a Triton launch hook (``knobs.runtime.launch_enter_hook``/``exit_hook``) does
