@@ -365,25 +365,39 @@ def build_soon(deferred: Sequence[DeferredLauncher], then: Callable[[], None]) -
     if not waiting:
         return  # built already, or failed before: nothing new to record
     left = [len(waiting)]
-    left_lock = threading.Lock()
+    with _thens:
+        _thens_left[0] += 1
 
     def one_done(_: Any) -> None:
-        with left_lock:
+        with _thens:
             left[0] -= 1
             last = left[0] == 0
         if last:
-            then()
+            try:
+                then()
+            finally:
+                with _thens:
+                    _thens_left[0] -= 1
+                    _thens.notify_all()
 
     for f in waiting:
         f.add_done_callback(one_done)
 
 
+_thens = threading.Condition()
+_thens_left = [0]  # `build_soon` callbacks not run yet: `wait_for_builds` waits for them too
+
+
 def wait_for_builds(timeout: float | None = None) -> None:
-    """Wait for the launcher builds `build_soon` started so far (`wait_for_background` calls it)."""
+    """Wait for the launcher builds `build_soon` started so far, and for what each caller
+    asked to run after them (a future's waiters wake before its callbacks run)."""
     with _build_lock:
         pending = list(_pending)
     for f in pending:
         f.result(timeout)
+    with _thens:
+        if not _thens.wait_for(lambda: _thens_left[0] == 0, timeout):
+            raise TimeoutError("the launcher builds' follow-ups did not finish in time")
 
 
 background.add_waiter(wait_for_builds)
