@@ -77,9 +77,10 @@ class Config:
     the default is `default_compile_workers` (on with 4 or more cores)."""
     compile_workers_min: int = 2
     """The fewest Triton compiles (kernel, config, specialization) a first call must need for
-    it to hand them to the workers (which a GPU Program's load starts once per process, as soon
-    as one has a kernel new to the cache); one compile is done here, since a worker pays a
-    request's round trip and this process then loads the binary from disk. Two are enough:
+    it to hand them to the workers (started once per process, by the first GPU graph
+    compiled or the first GPU Program loaded with a kernel new to the cache); one compile is
+    done here, since a worker pays a request's round trip and this process then loads the
+    binary from disk. Two are enough:
     Triton's passes hold the GIL, so this process's threads compile one at a time (on an H100
     host, one compile of the softmax row took 295 ms and the two of the cross-entropy row
     734 ms in threads)."""

@@ -511,11 +511,10 @@ def _in_waves(first: Sequence[Any], rest: Sequence[Any], action: Callable[[Any],
 
 
 def _launcher_key(kernel: Any) -> Any:
-    """What a kernel's launcher depends on, as far as it can be read: its arguments' types in
-    order (a constant argument's type is ``constexpr``), not their names. Kernels of one key
-    share a launcher build; a wrong guess only costs time (a build done twice, or waited for)."""
+    """`launchers.signature_key` of a compiled kernel; a kernel it cannot read is its own key
+    (a wrong guess only costs time: a build done twice, or waited for)."""
     try:
-        return tuple(str(v) for v in dict(kernel.src.signature).values())  # in argument order
+        return launchers.signature_key(kernel.src)
     except Exception:
         return id(kernel)
 

@@ -18,8 +18,8 @@ kernel signature, with the system C compiler (0.2-0.4 s each, cached in Triton's
 torch.compile launches through a launcher of its own and builds none. Here kernels are loaded
 with a stand-in (`DeferredLauncher`, see `bound_without_builds`), and a kernel with a plain
 launch is launched through ``cuLaunchKernel`` by `quick_launcher`, which packs the arguments as
-Triton's launcher would; the others build Triton's launcher at their first launch.
-``TORCHFUSE_QUICK_LAUNCH=0`` turns this off.
+Triton's launcher would, until Triton's launcher is built after the first call (`build_soon`);
+the others build Triton's launcher while they load. ``TORCHFUSE_QUICK_LAUNCH=0`` turns this off.
 """
 
 from __future__ import annotations
@@ -128,6 +128,12 @@ PARAM_FORMAT = {
 """Triton's scalar types -> a ``struct`` code in an 8-byte slot, as Triton 3.6's launcher
 passes them to the kernel (``ty_to_cpp``, and floats as their storage bits). ``bf16`` has no
 ``struct`` code: such a kernel takes Triton's launcher."""
+
+
+def signature_key(src: Any) -> tuple[str, ...]:
+    """What a kernel's Triton launcher depends on: its arguments' types in order (a constant
+    argument's type is ``constexpr``), not their names. Kernels of one key share a build."""
+    return tuple(str(v) for v in dict(src.signature).values())
 
 
 def hook_active(hook: Any) -> bool:
@@ -277,11 +283,9 @@ def quick_launcher(src: Any, metadata: Any) -> Callable[..., Any] | None:
             return
         raise RuntimeError(f"CUDA error launching {getattr(src, 'name', 'a kernel')}: {_error_text(rc)}")
 
-    keep = (buf, params)  # referenced by the closure so they live as long as the launcher
-    launch = _template(types)(api["launch"], layout.pack_into, buf, params, 32 * num_warps, shared,
-                              threading.Lock(), _address, fail)
-    launch.keep = keep  # type: ignore[attr-defined]
-    return launch
+    # the closure holds ``buf`` and ``params``: they live as long as the launcher
+    return _template(types)(api["launch"], layout.pack_into, buf, params, 32 * num_warps, shared,
+                            threading.Lock(), _address, fail)
 
 
 class DeferredLauncher:
@@ -351,7 +355,7 @@ def build_soon(deferred: Sequence[DeferredLauncher], then: Callable[[], None]) -
         groups: dict[tuple[str, ...], list[DeferredLauncher]] = {}
         for d in deferred:
             if d.built is None and d.future is None:
-                groups.setdefault(tuple(map(str, dict(d._src.signature).values())), []).append(d)
+                groups.setdefault(signature_key(d._src), []).append(d)
         if groups and _builder[0] is None:
             _builder[0] = ThreadPoolExecutor(max_workers=4, thread_name_prefix="torchfuse-launchers")
         for group in groups.values():
@@ -364,40 +368,38 @@ def build_soon(deferred: Sequence[DeferredLauncher], then: Callable[[], None]) -
                         if d.built is None and d.future is not None and not d.future.done()}.values())
     if not waiting:
         return  # built already, or failed before: nothing new to record
+    # ``then`` runs in a callback, after the builds' waiters wake: its own future, kept with the
+    # builds', is what `wait_for_builds` waits on for it
+    after: Future[None] = Future()
     left = [len(waiting)]
-    with _thens:
-        _thens_left[0] += 1
+    with _build_lock:
+        _pending.add(after)
+        after.add_done_callback(_pending.discard)
 
     def one_done(_: Any) -> None:
-        with _thens:
+        with _build_lock:
             left[0] -= 1
             last = left[0] == 0
         if last:
             try:
                 then()
             finally:
-                with _thens:
-                    _thens_left[0] -= 1
-                    _thens.notify_all()
+                after.set_result(None)
 
     for f in waiting:
         f.add_done_callback(one_done)
 
 
-_thens = threading.Condition()
-_thens_left = [0]  # `build_soon` callbacks not run yet: `wait_for_builds` waits for them too
-
-
 def wait_for_builds(timeout: float | None = None) -> None:
     """Wait for the launcher builds `build_soon` started so far, and for what each caller
-    asked to run after them (a future's waiters wake before its callbacks run)."""
-    with _build_lock:
-        pending = list(_pending)
-    for f in pending:
-        f.result(timeout)
-    with _thens:
-        if not _thens.wait_for(lambda: _thens_left[0] == 0, timeout):
-            raise TimeoutError("the launcher builds' follow-ups did not finish in time")
+    asked to run after them."""
+    while True:
+        with _build_lock:
+            pending = [f for f in _pending if not f.done()]
+        if not pending:
+            return
+        for f in pending:
+            f.result(timeout)
 
 
 background.add_waiter(wait_for_builds)

@@ -182,13 +182,12 @@ class CompiledProgram:
         self.stats.kernels_loaded = len(self.kernels)
         self._hashes = {k.name: kernel_hash(k) for k in program.kernels}
         self._gpu = device_type == "cuda"
-        workers = rconfig.config.compile_workers
-        if self._gpu and workers > 0 and triton_kernels and any_new_source(triton_kernels, self.cache_dir):
-            from torchfuse.runtime.compile_workers import get_pool
+        if self._gpu and triton_kernels and any_new_source(triton_kernels, self.cache_dir):
+            from torchfuse.runtime.compile_workers import start_early
 
             # started now, while the caller works on, for this Program's first call or a later
             # one's (not for a warm start, whose binaries are on disk)
-            get_pool(workers)
+            start_early()
         self._layout = launchers.triton_layout() if self._gpu and rconfig.config.direct_launch else "generic"
         self._variants: dict[tuple[Any, ...], codegen.Generated] = {}
         self._by_key: dict[tuple[int, ...], Any] = {}
