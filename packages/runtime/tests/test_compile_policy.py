@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 import threading
+from concurrent.futures import Future
 
 import pytest
 import runtime_programs as P
@@ -232,9 +233,9 @@ def test_worker_compiles_are_handed_out_longest_first(monkeypatch):
     sent: list = []
 
     class Pool:
-        def compile(self, requests, priority=0):
+        def submit(self, requests, priority=0):
             sent.extend(requests)
-            return [compile_workers.CompileResult() for _ in requests]
+            return [Future() for _ in requests]
 
     monkeypatch.setattr(compile_workers, "get_pool", lambda n: Pool())
     monkeypatch.setattr(compile_workers, "plan", lambda jobs, path: [(j, j.name) for j in jobs])

@@ -202,7 +202,7 @@ def _cubins(jobs):
             for job in jobs]
 
 
-_SEQUENTIAL = """
+_CHILD_JOBS = """
 import hashlib, importlib.util, json, sys
 import torch
 import triton
@@ -221,6 +221,11 @@ for path, module_name, entry, args, kw in json.loads(sys.argv[1]):
     fn = getattr(module, entry)
     args = [getattr(torch, a[6:]) if isinstance(a, str) and a.startswith("torch.") else a for a in args]
     jobs.append(WarmupJob(entry, fn, tuple(args), tuple(map(tuple, kw))))
+"""
+"""A child's preamble: the jobs of ``sys.argv[1]`` (`_spec`) on compiling ``JITFunction``s for
+an sm_90 stub driver, in a process without the interpreter."""
+
+_SEQUENTIAL = _CHILD_JOBS + """
 precompile(jobs, CompileStats(), threads=1)  # one after another, in this process
 print(json.dumps([hashlib.sha256(j.fn.warmup(*j.args, grid=(1,), **dict(j.kwargs)).asm["cubin"]).hexdigest()
                   for j in jobs]))
@@ -230,15 +235,21 @@ print(json.dumps([hashlib.sha256(j.fn.warmup(*j.args, grid=(1,), **dict(j.kwargs
 def _sequential_cubins(jobs, cache):
     """The binaries of ``jobs`` compiled one after another by Triton in a fresh process (this one
     runs Triton's interpreter, which cannot compile for a GPU after it is imported)."""
+    return _run_child(_SEQUENTIAL, jobs, TRITON_CACHE_DIR=str(cache), TORCHFUSE_COMPILE_WORKERS="0")
+
+
+def _run_child(script, jobs, **env_vars):
+    """``script`` (after `_CHILD_JOBS`) in a fresh process without the interpreter; its last
+    line of output, as JSON."""
     import json
     import subprocess
 
     spec = [(j.fn.fn.__code__.co_filename, j.fn.fn.__module__, j.fn.fn.__name__, [str(a) if isinstance(a, torch.dtype) else a
                                                               for a in j.args], list(j.kwargs)) for j in jobs]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(cache), TORCHFUSE_COMPILE_WORKERS="0")
-    proc = subprocess.run([sys.executable, "-c", _SEQUENTIAL, json.dumps(spec)], capture_output=True,
-                          text=True, env=env, check=False)
+    env.update(env_vars)
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], capture_output=True,
+                          text=True, env=env, check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -253,7 +264,7 @@ def fresh_pool(monkeypatch):
 
     monkeypatch.setattr(cw, "_pool", None)
     monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, compile_workers=1,
-                                                               compile_workers_min=1))
+                                                               compile_workers_min=1, compile_here=0))
     monkeypatch.setattr(rk, "triton_interpreting", lambda: False)
     yield
     if cw._pool is not None:
@@ -386,20 +397,28 @@ def test_a_worker_that_dies_is_replaced_and_a_warning_says_what_was_compiled_her
         pool.close()
 
 
+def _stub_workers(monkeypatch, one, ready=None):
+    """Workers without processes: each "starts" at once, is ready when ``ready`` (an Event) is
+    set, and answers a request with ``one(request)``."""
+    monkeypatch.setattr(cw.WorkerPool, "_start", lambda self: object())
+    monkeypatch.setattr(cw.WorkerPool, "_await_ready",
+                        lambda self, proc: ready.wait(timeout=10) if ready is not None else True)
+    monkeypatch.setattr(cw.WorkerPool, "_one", lambda self, proc, request: one(request))
+
+
 def test_a_first_calls_compiles_go_before_a_queued_background_warm_up(monkeypatch):
     import time
 
-    monkeypatch.setattr(cw.WorkerPool, "_start", lambda self: None)  # no processes
     order: list[str] = []
     gate = threading.Event()
 
-    def one(self, request):
+    def one(request):
         order.append(request)
         if request == "bg1":
             assert gate.wait(timeout=10)
         return cw.CompileResult()
 
-    monkeypatch.setattr(cw.WorkerPool, "_one", one)
+    _stub_workers(monkeypatch, one)
     pool = cw.WorkerPool(1)
     try:
         background = threading.Thread(target=pool.compile, args=(["bg1", "bg2", "bg3"], 1))
@@ -421,6 +440,66 @@ def test_a_first_calls_compiles_go_before_a_queued_background_warm_up(monkeypatc
         pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.compile(["late"])
+
+
+def test_a_request_no_worker_started_can_be_claimed_back(monkeypatch):
+    served: list[str] = []
+    ready = threading.Event()
+    _stub_workers(monkeypatch, lambda r: served.append(r) or cw.CompileResult(), ready)
+    pool = cw.WorkerPool(1)
+    try:
+        first, second = pool.submit(["first", "second"])
+        assert pool.ready == 0 and pool.claim(first), "no worker is ready: the caller takes it"
+        ready.set()
+        assert second.result(timeout=10).ok
+        assert not pool.claim(second), "a worker has it"
+        assert pool.results([first, second])[0] is None
+        assert served == ["second"], "a claimed request never reaches a worker"
+    finally:
+        ready.set()
+        pool.close()
+
+
+def test_workers_that_cannot_start_answer_every_request_as_lost(monkeypatch, caplog):
+    monkeypatch.setattr(cw, "_BOOT", "import sys; sys.exit(5)")
+    pool = cw.WorkerPool(2)
+    try:
+        with caplog.at_level("WARNING", logger="torchfuse.runtime"):
+            results = pool.compile(["a", "b"])  # answered, whether queued before or after they died
+        assert [(r.ok, r.lost) for r in results] == [(False, True), (False, True)]
+        assert any("compiled in this process" in r.getMessage() for r in caplog.records)
+        assert [(r.ok, r.lost) for r in pool.compile(["c"])] == [(False, True)]
+    finally:
+        pool.close()
+
+
+_STILL_STARTING = _CHILD_JOBS + """
+import threading
+from torchfuse.runtime.kernels import count_compiles
+ready = threading.Event()  # the workers' start is held back until the first call is done
+real = cw.WorkerPool._await_ready
+cw.WorkerPool._await_ready = lambda self, proc: ready.wait(timeout=60) and real(self, proc)
+out = {}
+for name in ("first", "again"):
+    stats = CompileStats()
+    with count_compiles(stats):
+        precompile(jobs, stats, threads=2)
+    out[name] = [stats.worker_compiles, stats.triton_compiles, stats.triton_cache_hits, cw._pool.ready]
+ready.set()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.triton_cpu
+@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
+    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
+    reason="no ptxas to compile with")
+def test_a_first_call_compiles_here_what_workers_still_starting_have_not_taken(sm90):
+    jobs = [job for jobs in _jobs(sm90 / "kernels", _two_programs()) for job in jobs]
+    got = _run_child(_STILL_STARTING, jobs, TRITON_CACHE_DIR=str(sm90 / "triton_here"), TORCHFUSE_COMPILE_WORKERS="1",
+                     TORCHFUSE_COMPILE_WORKERS_MIN="1", TORCHFUSE_COMPILE_HERE="2")
+    assert got["first"] == [0, len(jobs), 0, 0], "no worker was ready: every compile ran here"
+    assert got["again"] == [0, 0, 0, 0], "the next call finds them compiled, and queues nothing"
 
 
 def test_a_warm_start_starts_no_workers(monkeypatch, tmp_path):

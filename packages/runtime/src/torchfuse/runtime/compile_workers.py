@@ -194,12 +194,21 @@ class CompileResult:
 
 
 class WorkerPool:
-    """``size`` worker processes, each driven by one thread of this process.
+    """``size`` worker processes, each served by one thread of this process.
+
+    A worker takes requests once it is **ready**: started, Triton imported and its compiler
+    warmed up (`_warm_up`), which it says with a first line. Until then requests wait in the
+    queue, from which the caller may take any back to compile itself (`claim`): on the H100
+    host a fresh worker's first reply took 1.1-1.6 s, while a first call's two compiles took
+    0.26 s in the caller's threads (2026-12-07), so a small first call does not wait for
+    workers still starting, and a big one shares its compiles between both.
 
     Requests wait in one queue ordered by priority, then by arrival: a first call's compiles
     (priority 0) go before those of a background warm-up (priority 1, a training step's
     backward, started before the forward), which would otherwise hold the forward back
-    until every backward kernel had compiled.
+    until every backward kernel had compiled. A worker that dies is replaced; one that dies
+    before it is ready is not (its thread gives up, and once none is left, what is queued is
+    answered as lost: the caller compiles it).
     """
 
     def __init__(self, size: int, env: dict[str, str] | None = None,
@@ -208,23 +217,24 @@ class WorkerPool:
         self.env = dict(os.environ if env is None else env)
         if target is not None:  # each worker warms its compiler up for it while idle (`_warm_up`)
             self.env[TARGET_ENV] = json.dumps(target)
-        self._local = threading.local()
         self._procs: list[subprocess.Popen[str]] = []
-        self._idle: list[subprocess.Popen[str]] = []
         self._lock = threading.Lock()
         self.started = 0
         """Worker processes started, restarts included."""
         self.lost = 0
         """Requests whose worker died under them."""
+        self.ready = 0
+        """Workers ready now (booted, warmed up, alive)."""
         self._warned = False
         self._queue: list[tuple[int, int, CompileRequest, Future[CompileResult]]] = []
         self._ready = threading.Condition()
         self._arrivals = itertools.count()
         self._closed = False
-        for _ in range(size):  # started now: their imports overlap this process's compile work
-            self._idle.append(self._start())
-        self._servers = [threading.Thread(target=self._serve, name=f"torchfuse-compile-{i}", daemon=True)
-                         for i in range(size)]
+        self._serving = size
+        # started now: their imports and warm-up overlap this process's compile work
+        booting = [self._start() for _ in range(size)]
+        self._servers = [threading.Thread(target=self._serve, args=(proc,), name=f"torchfuse-compile-{i}",
+                                          daemon=True) for i, proc in enumerate(booting)]
         for server in self._servers:
             server.start()
 
@@ -237,55 +247,115 @@ class WorkerPool:
             self.started += 1
         return proc
 
+    def _await_ready(self, proc: subprocess.Popen[str]) -> bool:
+        """Wait for ``proc``'s first line (`READY`); False when it died or said something else."""
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+        except (OSError, ValueError):
+            line = ""
+        if line.strip() == READY:
+            return True
+        _logger().debug("compile worker %s exited before it was ready (%r)", proc.pid, line[:200])
+        proc.kill()
+        return False
+
     def pids(self) -> list[int]:
         """The process ids of the live workers."""
         with self._lock:
             return [p.pid for p in self._procs if p.poll() is None]
 
-    def compile(self, requests: Sequence[CompileRequest], priority: int = 0) -> list[CompileResult]:
-        """Compile every request, ``size`` at a time, after any queued of a lower ``priority``
-        number; one result per request, in order."""
+    def submit(self, requests: Sequence[CompileRequest], priority: int = 0) -> list[Future[CompileResult]]:
+        """Queue every request, after any queued of a lower ``priority`` number; one future
+        per request, in order, which a worker completes (or `claim` takes back)."""
         futures: list[Future[CompileResult]] = []
         with self._ready:
             if self._closed:
                 raise RuntimeError("the compile worker pool is closed")
             for request in requests:
                 future: Future[CompileResult] = Future()
-                heapq.heappush(self._queue, (priority, next(self._arrivals), request, future))
+                if self._serving:
+                    heapq.heappush(self._queue, (priority, next(self._arrivals), request, future))
+                else:  # no worker left to ask
+                    future.set_result(CompileResult("no compile worker could start", lost=True))
                 futures.append(future)
             self._ready.notify_all()
-        results = [f.result() for f in futures]
-        lost = [r for r in results if r.lost]
+        return futures
+
+    def claim(self, future: Future[CompileResult]) -> bool:
+        """Take a queued request back, for the caller to compile itself: True when no worker
+        has started it (none will), False when one has (its result is the future's)."""
+        return future.cancel()
+
+    def compile(self, requests: Sequence[CompileRequest], priority: int = 0) -> list[CompileResult]:
+        """Compile every request in the workers (`submit`) and wait: one result per request."""
+        return self.results(self.submit(requests, priority))
+
+    def results(self, futures: Sequence[Future[CompileResult]]) -> list[CompileResult]:
+        """The results of submitted requests, waiting for them (None for a claimed one); the
+        first loss in the pool's life is a warning."""
+        results = [None if f.cancelled() else f.result() for f in futures]
+        lost = [r for r in results if r is not None and r.lost]
         if lost and not self._warned:
             self._warned = True
             _logger().warning(
                 "torchfuse: a Triton compile worker died (%s); %d kernel(s) are compiled in this "
                 "process instead, and the worker is restarted for the next request",
                 lost[0].error, len(lost))
-        return results
+        return results  # type: ignore[return-value]
 
-    def _serve(self) -> None:
-        """One of ``size`` threads: takes the first queued request, runs it, and so on."""
-        while True:
-            with self._ready:
-                while not self._queue and not self._closed:
-                    self._ready.wait()
-                if self._closed:  # what is still queued is compiled by its caller instead
-                    pending, self._queue = self._queue, []
-                    for *_, waiting in pending:
-                        waiting.set_result(CompileResult("the compile worker pool was closed"))
-                    return
-                _, _, request, future = heapq.heappop(self._queue)
+    def _serve(self, proc: subprocess.Popen[str] | None) -> None:
+        """One of ``size`` threads, serving one worker at a time: once it is ready, takes the
+        first queued request, runs it, and so on; a worker that died is replaced."""
+        live = proc is not None and self._await_ready(proc)
+        while live:
+            taken = self._next()
+            if taken is None:  # closed
+                break
+            request, future = taken
+            assert proc is not None
             try:
-                future.set_result(self._one(request))
+                result = self._one(proc, request)
             except BaseException as e:  # never leave a caller waiting
-                future.set_result(CompileResult(f"{type(e).__name__}: {e}"))
+                result = CompileResult(f"{type(e).__name__}: {e}")
+            future.set_result(result)
+            if result.lost:  # dead: a new one serves the next request
+                proc = self._start()
+                live = self._await_ready(proc)
+        self._stop_serving()
 
-    def _one(self, request: CompileRequest) -> CompileResult:
-        with self._lock:
-            proc = self._idle.pop() if self._idle else None
-        if proc is None or proc.poll() is not None:
-            proc = self._start()
+    def _next(self) -> tuple[CompileRequest, Future[CompileResult]] | None:
+        """The first queued request no caller claimed, waiting for one; None once closed."""
+        with self._ready:
+            self.ready += 1
+            try:
+                while not self._closed:
+                    while self._queue:
+                        _, _, request, future = heapq.heappop(self._queue)
+                        if future.set_running_or_notify_cancel():  # else its caller claimed it
+                            return request, future
+                    self._ready.wait()
+                return None
+            finally:
+                self.ready -= 1
+
+    def _stop_serving(self) -> None:
+        """A server thread ends: at close, or with no worker that could start. The last one
+        answers what is still queued (its callers then compile it themselves)."""
+        with self._ready:
+            self._serving -= 1
+            if self._serving and not self._closed:
+                return
+            pending, self._queue = self._queue, []
+        why = "the compile worker pool was closed" if self._closed else "no compile worker could start"
+        for *_, waiting in pending:
+            if waiting.set_running_or_notify_cancel():
+                waiting.set_result(CompileResult(why, lost=not self._closed))
+
+    def _one(self, proc: subprocess.Popen[str], request: CompileRequest) -> CompileResult:
+        if proc.poll() is not None:
+            return CompileResult(f"worker {proc.pid} exited with status {proc.returncode} before "
+                                 f"compiling {request.entry}", lost=True)
         message = {"path": request.path, "module": request.module, "entry": request.entry,
                    "specialization": request.specialization, "target": request.target}
         try:
@@ -307,8 +377,6 @@ class WorkerPool:
                 self.lost += 1
             return CompileResult(f"worker {proc.pid} exited with status {code} ({why}) "
                                  f"compiling {request.entry}", lost=True)
-        with self._lock:
-            self._idle.append(proc)
         return CompileResult(json.loads(line).get("error"))
 
     def close(self) -> None:
@@ -405,6 +473,9 @@ def compile_request(request: dict[str, Any]) -> None:
     fn.preload(request["specialization"])  # Triton's own reading of its JSON: the same key
 
 
+READY = '{"ready": true}'
+"""A worker's first line: booted and warmed up, it takes requests from now on."""
+
 TARGET_ENV = "TORCHFUSE_COMPILE_WORKER_TARGET"
 """The environment variable that hands a worker its device's target (JSON of `_target`)."""
 
@@ -414,26 +485,30 @@ import triton.language as tl
 
 
 @triton.jit
-def torchfuse_worker_warm_up(n, BLOCK: tl.constexpr):
+def torchfuse_worker_warm_up(x_ptr, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
-    tl.device_assert(tl.sum(offs * n, axis=0) >= 0)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(x_ptr + offs, tl.exp(x) / tl.sum(x, axis=0), mask=offs < n)
 """
 
 
 def _warm_up(target: dict[str, Any]) -> None:
     """Compile one small kernel for ``target`` before any request comes: a worker's first
-    compile pays the compiler's one-time set-up (the backend, LLVM, ``ptxas``): 0.50 s for a
-    small reduction on the CPU machine against 0.13 s for the next one of its size, and 0.11 s
-    as the first request of a warmed-up worker. The pool
-    starts before its work arrives, so that set-up is paid while the worker would idle. The
-    binary goes to a private Triton cache (a hit in the shared one would set nothing up)."""
+    compile pays the compiler's one-time set-up (the backend, LLVM, ``ptxas``, the hash of
+    Triton's own files): 0.50 s for a small reduction on the CPU machine against 0.13 s for
+    the next one of its size, and 0.11 s as the first request of a warmed-up worker. The
+    binary goes to a private Triton cache (a hit in the shared one would set nothing up).
+
+    It calls ``triton.compile`` on the kernel's source with its signature, not
+    ``JITFunction.warmup``: Triton 3.6's argument specialization imports torch, which took
+    a worker 3.9 s on the H100 host (15 workers starting at once: 9-12 s to a first reply)."""
     import importlib.util
     import tempfile
 
+    import triton
     from triton.backends.compiler import GPUTarget
-    from triton.runtime.driver import driver
+    from triton.compiler.compiler import ASTSource
 
-    driver.set_active(_StubDriver(GPUTarget(target["backend"], target["arch"], target["warp_size"])))
     saved = os.environ.get("TRITON_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="torchfuse_warm_up_") as tmp:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
@@ -445,7 +520,9 @@ def _warm_up(target: dict[str, Any]) -> None:
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            module.torchfuse_worker_warm_up.warmup(7, BLOCK=128, grid=(1,))
+            source = ASTSource(module.torchfuse_worker_warm_up,
+                               {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 128})
+            triton.compile(source, target=GPUTarget(target["backend"], target["arch"], target["warp_size"]))
         finally:
             if saved is None:
                 os.environ.pop("TRITON_CACHE_DIR", None)
@@ -463,6 +540,8 @@ def main() -> int:
             _warm_up(json.loads(target))
         except Exception as e:  # a cold first request instead; nothing else changes
             sys.stderr.write(f"torchfuse compile worker: warm-up failed: {type(e).__name__}: {e}\n")
+    sys.stdout.write(READY + "\n")  # the pool sends requests from now on
+    sys.stdout.flush()
 
     for line in sys.stdin:
         try:

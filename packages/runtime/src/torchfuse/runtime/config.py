@@ -84,6 +84,13 @@ class Config:
     Triton's passes hold the GIL, so this process's threads compile one at a time (on an H100
     host, one compile of the softmax row took 295 ms and the two of the cross-entropy row
     734 ms in threads)."""
+    compile_here: int = 2
+    """While the workers compile a first call's kernels, how many of them this process may
+    compile at once itself: each takes a request no worker has started yet, the cheapest
+    first (the workers take the costliest first). A first call with few compiles then does
+    not wait for workers still starting (a fresh worker's first reply took 1.1-1.6 s on the
+    H100 host, two compiles here 0.26 s), and a big one shares them. 0: only the workers
+    compile (``TORCHFUSE_COMPILE_HERE``)."""
     cudagraph_max: int = 8
     """CUDA graphs one program keeps under ``mode="reduce-overhead"`` (one per input layout:
     with dynamic shapes, one per size seen); past it the least recently replayed is dropped,
@@ -129,6 +136,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
     threads = env.get("TORCHFUSE_COMPILE_THREADS")
     workers = env.get("TORCHFUSE_COMPILE_WORKERS")
     workers_min = env.get("TORCHFUSE_COMPILE_WORKERS_MIN")
+    here = env.get("TORCHFUSE_COMPILE_HERE")
     ncores = cores()
     min_bytes = env.get("TORCHFUSE_AUTOTUNE_MIN_BYTES")
     default_max = env.get("TORCHFUSE_AUTOTUNE_DEFAULT_MAX")
@@ -147,6 +155,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         compile_workers=(max(0, min(int(workers), ncores - 1)) if workers
                          else default_compile_workers(ncores)),
         compile_workers_min=max(1, int(workers_min)) if workers_min else 2,
+        compile_here=max(0, int(here)) if here else 2,
         cudagraph_max=max(0, int(graphs)) if graphs else 8,
         cxx=env.get("CXX") or None,
         log_runtime=bool(logs & {"runtime", "+runtime", "all"}),
