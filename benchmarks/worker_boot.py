@@ -7,8 +7,8 @@ Each worker is the runtime's own (`torchfuse.runtime.compile_workers`, run as th
 it); its first request compiles one small kernel for this device's target, into a fresh Triton
 cache. Reported per pool size and mode (``cold``: no warm-up, ``warm-up``: the worker compiles
 its warm-up kernel as it starts): the time from starting the workers to their ready line and
-to each first reply (the median and the slowest). ``--profile`` also runs the warm-up once in a child under cProfile
-and prints its top entries. Needs Triton and a target: the current CUDA device's, or sm_90
+to each first reply (the median and the slowest). ``--profile`` also runs the warm-up once
+in a child under cProfile and prints its top entries. Needs Triton and a target: the current CUDA device's, or sm_90
 (``--arch``) when there is none.
 """
 
@@ -152,7 +152,8 @@ def main() -> None:
         if not spec:
             raise SystemExit("could not make the request's specialization")
         print(f"target {target}, python {sys.version.split()[0]}, cores {os.cpu_count()}")
-        print("| workers | mode | ready, median s | first reply, median s | slowest s |\n|---|---|---|---|---|")
+        print("| workers | mode | ready, median s | first reply, median s | slowest s |")
+        print("|---|---|---|---|---|")
         for size in [int(s) for s in args.sizes.split(",")]:
             for warm_up in (False, True):
                 ready, t = run_pool(size, warm_up, target, path, spec)
