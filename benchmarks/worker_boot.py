@@ -8,8 +8,8 @@ it); its first request compiles one small kernel for this device's target, into 
 cache. Reported per pool size and mode (``cold``: no warm-up, ``warm-up``: the worker compiles
 its warm-up kernel as it starts): the time from starting the workers to their ready line and
 to each first reply (the median and the slowest). ``--profile`` also runs the warm-up once
-in a child under cProfile and prints its top entries. Needs Triton and a target: the current CUDA device's, or sm_90
-(``--arch``) when there is none.
+in a child under cProfile and prints its top entries. Needs Triton and a target: the
+current CUDA device's, or sm_90 (``--arch``) when there is none.
 """
 
 from __future__ import annotations
