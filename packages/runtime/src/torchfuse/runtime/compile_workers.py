@@ -16,9 +16,11 @@ call then compiles in three steps:
    ``JITFunction.preload`` reads it) and tells Triton to skip the compile, unless Triton's
    disk cache already holds that binary (`_on_disk`, a warm start): then Triton loads it here
    at once, since a worker would cost a round trip and an import to read the same file;
-2. **compile** (in the workers): each worker imports the kernel's cached source file,
-   rebuilds the specialization and compiles it with Triton for this device's target, which
-   writes the binary into Triton's on-disk cache (``TRITON_CACHE_DIR``, shared);
+2. **compile** (in the workers): each worker, once ready, imports the kernel's cached source
+   file, rebuilds the specialization and compiles it with Triton for this device's target,
+   which writes the binary into Triton's on-disk cache (``TRITON_CACHE_DIR``, shared); the
+   caller's threads meanwhile take back, cheapest first, the requests no worker has started
+   (`WorkerPool.claim`, ``Config.compile_here`` at a time) and compile them themselves;
 3. **load** (here): the ordinary warm-up, now a disk-cache hit for each kernel.
 
 Workers are plain subprocesses speaking one JSON line per request on their pipes, not
