@@ -360,3 +360,47 @@ def test_a_cold_program_builds_no_triton_launcher(tmp_path, cache_dir):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "__triton_launcher" in json.loads(out.stdout.strip().splitlines()[-1])["first"]
+
+
+_WARM_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import runtime_programs as P
+from torchfuse.runtime import kernels as K
+from torchfuse.runtime import load, wait_for_background
+
+fn = load(P.mixed_program("cuda"))
+out = {}
+for step, (rows, cols) in enumerate([(64, 300), (64, 300), tuple(json.loads(sys.argv[2]))]):
+    x, y = torch.randn(rows, cols, device="cuda"), torch.randn(rows, cols, device="cuda")
+    w = torch.randn(cols, 8, device="cuda")
+    for g, r in zip(fn(x, y, w), P.mixed_reference(x, y, w)):
+        torch.testing.assert_close(g, r)
+    if step == 0:
+        out["first"] = {"compiles": fn.stats.triton_compiles, "hits": fn.stats.triton_cache_hits,
+                        "entry": fn.call.__name__,
+                        "made": [k._fn is not None for k in fn.kernels.values() if isinstance(k, K.LazyKernel)],
+                        "lazy": sum(isinstance(k, K.LazyKernel) for k in fn.kernels.values())}
+        wait_for_background()
+print(json.dumps(out))
+"""
+
+
+def test_a_warm_start_launches_from_the_kept_handles_without_triton_jit(tmp_path, cache_dir):
+    """A second process over the same caches records the kept launch handles before its
+    first call: no warm-up (no Triton cache lookup at all), no ``JITFunction`` made, values as
+    eager's; a size it has no handles for then goes the ordinary way."""
+    env = dict(os.environ, TORCHFUSE_CACHE_DIR=str(cache_dir), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    here = os.path.dirname(__file__)
+    runs = []
+    for last in ([7, 33], [5, 20]):  # the warm process's last size has no handles kept
+        out = subprocess.run([sys.executable, "-c", _WARM_CHILD, here, json.dumps(last)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1])["first"])
+    cold, warm = runs
+    assert cold["compiles"] > 0 and cold["lazy"] == 2 and all(cold["made"]), cold
+    assert list(cache_dir.glob("calls/*.handles.json")), "the cold process kept its handles"
+    assert (warm["compiles"], warm["hits"]) == (0, 0), warm  # nothing warmed up, nothing looked up
+    assert warm["entry"] == "call_fast" and warm["made"] == [False, False], warm

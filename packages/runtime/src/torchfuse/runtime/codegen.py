@@ -76,6 +76,8 @@ class Generated:
     """Launch-step index -> tuning slot, when generated for tuning."""
     ops: dict[str, str] = field(default_factory=dict)
     """Global name -> the qualified op it calls (``aten.mm.default``), for each extern op."""
+    key: str | None = None
+    """Its name in the call cache (`torchfuse.runtime.call_cache`), once looked up there."""
 
 
 class _Names:

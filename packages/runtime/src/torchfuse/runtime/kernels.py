@@ -125,10 +125,55 @@ share_stats = {"imported": 0, "shared": 0}
 """Kernel modules imported, and kernels served by a module of equal code (this process)."""
 
 
-def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: bool = False) -> Any:
+class LazyKernel:
+    """A kernel's function before it is made (`load_kernel` with ``lazy``): a GPU Program's
+    warm start may launch every kernel through handles kept on disk
+    (`torchfuse.runtime.handle_cache`) and never need the ``JITFunction``, whose creation
+    tokenizes the kernel's source (88 ms for 54 kernels on the CPU machine, about 200 ms on
+    the GPU hosts). Anything asked of it (an attribute, ``[grid]``) makes the function first;
+    `resolved` gives the function itself."""
+
+    def __init__(self, make: Callable[[], Any], name: str) -> None:
+        self._make = make
+        self._fn: Any = None
+        self._lock = threading.Lock()
+        self.__name__ = name
+
+    def resolve(self) -> Any:
+        fn = self._fn
+        if fn is None:
+            with self._lock:
+                if self._fn is None:
+                    self._fn = self._make()
+                fn = self._fn
+        return fn
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_make", "_fn", "_lock"):  # copy, pickle, half-made
+            raise AttributeError(name)
+        return getattr(self.resolve(), name)
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self.resolve()[grid]
+
+    def __repr__(self) -> str:
+        return f"<LazyKernel {self.__name__}{' (made)' if self._fn is not None else ''}>"
+
+
+def resolved(fn: Any) -> Any:
+    """The kernel function itself, made now if ``fn`` is a `LazyKernel`."""
+    return fn.resolve() if isinstance(fn, LazyKernel) else fn
+
+
+_lazy: dict[tuple[str, str, bool], LazyKernel] = {}
+
+
+def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: bool = False,
+                lazy: bool = False) -> Any:
     """The Triton ``JITFunction`` (or interpreted function) a kernel's source defines. The
     source is checked (`check_source`) before it is written or imported, unless
-    ``trust_code``.
+    ``trust_code``; with ``lazy``, it is written now and imported when first used
+    (`LazyKernel`).
 
     Kernels of equal code (`code_key`) share one function in a process, whatever their names
     and Programs: its compiled binaries, in memory, then serve every Program that launches it
@@ -137,13 +182,22 @@ def load_kernel(kernel: S.Kernel, cache_dir: Path | None = None, *, trust_code: 
         check_source(kernel)
     interp = triton_interpreting()
     skey = (str(kernels_dir(cache_dir)), code_key(kernel), interp)
+    digest = kernel_hash(kernel)
+    path = kernels_dir(cache_dir) / f"k_{digest}.py"
     with _modules_lock:
         found = _shared.get(skey)
+        proxy = _lazy.get(skey) if lazy else None
+    if lazy:
+        if proxy is not None:
+            share_stats["shared"] += 1
+            return proxy
+        _write_once(path, kernel.source)  # on disk now: the compile workers read it
+        with _modules_lock:
+            return _lazy.setdefault(skey, LazyKernel(
+                lambda: load_kernel(kernel, cache_dir, trust_code=True), entry_name(kernel)))
     if found is not None:
         share_stats["shared"] += 1
         return getattr(found[0], found[1])
-    digest = kernel_hash(kernel)
-    path = kernels_dir(cache_dir) / f"k_{digest}.py"
     key = (str(path), interp)
     with _modules_lock:
         module = _modules.get(key)
@@ -332,6 +386,7 @@ def _clone(fn: Any) -> Any | None:
         import triton.runtime.jit as tjit
     except ImportError:  # pragma: no cover - triton is a dependency
         return None
+    fn = resolved(fn)
     if type(fn) is not getattr(tjit, "JITFunction", None):
         return None
     for attr in ("do_not_specialize", "do_not_specialize_on_alignment", "debug", "noinline", "version",
@@ -535,10 +590,11 @@ def _by_function(jobs: Sequence[WarmupJob]) -> dict[int, list[WarmupJob]]:
     by_fn: dict[int, list[WarmupJob]] = {}
     seen: set[tuple[Any, ...]] = set()
     for job in jobs:
-        same = (id(job.fn), tuple(map(repr, job.args)), job.kwargs)
+        fn = id(resolved(job.fn))  # a `LazyKernel` and its function are one function
+        same = (fn, tuple(map(repr, job.args)), job.kwargs)
         if same not in seen:
             seen.add(same)
-            by_fn.setdefault(id(job.fn), []).append(job)
+            by_fn.setdefault(fn, []).append(job)
     return by_fn
 
 
@@ -733,6 +789,7 @@ def _source_path(fn: Any) -> Path | None:
         import triton.runtime.jit as tjit
     except ImportError:  # pragma: no cover - triton is a dependency
         return None
+    fn = resolved(fn)
     code = getattr(getattr(fn, "fn", None), "__code__", None)
     if type(fn) is not getattr(tjit, "JITFunction", None) or code is None:
         return None

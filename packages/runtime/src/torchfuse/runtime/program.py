@@ -37,7 +37,7 @@ from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import to_dtype
-from torchfuse.runtime import background, call_cache, codegen, launchers
+from torchfuse.runtime import background, call_cache, codegen, handle_cache, launchers
 from torchfuse.runtime.autotune import (
     AutotuneCache,
     Tuner,
@@ -171,7 +171,10 @@ class CompiledProgram:
             )
 
         def load_all() -> dict[str, Any]:
-            out = {k.name: load_kernel(k, self.cache_dir, trust_code=trust_code) for k in triton_kernels}
+            # on a GPU, made when first used: a warm start may launch them all from kept handles
+            lazy = device_type == "cuda"
+            out = {k.name: load_kernel(k, self.cache_dir, trust_code=trust_code, lazy=lazy)
+                   for k in triton_kernels}
             if cpp_kernels:
                 from torchfuse.runtime.cpp import load_library
 
@@ -338,10 +341,15 @@ class CompiledProgram:
         later = not now and not self._by_key and self._later(missing)
         t1 = time.perf_counter()
         _add(phases, "choose", t1 - t0)
+        generated = 0.0
         if self._gpu:
-            self._precompile(env, self._to_warm(configs, winners, missing, later))
+            # a warm start launches from the handles kept on disk, else every kernel warms up
+            warm, generated = self._start_warm({**configs, **winners}, key, missing or later)
+            if not warm:
+                self._precompile(env, self._to_warm(configs, winners, missing, later))
         t2 = time.perf_counter()
-        _add(phases, "precompile", t2 - t1)
+        _add(phases, "generate", generated)
+        _add(phases, "precompile", t2 - t1 - generated)
         if later:
             fn = self._install_pending(configs, winners, missing, env)
             t3 = time.perf_counter()
@@ -597,6 +605,7 @@ class CompiledProgram:
                                    configs=configs, fast=fast, tune=tune, tuned_for=tuned_for,
                                    layout=layout)
             call_cache.store(folder, key, gen, self.kernels)
+        gen.key = key
         return gen
 
     def _exec(self, gen: codegen.Generated, extra: dict[str, Any]) -> Any:
@@ -611,12 +620,14 @@ class CompiledProgram:
             import triton
 
             handles: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+            kept = handle_cache.Recorder(self.cache_dir / "calls", gen.key) if gen.key else None
+            record = self._recorder(handles, kept)
             namespace.update(
                 # torch.cuda.current_device() without its lazy-init check (the inputs are on CUDA)
                 _current_device=torch._C._cuda_getDevice,
                 _get_stream=triton.runtime.driver.active.get_current_stream,
                 _handles=handles,
-                _record=self._recorder(handles),
+                _record=record,
             )
         # Named by its content, not by how many were generated before it: a warm start that
         # tunes nothing generates one function fewer than the cold one, and must find the
@@ -633,10 +644,28 @@ class CompiledProgram:
         logger.debug("program %r: generated call function\n%s", self.program.name, gen.source)
         return namespace[gen.fast_entry or gen.entry]
 
-    def _recorder(self, handles: dict[tuple[Any, ...], tuple[Any, ...]]) -> Any:
-        """``_record`` of the generated code: keeps the launchers of one call's compiled kernels."""
+    def _start_warm(self, configs: dict[str, S.LaunchConfig | None], key: tuple[int, ...],
+                    tunes: bool) -> tuple[bool, float]:
+        """On a first call that tunes nothing: install its call function and record the
+        launch handles `handle_cache` kept for it. (Whether any were, the seconds spent
+        installing.)"""
+        if tunes or self._by_key or not self._fast_allowed():
+            return False, 0.0
+        t0 = time.perf_counter()
+        fn = self._install(configs, tuned_key=key if self._tune_symbols else None)
+        generated = time.perf_counter() - t0
+        gen = self._generated
+        if gen is None or gen.key is None or gen.fast_entry is None or "_record" not in fn.__globals__:
+            return False, generated
+        handle_cache.preload(self.cache_dir / "calls", gen.key, fn.__globals__["_record"])
+        return bool(fn.__globals__["_handles"]), generated
 
-        def record(key: tuple[Any, ...], compiled: tuple[Any, ...]) -> None:
+    def _recorder(self, handles: dict[tuple[Any, ...], tuple[Any, ...]],
+                  kept: handle_cache.Recorder | None = None) -> Any:
+        """``_record`` of the generated code: keeps the launchers of one call's compiled kernels
+        (and, with ``kept``, where their binaries are, for a warm start: `handle_cache`)."""
+
+        def record(key: tuple[Any, ...], compiled: tuple[Any, ...], keep: bool = True) -> None:
             if self.program.inputs and not key[-1]:
                 return  # a misaligned input: keep the checked path for such calls
             if _launch_hooks_active():
@@ -656,8 +685,10 @@ class CompiledProgram:
                 if isinstance(run, launchers.DeferredLauncher) and run.built is None and run.quick:
                     quick.append(run)  # launched through cuLaunchKernel until Triton's is built
             handles[key] = tuple(entries)
+            if kept is not None and keep:
+                kept.remember(key, compiled)
             if quick:  # recorded again, with Triton's launchers, once they are built
-                launchers.build_soon(quick, handles.clear)
+                launchers.build_soon(quick, lambda: record(key, compiled, keep=False))
 
         return record
 

@@ -1,0 +1,205 @@
+"""Launch handles kept between processes: a warm start launches without Triton's JIT.
+
+A GPU call function's fast path (``call_fast``, `torchfuse.runtime.codegen`) launches each
+kernel through handles recorded on a first call (`torchfuse.runtime.launchers.handles`: the
+compiled binary's launcher, function and metadata), one set per *handle key* (the symbol
+values and whether every input is aligned). To record them, a warm start used to make each
+kernel's ``JITFunction`` (which tokenizes its source) and warm it up (Triton works its cache key
+out again, walking the kernel's AST, then reads the binary from its disk cache): on the H100
+host 231 + 160 ms of OPT training's warm first call of 830 ms (2026-12-07), the
+``runtime.load`` and ``runtime.precompile`` stages.
+
+``<cache>/calls/<call key>.handles.json`` (beside the call function it belongs to,
+`torchfuse.runtime.call_cache`) keeps, per handle key recorded, each launch's binary by its
+place in Triton's cache (the cache hash and the metadata file's name) and what Triton's
+launcher reads of the kernel (its signature, constants and argument names). A warm start
+whose call function comes from the call cache reads it (`load`), makes each
+``CompiledKernel`` from Triton's cache, loads them onto the device and records their handles
+before the first call, which then launches at once; the kernels' ``JITFunction``s are made
+only if something asks for them (`torchfuse.runtime.kernels.LazyKernel`).
+
+A file counts only under the device, Triton version and Triton cache-invalidating
+environment it was written under (`context`); a binary missing from Triton's cache (emptied
+since), or a kernel Triton's launcher could not describe, makes the whole file unused: the
+warm start then warms up as before. Nothing is kept while Triton would compile anyway
+(``always_compile``, a stages hook, IR overrides). The folder is inside the cache
+directory's trust boundary, as ``calls/`` is.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torchfuse.graph.caches import write_atomic
+from torchfuse.runtime.config import logger
+
+VERSION = 1
+"""Bumped when this file's format changes."""
+
+MAX_KEYS = 64
+"""Handle keys kept per call function (with dynamic shapes, one per size seen)."""
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _usable() -> bool:
+    """Whether Triton would load a cached binary as it is (not compile it again)."""
+    try:
+        from triton import knobs
+
+        return not (knobs.compilation.always_compile or knobs.runtime.add_stages_inspection_hook is not None
+                    or knobs.compilation.override)
+    except Exception:  # another Triton: keep nothing
+        return False
+
+
+def context() -> dict[str, Any]:
+    """What a file is valid under: the device kind and Triton's version (`device_key`) and the
+    environment variables Triton's cache keys read."""
+    from torchfuse.runtime.kernels import device_key
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return {"version": VERSION, "device": device_key("cuda"), "env": dict(get_cache_invalidating_env_vars())}
+
+
+def describe(compiled: Any) -> dict[str, Any] | None:
+    """One launch's binary as the file keeps it, or None when it cannot be described."""
+    src = getattr(compiled, "src", None)
+    group = getattr(compiled, "metadata_group", None) or {}
+    names = [name for name in group if str(name).endswith(".json")]
+    arg_names = getattr(getattr(src, "fn", None), "arg_names", None)
+    signature = dict(getattr(src, "signature", None) or {})
+    constants = dict(getattr(src, "constants", None) or {})
+    if (len(names) != 1 or not isinstance(getattr(compiled, "hash", None), str) or arg_names is None
+            or not all(isinstance(v, str) for v in signature.values())
+            or not all(isinstance(v, _SCALARS) for v in constants.values())
+            or not all(isinstance(k, tuple) and all(isinstance(i, int) for i in k) for k in constants)):
+        return None
+    return {"hash": compiled.hash, "group": names[0], "name": getattr(src, "name", ""),
+            "signature": signature, "constants": [[list(k), v] for k, v in constants.items()],
+            "arg_names": list(arg_names)}
+
+
+class _Fn:
+    """What Triton's launcher reads of a kernel's function: its argument names."""
+
+    def __init__(self, arg_names: Sequence[str]) -> None:
+        self.arg_names = list(arg_names)
+
+
+class _Source:
+    """What Triton's launcher reads of a compiled kernel's source (``CudaLauncher``: the
+    signature, the constants and the function's argument names)."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.name = str(doc["name"])
+        self.signature = {str(k): str(v) for k, v in doc["signature"].items()}
+        self.constants = {tuple(int(i) for i in k): v for k, v in doc["constants"]}
+        self.fn = _Fn(doc["arg_names"])
+
+
+_TEXT_IR = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".source")
+"""Files of a binary's cache group not read for a launch (``CompiledKernel`` reads them all)."""
+
+
+def _compiled(doc: dict[str, Any]) -> Any | None:
+    """The ``CompiledKernel`` a description names, from Triton's cache; None when gone."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.cache import get_cache_manager
+
+    group = get_cache_manager(doc["hash"]).get_group(doc["group"])
+    if not group or doc["group"] not in group:
+        return None
+    group = {name: path for name, path in group.items() if not str(path).endswith(_TEXT_IR)}
+    return CompiledKernel(_Source(doc), group, doc["hash"])
+
+
+class Recorder:
+    """Keeps the handle keys of one call function (``<folder>/<call key>.handles.json``)."""
+
+    def __init__(self, folder: Path, call_key: str) -> None:
+        self.path = folder / f"{call_key}.handles.json"
+        self._seen: set[tuple[Any, ...]] = set()
+        self._lock = threading.Lock()
+        self._off = not _usable()
+
+    def remember(self, key: tuple[Any, ...], compiled: Sequence[Any]) -> None:
+        """Keep ``compiled`` (one binary per launch, in order) for handle ``key``; once per key."""
+        if self._off or key in self._seen:
+            return
+        self._seen.add(key)
+        docs = [describe(c) for c in compiled]
+        if not all(isinstance(k, _SCALARS) for k in key) or any(d is None for d in docs):
+            logger.debug("handle cache: %s has a launch it cannot describe; not kept", self.path.name)
+            return
+        with self._lock:
+            try:
+                now = context()
+                kept = _read(self.path, now) or {}
+                if len(kept) >= MAX_KEYS or json.dumps(list(key)) in kept:
+                    return
+                kept[json.dumps(list(key))] = docs
+                write_atomic(self.path, json.dumps({"context": now, "keys": kept}))
+            except Exception as e:  # a read-only cache, an odd Triton: the next start warms up
+                logger.debug("handle cache: cannot keep %s (%s: %s)", self.path.name, type(e).__name__, e)
+
+
+def _read(path: Path, now: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    if raw.get("context") != now:
+        return None  # another device, Triton or environment: its binaries are not this one's
+    return dict(raw["keys"])
+
+
+def load(folder: Path, call_key: str) -> dict[tuple[Any, ...], list[Any]] | None:
+    """Per handle key kept for this call function, its ``CompiledKernel``s, read from Triton's
+    cache and not yet loaded onto the device; None when nothing usable is kept."""
+    path = folder / f"{call_key}.handles.json"
+    if not _usable():
+        return None
+    try:
+        kept = _read(path, context())
+        if not kept:
+            return None
+        out: dict[tuple[Any, ...], list[Any]] = {}
+        made: dict[tuple[str, str], Any] = {}  # one binary launched twice is one kernel
+        for key, docs in kept.items():
+            kernels = []
+            for doc in docs:
+                ident = (doc["hash"], doc["group"])
+                if ident not in made:
+                    made[ident] = _compiled(doc)
+                if made[ident] is None:
+                    logger.debug("handle cache: %s names a binary Triton's cache no longer holds", path.name)
+                    return None
+                kernels.append(made[ident])
+            out[tuple(json.loads(key))] = kernels
+        return out
+    except Exception as e:  # unreadable or from another Triton: warm up as before
+        logger.debug("handle cache: %s is unusable (%s: %s)", path.name, type(e).__name__, e)
+        return None
+
+
+def preload(folder: Path, call_key: str, record: Any) -> None:
+    """Record, through the call function's ``record`` (``_record``), the handles kept for it:
+    its kernels read from Triton's cache and loaded onto the device (`kernels.bind_launchers`),
+    before its first call. Nothing when any of them does not load."""
+    import torchfuse.runtime.config as rconfig
+    from torchfuse.runtime.kernels import bind_launchers
+
+    kept = load(folder, call_key)
+    if not kept:
+        return
+    bind_launchers([c for cs in kept.values() for c in cs], rconfig.config.compile_threads)
+    if any(getattr(c, "function", None) is None for cs in kept.values() for c in cs):
+        logger.debug("handle cache: a binary of %s did not load; warming up instead", call_key)
+        return
+    for key, compiled in kept.items():
+        record(key, tuple(compiled), keep=False)
