@@ -539,8 +539,16 @@ class CompiledProgram:
             # Not under count_compiles: Triton's listener is one global, and a foreground call
             # of another program may be swapping it right now.
             try:
-                warm = self._to_warm(self._default_configs(), winners, missing, self._later(missing))
-                self._precompile(env, warm, background=True)
+                later = self._later(missing)
+                # a warm start: the call function's kept handles, loaded now (the first call
+                # finds its variant installed and its handles recorded), else a warm-up
+                entry, generated = self._entry, self._generated
+                kept, _ = self._start_warm({**self._default_configs(), **winners},
+                                           tuple(env[s] for s in self._tune_symbols), bool(missing) or later)
+                self._entry, self._generated = entry, generated  # the first call still dispatches
+                if not kept:
+                    warm = self._to_warm(self._default_configs(), winners, missing, later)
+                    self._precompile(env, warm, background=True)
             except Exception as e:  # the first call meets it again and reports it there
                 logger.debug("background warm-up of %r failed: %s", self.program.name, e)
             # filed with the first call's phases; it overlapped other work (the forward's)
@@ -657,7 +665,8 @@ class CompiledProgram:
         gen = self._generated
         if gen is None or gen.key is None or gen.fast_entry is None or "_record" not in fn.__globals__:
             return False, generated
-        handle_cache.preload(self.cache_dir / "calls", gen.key, fn.__globals__["_record"])
+        if not fn.__globals__["_handles"]:  # else loaded already, by a background warm-up
+            handle_cache.preload(self.cache_dir / "calls", gen.key, fn.__globals__["_record"])
         return bool(fn.__globals__["_handles"]), generated
 
     def _recorder(self, handles: dict[tuple[Any, ...], tuple[Any, ...]],
