@@ -543,8 +543,12 @@ class CompiledProgram:
                 # a warm start: the call function's kept handles, loaded now (the first call
                 # finds its variant installed and its handles recorded), else a warm-up
                 entry, generated = self._entry, self._generated
-                kept, _ = self._start_warm({**self._default_configs(), **winners},
-                                           tuple(env[s] for s in self._tune_symbols), bool(missing) or later)
+                try:
+                    key = tuple(env[s] for s in self._tune_symbols)
+                    kept, _ = self._start_warm({**self._default_configs(), **winners}, key, bool(missing) or later)
+                except Exception as e:  # the first call meets it again; warm up meanwhile
+                    logger.debug("kept handles of %r not loaded: %s", self.program.name, e)
+                    kept = False
                 self._entry, self._generated = entry, generated  # the first call still dispatches
                 if not kept:
                     warm = self._to_warm(self._default_configs(), winners, missing, later)
