@@ -545,7 +545,8 @@ class CompiledProgram:
                 entry, generated = self._entry, self._generated
                 try:
                     key = tuple(env[s] for s in self._tune_symbols)
-                    kept, _ = self._start_warm({**self._default_configs(), **winners}, key, bool(missing) or later)
+                    configs = {**self._default_configs(), **winners}
+                    kept, _ = self._start_warm(configs, key, bool(missing) or later)
                 except Exception as e:  # the first call meets it again; warm up meanwhile
                     logger.debug("kept handles of %r not loaded: %s", self.program.name, e)
                     kept = False
