@@ -400,7 +400,8 @@ def test_a_warm_start_launches_from_the_kept_handles_without_triton_jit(tmp_path
         assert out.returncode == 0, out.stderr[-3000:]
         runs.append(json.loads(out.stdout.strip().splitlines()[-1])["first"])
     cold, warm = runs
-    assert cold["compiles"] > 0 and cold["lazy"] == 2 and all(cold["made"]), cold
+    # compiled here or by the compile workers (then a hit here)
+    assert cold["compiles"] + cold["hits"] > 0 and cold["lazy"] == 2 and all(cold["made"]), cold
     assert list(cache_dir.glob("calls/*.handles.json")), "the cold process kept its handles"
     assert (warm["compiles"], warm["hits"]) == (0, 0), warm  # nothing warmed up, nothing looked up
     assert warm["entry"] == "call_fast" and warm["made"] == [False, False], warm
