@@ -168,3 +168,25 @@ def test_a_kept_binary_reads_back_from_tritons_cache_as_the_one_compiled(tmp_pat
     assert "ptx" not in got["no_text_ir"] and "cubin" in got["no_text_ir"], got
     assert got["other_context"] is None, "kept under another device or Triton: not used"
     assert got["binary_gone"] is None, "a binary Triton's cache lost: the whole file unused"
+
+
+def test_handle_key_is_the_fast_paths_key():
+    """`codegen.handle_key` computes what the generated ``_key`` expression does."""
+    import runtime_programs as P
+    from torchfuse.runtime import codegen
+
+    program = P.mixed_program("cuda")
+    names = codegen._Names()
+    sym_names = {s.name: names.bind_local(s.name) for s in program.symbols
+                 if s.name in codegen.used_symbols(program)}
+    for i in program.inputs:
+        names.bind_local(i)
+    expr = codegen._key_src(program, sym_names, names)
+    base = torch.zeros(64)
+    for inputs in ([base[:8], base[8:16], base[16:24]], [base[:8], base[1:9], base[16:24]]):
+        env = {"s0": 4, "s1": 24}
+        local = {sym_names[s]: v for s, v in env.items() if s in sym_names}
+        local.update({names[i]: t for i, t in zip(program.inputs, inputs, strict=True)})
+        assert codegen.handle_key(program, env, inputs) == eval(expr, {}, local)
+    assert codegen.handle_key(program, env, inputs)[-1] is False, "the second set has a misaligned input"
+    assert codegen.handle_key(program, env, [base, base, 3]) is None

@@ -687,6 +687,21 @@ def _key_src(program: S.Program, sym_names: Mapping[str, str], names: _Names,
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
+def handle_key(program: S.Program, env: Mapping[str, int], inputs: Sequence[Any]) -> tuple[Any, ...] | None:
+    """What the fast path's ``_key`` (`_key_src`) is for a call with ``inputs`` and symbol
+    values ``env``; None when an input is not a tensor (no fast path for it)."""
+    used = used_symbols(program)
+    parts: list[Any] = [int(env[s.name]) for s in program.symbols if s.name in used]
+    if program.inputs:
+        if len(inputs) != len(program.inputs) or not all(isinstance(t, torch.Tensor) for t in inputs):
+            return None
+        ptr = 0
+        for t in inputs:
+            ptr |= t.data_ptr()
+        parts.append((ptr & 15) == 0)
+    return tuple(parts)
+
+
 def _retype(old: torch.Tensor, dtype: torch.dtype, sizes: tuple[int, ...], strides: tuple[int, ...],
             offset: int) -> torch.Tensor:
     """A tensor of another dtype over ``old``'s storage (buffer reuse across dtypes)."""

@@ -203,3 +203,24 @@ def preload(folder: Path, call_key: str, record: Any) -> None:
         return
     for key, compiled in kept.items():
         record(key, tuple(compiled), keep=False)
+
+
+def keep_tuned(fn: Any, jobs: Sequence[Any], key: tuple[Any, ...] | None) -> None:
+    """Record (and keep) the handles of a call function installed after a tuning run, which
+    gave that call's result, so the function itself has not run: otherwise a process that
+    stops after its tuning call leaves nothing for the tuned function. ``jobs`` are its
+    launches' warm-ups in launch order (`CompiledProgram._warmup_jobs`), each now a hit in
+    its kernel's memory returning the binary a launch with ``key`` (`codegen.handle_key`)
+    takes; a misaligned input (``key[-1]`` false) keeps nothing, as `_record` would."""
+    import torchfuse.runtime.config as rconfig
+    from torchfuse.runtime.kernels import bind_launchers
+
+    record, handles = fn.__globals__.get("_record"), fn.__globals__.get("_handles")
+    if record is None or handles is None or key is None or key in handles:
+        return
+    try:
+        compiled = [job.fn.warmup(*job.args, grid=(1,), **dict(job.kwargs)) for job in jobs]
+        bind_launchers(compiled, rconfig.config.compile_threads)
+        record(key, tuple(compiled))
+    except Exception as e:  # its first call records them instead
+        logger.debug("handle cache: tuned handles not recorded (%s: %s)", type(e).__name__, e)

@@ -370,9 +370,13 @@ class CompiledProgram:
         t3 = time.perf_counter()
         _add(phases, "tune", t3 - t2)
         configs.update(winners)
-        if self._gpu and missing:  # the set a warm start will warm up: the winners'
-            mark_warm(self._warmup_jobs(env, self._to_warm(configs, winners, [])))
+        # the set a warm start will warm up: the winners'
+        jobs = self._warmup_jobs(env, self._to_warm(configs, winners, [])) if self._gpu and missing else []
+        if jobs:
+            mark_warm(jobs)
         fn = self._install(configs, tuned_key=key if self._tune_symbols else None)
+        if jobs:  # not called this time (the tuning run gave the result): its handles kept now
+            handle_cache.keep_tuned(fn, jobs, codegen.handle_key(self.program, env, args))
         self._by_key[key] = fn
         t4 = time.perf_counter()
         _add(phases, "generate", t4 - t3)
