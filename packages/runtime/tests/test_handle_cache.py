@@ -190,3 +190,56 @@ def test_handle_key_is_the_fast_paths_key():
         assert codegen.handle_key(program, env, inputs) == eval(expr, {}, local)
     assert codegen.handle_key(program, env, inputs)[-1] is False, "the second set has a misaligned input"
     assert codegen.handle_key(program, env, [base, base, 3]) is None
+
+
+def test_tuned_handles_are_kept_only_where_every_launch_takes_aligned_buffers():
+    import runtime_programs as P
+    from torchfuse.graph import schema as S
+
+    assert handle_cache.launches_aligned(P.scale_program("cuda"))
+    mixed = P.mixed_program("cuda")
+    assert handle_cache.launches_aligned(mixed)
+    # a launch on a view (its offset unknown until run time): no handles from warm-ups
+    view = S.ViewStep(output="v1", base="buf3", sizes=("s0",), strides=(1,), storage_offset=1)
+    launch = S.LaunchStep(kernel="add_kernel", args=(S.TensorRef(name="v1"), S.TensorRef(name="v1"),
+                                                     S.TensorRef(name="buf3"), S.SymRef(expr="s0")))
+    buffers = (*mixed.buffers, S.Buffer(name="v1", dtype="float32", sizes=("s0",), strides=(1,), device="cuda",
+                                        storage_offset=1))
+    odd = type(mixed)(**{**{f: getattr(mixed, f) for f in mixed.__struct_fields__},
+                         "buffers": buffers, "steps": (*mixed.steps, view, launch)})
+    assert not handle_cache.launches_aligned(odd)
+
+
+def test_an_extern_ops_new_tensors_count_as_allocated_and_its_views_do_not():
+    assert handle_cache._fresh_outputs("aten.mm.default")
+    assert handle_cache._fresh_outputs("aten.native_layer_norm.default")
+    assert not handle_cache._fresh_outputs("aten.split.Tensor")
+    assert not handle_cache._fresh_outputs("aten.narrow.default")
+    assert not handle_cache._fresh_outputs("aten.no_such_op.default")
+
+
+def test_keep_tuned_records_the_winners_binaries_in_launch_order_once():
+    made = []
+
+    class Warm:
+        def __init__(self, name):
+            self.name = name
+
+        def warmup(self, *args, grid, **kwargs):
+            made.append((self.name, args, kwargs))
+            return f"compiled {self.name} {args[0]}"
+
+    jobs = [K.WarmupJob("a", Warm("a"), (1,), (("num_warps", 4),)),
+            K.WarmupJob("b", Warm("b"), (2,), ()), K.WarmupJob("a", Warm("a"), (3,), ())]
+    recorded = []
+    handles: dict = {}
+
+    fake = type("Fn", (), {"__globals__": {"_record": lambda key, compiled: recorded.append((key, compiled)),
+                                           "_handles": handles}})()
+    handle_cache.keep_tuned(fake, jobs, (4, 24, True))
+    assert recorded == [((4, 24, True), ("compiled a 1", "compiled b 2", "compiled a 3"))]
+    assert made[0] == ("a", (1,), {"num_warps": 4})
+    handles[(4, 24, True)] = ()
+    handle_cache.keep_tuned(fake, jobs, (4, 24, True))  # recorded already
+    handle_cache.keep_tuned(fake, jobs, None)  # no fast path for these inputs
+    assert len(recorded) == 1

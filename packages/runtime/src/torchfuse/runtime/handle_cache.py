@@ -205,13 +205,53 @@ def preload(folder: Path, call_key: str, record: Any) -> None:
         record(key, tuple(compiled), keep=False)
 
 
+def launches_aligned(program: Any) -> bool:
+    """Whether every tensor a kernel launch of ``program`` takes is an input (whose alignment
+    the handle key holds) or a buffer it allocates at offset 0: then a warm-up, which takes
+    every pointer as 16-byte aligned, makes the binary each launch takes. An extern op's new
+    tensors count as allocated; a view, an extern op's view of its argument (a split, a
+    narrow) or an offset buffer may not be aligned, and a binary made for aligned pointers
+    must not be launched on it."""
+    from torchfuse.graph import schema as S
+    from torchfuse.runtime.checks import buffer_table
+
+    buffers = buffer_table(program)
+    allocated = {step.buffer for step in program.steps if isinstance(step, S.AllocStep)}
+    for step in program.steps:  # an op's new tensors (no alias in its schema): allocated too
+        if isinstance(step, S.ExternStep) and _fresh_outputs(step.op):
+            allocated.update(step.outputs)
+    for step in program.steps:
+        if not isinstance(step, S.LaunchStep):
+            continue
+        for arg in step.args:
+            if not isinstance(arg, S.TensorRef) or arg.name in program.inputs:
+                continue
+            buf = buffers.get(arg.name)
+            if arg.name not in allocated or buf is None or str(buf.storage_offset) != "0":
+                return False
+    return True
+
+
+def _fresh_outputs(op: str) -> bool:
+    """Whether every tensor ``op`` returns is new (its schema gives none an alias: not a view
+    of an argument), hence allocated by torch, aligned."""
+    from torchfuse.graph.ops import resolve_op
+
+    try:
+        returns = resolve_op(op)._schema.returns
+    except Exception:  # unknown here: not taken as aligned
+        return False
+    return all(r.alias_info is None for r in returns)
+
+
 def keep_tuned(fn: Any, jobs: Sequence[Any], key: tuple[Any, ...] | None) -> None:
     """Record (and keep) the handles of a call function installed after a tuning run, which
     gave that call's result, so the function itself has not run: otherwise a process that
     stops after its tuning call leaves nothing for the tuned function. ``jobs`` are its
     launches' warm-ups in launch order (`CompiledProgram._warmup_jobs`), each now a hit in
     its kernel's memory returning the binary a launch with ``key`` (`codegen.handle_key`)
-    takes; a misaligned input (``key[-1]`` false) keeps nothing, as `_record` would."""
+    takes (when `launches_aligned`: the caller asks); a misaligned input (``key[-1]`` false)
+    keeps nothing, as `_record` would."""
     import torchfuse.runtime.config as rconfig
     from torchfuse.runtime.kernels import bind_launchers
 

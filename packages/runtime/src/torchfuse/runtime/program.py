@@ -375,7 +375,8 @@ class CompiledProgram:
         if jobs:
             mark_warm(jobs)
         fn = self._install(configs, tuned_key=key if self._tune_symbols else None)
-        if jobs:  # not called this time (the tuning run gave the result): its handles kept now
+        if jobs and handle_cache.launches_aligned(self.program):  # not called this time (the
+            # tuning run gave the result): its handles kept now, for a warm start
             handle_cache.keep_tuned(fn, jobs, codegen.handle_key(self.program, env, args))
         self._by_key[key] = fn
         t4 = time.perf_counter()
