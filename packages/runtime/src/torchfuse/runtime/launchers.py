@@ -433,3 +433,27 @@ def bound_without_builds() -> Iterator[bool]:
             _patch_depth[0] -= 1
             if _patch_depth[0] == 0:
                 drv.launcher_cls = _patch_depth[1]
+
+
+def launch_hooks_active() -> bool:
+    """Whether Triton's launch enter or exit hook is set (a profiler, say): the fast path is off then."""
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None:
+        return False
+    return hook_active(knobs.runtime.launch_enter_hook) or hook_active(knobs.runtime.launch_exit_hook)
+
+
+def launcher_compatible(run: Any) -> bool:
+    """Whether a compiled kernel's launcher takes what ``JITFunction.run`` passes it in the
+    Triton versions we know (grid x/y/z, stream, function, then everything else positionally)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(run).parameters.values())
+    except (TypeError, ValueError):
+        return True  # a launcher written in C: nothing to check
+    names = [p.name for p in params[:5]]
+    var = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    return names == ["gridX", "gridY", "gridZ", "stream", "function"] and var

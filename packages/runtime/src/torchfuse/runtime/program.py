@@ -1,10 +1,12 @@
 """``load(program)`` and `CompiledProgram`: a Program made callable.
 
-Loading validates the Program and imports its kernels. The first call binds the size symbols,
-precompiles every kernel launch in parallel (GPU), autotunes kernels with several candidate
-configs (GPU, winners cached on disk; in ``mode="default"`` a first call without stored
-winners runs the candidates cheapest to compile and a later call tunes, `_install_pending`),
-then generates and ``exec``-s the call function for the chosen configs (see
+Loading validates the Program and imports its kernels (on a GPU, when first used:
+`kernels.LazyKernel`). The first call binds the size symbols, precompiles every kernel launch
+in parallel (GPU; a warm start that tunes nothing instead records the launch handles an
+earlier process kept, `torchfuse.runtime.handle_cache`, and compiles nothing), autotunes
+kernels with several candidate configs (GPU, winners cached on disk; in ``mode="default"`` a
+first call without stored winners runs the candidates cheapest to compile and a later call
+tunes, `_install_pending`), then generates and ``exec``-s the call function for the chosen configs (see
 [`torchfuse.runtime.codegen`][torchfuse.runtime.codegen]); later calls go straight to it.
 
 Where a call goes (``CompiledProgram._entry``):
@@ -94,30 +96,6 @@ def _warn_interpreter_once() -> None:
             "(TRITON_INTERPRET=1). This path is for testing and is very slow; use small tensors.",
             RuntimeWarning, stacklevel=4,
         )
-
-
-def _launch_hooks_active() -> bool:
-    import triton
-
-    knobs = getattr(triton, "knobs", None)
-    if knobs is None:
-        return False
-    return launchers.hook_active(knobs.runtime.launch_enter_hook) or \
-        launchers.hook_active(knobs.runtime.launch_exit_hook)
-
-
-def _launcher_compatible(run: Any) -> bool:
-    """Whether a compiled kernel's launcher takes what ``JITFunction.run`` passes it in the
-    Triton versions we know (grid x/y/z, stream, function, then everything else positionally)."""
-    import inspect
-
-    try:
-        params = list(inspect.signature(run).parameters.values())
-    except (TypeError, ValueError):
-        return True  # a launcher written in C: nothing to check
-    names = [p.name for p in params[:5]]
-    var = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
-    return names == ["gridX", "gridY", "gridZ", "stream", "function"] and var
 
 
 def _own_cpp(kernels: list[S.Kernel]) -> bool:
@@ -344,7 +322,7 @@ class CompiledProgram:
         generated = 0.0
         if self._gpu:
             # a warm start launches from the handles kept on disk, else every kernel warms up
-            warm, generated = self._start_warm({**configs, **winners}, key, missing or later)
+            warm, generated = self._start_warm({**configs, **winners}, key, bool(missing) or later)
             if not warm:
                 self._precompile(env, self._to_warm(configs, winners, missing, later))
         t2 = time.perf_counter()
@@ -687,7 +665,7 @@ class CompiledProgram:
         def record(key: tuple[Any, ...], compiled: tuple[Any, ...], keep: bool = True) -> None:
             if self.program.inputs and not key[-1]:
                 return  # a misaligned input: keep the checked path for such calls
-            if _launch_hooks_active():
+            if launchers.launch_hooks_active():
                 self._note_fallback("fast launch off: Triton launch hooks are installed (profiler?)")
                 return
             entries: list[Any] = []
@@ -697,7 +675,7 @@ class CompiledProgram:
                     self._note_fallback("fast launch off: Triton returned no compiled kernel")
                     return
                 run = c.run
-                if not _launcher_compatible(run):
+                if not launchers.launcher_compatible(run):
                     self._note_fallback(f"fast launch off: unknown launcher signature {run!r}")
                     return
                 entries += launchers.handles(self._layout, c)
