@@ -243,3 +243,24 @@ def test_keep_tuned_records_the_winners_binaries_in_launch_order_once():
     handle_cache.keep_tuned(fake, jobs, (4, 24, True))  # recorded already
     handle_cache.keep_tuned(fake, jobs, None)  # no fast path for these inputs
     assert len(recorded) == 1
+
+
+def test_the_switch_turns_keeping_and_reading_off(tmp_path, monkeypatch):
+    import dataclasses
+
+    import torchfuse.runtime.config as rconfig
+
+    assert rconfig.from_environment({}).handle_cache
+    assert not rconfig.from_environment({"TORCHFUSE_HANDLE_CACHE": "0"}).handle_cache
+    monkeypatch.setattr(handle_cache, "context", lambda: {"device": "test"})
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, handle_cache=False))
+    handle_cache.Recorder(tmp_path, "call").remember((4, True), [_Fake()])
+    assert not (tmp_path / "call.handles.json").exists()
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, handle_cache=True))
+    handle_cache.Recorder(tmp_path, "call").remember((4, True), [_Fake()])
+    assert (tmp_path / "call.handles.json").exists()
+    binary = object()
+    monkeypatch.setattr(handle_cache, "_compiled", lambda doc: binary)  # Triton's cache, as if it held it
+    assert handle_cache.load(tmp_path, "call") == {(4, True): [binary]}
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, handle_cache=False))
+    assert handle_cache.load(tmp_path, "call") is None

@@ -68,6 +68,10 @@ class Config:
     system C compiler each) and launch them through ``cuLaunchKernel``
     ([`torchfuse.runtime.launchers`][torchfuse.runtime.launchers], "Launching without the
     launcher build"); off: Triton builds its launchers as it would alone."""
+    handle_cache: bool = True
+    """Keep each GPU call function's launch handles on disk, and let a warm start launch from
+    them without warming anything up ([`torchfuse.runtime.handle_cache`][torchfuse.runtime.handle_cache];
+    ``TORCHFUSE_HANDLE_CACHE=0``: neither kept nor read)."""
     compile_threads: int = 4
     """Threads that compile kernels concurrently before the first GPU call."""
     compile_workers: int = 0
@@ -150,6 +154,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         fast_launch=_flag(env, "TORCHFUSE_FAST_LAUNCH", True),
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
         quick_launch=_flag(env, "TORCHFUSE_QUICK_LAUNCH", True),
+        handle_cache=_flag(env, "TORCHFUSE_HANDLE_CACHE", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, ncores)),
         # a worker beside every core would slow the process it works for: at most cores - 1
         compile_workers=(max(0, min(int(workers), ncores - 1)) if workers

@@ -22,8 +22,8 @@ A file counts only under the device, Triton version and Triton cache-invalidatin
 environment it was written under (`context`); a binary missing from Triton's cache (emptied
 since), or a kernel Triton's launcher could not describe, makes the whole file unused: the
 warm start then warms up as before. Nothing is kept while Triton would compile anyway
-(``always_compile``, a stages hook, IR overrides). The folder is inside the cache
-directory's trust boundary, as ``calls/`` is.
+(``always_compile``, a stages hook, IR overrides), nor with ``TORCHFUSE_HANDLE_CACHE=0``. The
+folder is inside the cache directory's trust boundary, as ``calls/`` is.
 """
 
 from __future__ import annotations
@@ -47,7 +47,12 @@ _SCALARS = (bool, int, float, str, type(None))
 
 
 def _usable() -> bool:
-    """Whether Triton would load a cached binary as it is (not compile it again)."""
+    """Whether handles are kept and read (`Config.handle_cache`) and Triton would load a
+    cached binary as it is (not compile it again)."""
+    import torchfuse.runtime.config as rconfig
+
+    if not rconfig.config.handle_cache:
+        return False
     try:
         from triton import knobs
 
