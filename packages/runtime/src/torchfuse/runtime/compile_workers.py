@@ -226,7 +226,7 @@ class WorkerPool:
         self.lost = 0
         """Requests whose worker died under them."""
         self.ready = 0
-        """Workers ready now (booted, warmed up, alive)."""
+        """Workers ready (booted and warmed up) and waiting for a request, now."""
         self._warned = False
         self._queue: list[tuple[int, int, CompileRequest, Future[CompileResult]]] = []
         self._ready = threading.Condition()
