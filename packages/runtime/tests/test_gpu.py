@@ -163,6 +163,10 @@ def test_a_second_process_compiles_nothing(tmp_path, cache_dir):
         assert s["autotuned"] == 0
         if s["triton_compiles"] is not None:
             assert s["triton_compiles"] == 0
+            # nor warmed anything up: both launch from the handles the cold process kept (the
+            # scale kernel's tuned function kept them when installed, its tuning run having
+            # given that call's result: `handle_cache.keep_tuned`)
+            assert s["triton_cache_hits"] == 0, s
     assert sum(s["autotuned"] for s in cold["stats"]) == 1
     if cold["stats"][0]["triton_compiles"] is not None:
         assert sum(s["triton_compiles"] for s in cold["stats"]) > 0
