@@ -264,3 +264,9 @@ def test_the_switch_turns_keeping_and_reading_off(tmp_path, monkeypatch):
     assert handle_cache.load(tmp_path, "call") == {(4, True): [binary]}
     monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, handle_cache=False))
     assert handle_cache.load(tmp_path, "call") is None
+
+
+def test_a_kept_entry_names_a_binary_only_by_a_hash_and_a_plain_file_name():
+    doc = handle_cache.describe(_Fake())
+    for bad in ({"hash": "../" + "ab" * 31}, {"group": "../../etc/k.json"}, {"group": "k.cubin"}):
+        assert handle_cache._compiled({**doc, **bad}) is None, bad

@@ -29,6 +29,7 @@ folder is inside the cache directory's trust boundary, as ``calls/`` is.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,6 +108,9 @@ class _Source:
         self.fn = _Fn(doc["arg_names"])
 
 
+_HASH = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}\.json")
+
 _TEXT_IR = (".ttir", ".ttgir", ".llir", ".ptx", ".amdgcn", ".source")
 """Files of a binary's cache group not read for a launch (``CompiledKernel`` reads them all)."""
 
@@ -116,6 +120,8 @@ def _compiled(doc: dict[str, Any]) -> Any | None:
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime.cache import get_cache_manager
 
+    if not _HASH.fullmatch(str(doc["hash"])) or not _NAME.fullmatch(str(doc["group"])):
+        return None  # not what `describe` writes: no path is made of it
     group = get_cache_manager(doc["hash"]).get_group(doc["group"])
     if not group or doc["group"] not in group:
         return None
