@@ -239,6 +239,6 @@ def test_worker_compiles_are_handed_out_longest_first(monkeypatch):
 
     monkeypatch.setattr(compile_workers, "get_pool", lambda n: Pool())
     monkeypatch.setattr(compile_workers, "plan", lambda jobs, path: [(j, j.name) for j in jobs])
-    kernels._compile_in_workers([small, wide, long], kernels.CompileStats(), 2)
+    compile_workers.hand_out([small, wide, long], 2, kernels._source_path, kernels.compile_cost)
     assert sent == ["wide", "long", "small"]
     assert kernels.compile_cost(wide) > kernels.compile_cost(small)

@@ -518,4 +518,4 @@ def test_a_warm_start_starts_no_workers(monkeypatch, tmp_path):
     # and a first call whose binaries are all on disk plans nothing, so starts no pool
     monkeypatch.setattr(cw, "plan", lambda jobs, path: [])
     monkeypatch.setattr(cw, "get_pool", lambda n: pytest.fail("a pool was started"))
-    K._compile_in_workers([WarmupJob("k", object(), (), ())], CompileStats(), 4)
+    assert cw.hand_out([WarmupJob("k", object(), (), ())], 4, K._source_path, K.compile_cost) is None

@@ -394,6 +394,76 @@ class WorkerPool:
                 proc.kill()
 
 
+class Shared:
+    """The compiles of one first call handed to the workers (`hand_out`), which the caller's
+    threads may take back (`take`), at most ``Config.compile_here`` at a time."""
+
+    def __init__(self, pool: WorkerPool, futures: dict[int, list[Future[CompileResult]]]) -> None:
+        from torchfuse.runtime.config import config
+
+        self.pool = pool
+        self.futures = futures
+        """Per job (by ``id``): the futures of its requests."""
+        self.slots = threading.BoundedSemaphore(max(1, config.compile_here))
+        self.here = config.compile_here > 0
+
+    def take(self, job: Any) -> bool:
+        """Before ``job``'s warm-up: True when its compile is this thread's to run (then
+        `done_here` after it); False when a worker compiled it (waited for here: the warm-up
+        then loads the binary from disk) or it was never the workers' (on disk, not poolable)."""
+        futures = self.futures.get(id(job), ())
+        if not futures:
+            return False
+        taken = False
+        if self.here:
+            self.slots.acquire()  # waiting here, the request stays queued for a worker
+            taken = any([self.pool.claim(f) for f in futures])
+            if not taken:
+                self.slots.release()
+        self.pool.results([f for f in futures if not f.cancelled()])  # a worker's, if any left
+        return taken
+
+    def done_here(self) -> None:
+        self.slots.release()
+
+    def by_workers(self) -> int:
+        """Requests the workers compiled without error."""
+        return sum(1 for fs in self.futures.values() for f in fs
+                   if f.done() and not f.cancelled() and f.result().ok)
+
+
+def hand_out(jobs: Sequence[Any], workers: int, source_path: Any, cost: Any,
+             priority: int = 0) -> Shared | None:
+    """Steps 1 and 2 for a first call's warm-up ``jobs``: the compiles they would run, queued
+    for the workers (the costliest first, by ``cost(job)``), which compile them into Triton's
+    disk cache (the warm-ups after load them), or the caller's threads take them back
+    (`Shared.take`). None when nothing went to the workers."""
+    planned = plan(jobs, source_path)
+    if not planned:  # all on disk (a warm start): no pool needed, none started
+        return None
+    pool = get_pool(workers)
+    if pool is None:
+        return None
+    # longest first: a pool's wall time is at least its longest compile, and one started last
+    # adds all of itself to the end (a 768-wide layer-norm backward took 9 s of ViT's 100)
+    planned.sort(key=lambda pair: -cost(pair[0]))
+    try:
+        futures = pool.submit([request for _, request in planned], priority=priority)
+    except RuntimeError as e:  # the pool was closed (interpreter exit): compiled here instead
+        _logger().debug("compile workers unavailable (%s); compiling in this process", e)
+        return None
+    by_job: dict[int, list[Future[CompileResult]]] = {}
+    for (job, _), future in zip(planned, futures, strict=True):
+        by_job.setdefault(id(job), []).append(future)
+
+        def failed(f: Future[CompileResult], name: str = job.name) -> None:
+            if not f.cancelled() and not f.result().ok:  # compiled here instead, by its warm-up
+                _logger().debug("compile worker: %s failed (%s); compiling it in this process", name,
+                                f.result().error)
+        future.add_done_callback(failed)
+    return Shared(pool, by_job)
+
+
 _pool: WorkerPool | None = None
 _pool_lock = threading.Lock()
 

@@ -462,11 +462,14 @@ def precompile(jobs: Sequence[WarmupJob], stats: CompileStats, threads: int | No
     total = len(unique)
     workers = rconfig.config.compile_workers
     marker = None
-    share: _Shared | None = None
+    share: Any = None
     if _through_workers(total):
         marker = _compiled_marker(unique)
         if marker is None or not _binaries_listed(marker):
-            share = _compile_in_workers(unique, stats, workers, priority=1 if background else 0)
+            from torchfuse.runtime import compile_workers
+
+            share = compile_workers.hand_out(unique, workers, _source_path, compile_cost,
+                                             priority=1 if background else 0)
         else:
             stats.plans_skipped += 1
             marker = None  # nothing to write after
@@ -685,76 +688,6 @@ def _write_marker(marker: Path, compiled: Sequence[Any]) -> None:
         write_atomic(marker, "\n".join(sorted(set(paths))) + "\n")
     except OSError as e:  # a read-only cache: the next start plans again
         logger.debug("cannot write %s: %s", marker, e)
-
-
-class _Shared:
-    """The compiles of one `precompile` handed to the workers, which this process's threads
-    may take back (`take`), at most ``Config.compile_here`` at a time."""
-
-    def __init__(self, pool: Any, futures: dict[int, list[Any]]) -> None:
-        self.pool = pool
-        self.futures = futures
-        """Per job (by ``id``): the futures of its requests."""
-        self.slots = threading.BoundedSemaphore(max(1, rconfig.config.compile_here))
-        self.here = rconfig.config.compile_here > 0
-
-    def take(self, job: WarmupJob) -> bool:
-        """Before ``job``'s warm-up: True when its compile is this thread's to run (then
-        `done_here` after it); False when a worker compiled it (waited for here: the warm-up
-        then loads the binary from disk) or it was never the workers' (on disk, not poolable)."""
-        futures = self.futures.get(id(job), ())
-        if not futures:
-            return False
-        taken = False
-        if self.here:
-            self.slots.acquire()  # waiting here, the request stays queued for a worker
-            taken = any([self.pool.claim(f) for f in futures])
-            if not taken:
-                self.slots.release()
-        self.pool.results([f for f in futures if not f.cancelled()])  # a worker's, if any left
-        return taken
-
-    def done_here(self) -> None:
-        self.slots.release()
-
-    def by_workers(self) -> int:
-        """Requests the workers compiled without error."""
-        return sum(1 for fs in self.futures.values() for f in fs
-                   if f.done() and not f.cancelled() and f.result().ok)
-
-
-def _compile_in_workers(jobs: Sequence[WarmupJob], stats: CompileStats, workers: int,
-                        priority: int = 0) -> _Shared | None:
-    """Steps 1 and 2 of `torchfuse.runtime.compile_workers`: the compiles these jobs would run,
-    queued for the worker processes, which compile them into Triton's disk cache (the warm-ups
-    after load them), or this process's threads take them back (`_Shared.take`). None when
-    nothing went to the workers."""
-    from torchfuse.runtime import compile_workers
-
-    planned = compile_workers.plan(jobs, _source_path)
-    if not planned:  # all on disk (a warm start): no pool needed, none started
-        return None
-    pool = compile_workers.get_pool(workers)
-    if pool is None:
-        return None
-    # longest first: a pool's wall time is at least its longest compile, and one started last
-    # adds all of itself to the end (a 768-wide layer-norm backward took 9 s of ViT's 100)
-    planned.sort(key=lambda pair: -compile_cost(pair[0]))
-    try:
-        futures = pool.submit([request for _, request in planned], priority=priority)
-    except RuntimeError as e:  # the pool was closed (interpreter exit): compiled here instead
-        logger.debug("compile workers unavailable (%s); compiling in this process", e)
-        return None
-    by_job: dict[int, list[Any]] = {}
-    for (job, _), future in zip(planned, futures, strict=True):
-        by_job.setdefault(id(job), []).append(future)
-
-        def failed(f: Any, name: str = job.name) -> None:
-            if not f.cancelled() and not f.result().ok:  # compiled here instead, by its warm-up
-                logger.debug("compile worker: %s failed (%s); compiling it in this process", name,
-                             f.result().error)
-        future.add_done_callback(failed)
-    return _Shared(pool, by_job)
 
 
 def values_per_thread(blocks: Sequence[Any], num_warps: int) -> float:
