@@ -397,7 +397,8 @@ OVERLAPPING = ("runtime.background", "runtime.later")
 not in the ``stages`` sum, whose time they overlap (``runtime.wait`` is what they added)."""
 """Stage groups of a real first call (a recorded stage counts in the most specific one)."""
 REAL_COUNTS = ("runtime.triton_compiles", "runtime.triton_cache_hits", "inductor.cache.program_hits",
-               "inductor.cache.program_misses", "aot.cache.hits", "aot.cache.misses", "runtime.kernels")
+               "inductor.cache.program_misses", "aot.cache.hits", "aot.cache.misses", "runtime.kernels",
+               "runtime.handles_kept")
 
 
 def real_first_call(row: Row, device: str, scale: str, eager_first: bool = True,
@@ -575,7 +576,8 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     counts = [c for c in REAL_COUNTS if any(c in r["counts"] for _, r in rows)]
     short = {"runtime.triton_compiles": "tr.comp", "runtime.triton_cache_hits": "tr.hit",
              "inductor.cache.program_hits": "prog hit", "inductor.cache.program_misses": "prog miss",
-             "aot.cache.hits": "aot hit", "aot.cache.misses": "aot miss", "runtime.kernels": "kernels"}
+             "aot.cache.hits": "aot hit", "aot.cache.misses": "aot miss", "runtime.kernels": "kernels",
+             "runtime.handles_kept": "kept"}
     head = ["row", "first call", *cols, *extra, "stages", *(short[c] for c in counts)]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -590,7 +592,9 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     print("(milliseconds, forward and backward entries summed; first call = wall time of the step; "
           "runtime.run = the kernels' first run; runtime.background = a backward's compiles while the "
           "forward ran, not in 'stages', and runtime.wait = its first call waiting for them; "
-          "runtime.later = the second call's tuning of what the first deferred, not in 'stages'"
+          "runtime.later = the second call's tuning of what the first deferred, not in 'stages'; "
+          "kept = handle keys a warm start launched from as an earlier process kept them, warming "
+          "nothing up"
           + (f"; the minimum of {runs} runs per cell" if runs > 1 else "") + ")")
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for name, r in rows:

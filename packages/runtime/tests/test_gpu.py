@@ -383,6 +383,7 @@ for step, (rows, cols) in enumerate([(64, 300), (64, 300), tuple(json.loads(sys.
         torch.testing.assert_close(g, r)
     if step == 0:
         out["first"] = {"compiles": fn.stats.triton_compiles, "hits": fn.stats.triton_cache_hits,
+                        "kept": fn.stats.handles_kept,
                         "entry": fn.call.__name__,
                         "made": [k._fn is not None for k in fn.kernels.values() if isinstance(k, K.LazyKernel)],
                         "lazy": sum(isinstance(k, K.LazyKernel) for k in fn.kernels.values())}
@@ -408,4 +409,5 @@ def test_a_warm_start_launches_from_the_kept_handles_without_triton_jit(tmp_path
     assert cold["compiles"] + cold["hits"] > 0 and cold["lazy"] == 2 and all(cold["made"]), cold
     assert list(cache_dir.glob("calls/*.handles.json")), "the cold process kept its handles"
     assert (warm["compiles"], warm["hits"]) == (0, 0), warm  # nothing warmed up, nothing looked up
+    assert cold["kept"] == 0 and warm["kept"] == 2, (cold, warm)  # the two sizes the cold one ran
     assert warm["entry"] == "call_fast" and warm["made"] == [False, False], warm

@@ -295,6 +295,9 @@ class CompileStats:
     autotune_skipped: int = 0
     """Kernels with several candidates whose launches were too small to tune (see
     ``Config.autotune_min_bytes``): the cheapest to compile was taken."""
+    handles_kept: int = 0
+    """Handle keys a warm start recorded from the launch handles an earlier process kept
+    (`torchfuse.runtime.handle_cache`): its first call then warmed nothing up."""
     tuned_later: int = 0
     """Tunings deferred past a first call (``Config.autotune_later``): the first call ran the
     kernels' candidates cheapest to compile, a later call benchmarked them all."""

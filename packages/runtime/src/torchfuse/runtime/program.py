@@ -292,7 +292,7 @@ class CompiledProgram:
                 observe.record_time(f"runtime.{phase}", seconds)
             for what, n in (("kernels", st.kernels_loaded), ("warmups", st.warmups),
                             ("triton_compiles", st.triton_compiles), ("worker_compiles", st.worker_compiles),
-                            ("plans_skipped", st.plans_skipped),
+                            ("plans_skipped", st.plans_skipped), ("handles_kept", st.handles_kept),
                             ("triton_cache_hits", st.triton_cache_hits),
                             ("autotuned", st.autotuned), ("autotune_cache_hits", st.autotune_cache_hits),
                             ("autotune_skipped", st.autotune_skipped)):
@@ -655,6 +655,7 @@ class CompiledProgram:
             return False, generated
         if not fn.__globals__["_handles"]:  # else loaded already, by a background warm-up
             handle_cache.preload(self.cache_dir / "calls", gen.key, fn.__globals__["_record"])
+            self.stats.handles_kept += len(fn.__globals__["_handles"])
         return bool(fn.__globals__["_handles"]), generated
 
     def _recorder(self, handles: dict[tuple[Any, ...], tuple[Any, ...]],
