@@ -5,8 +5,25 @@ Each builder returns a Program; ``device`` is the device type it is written for.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import msgspec
+import pytest
 from torchfuse.graph import schema as S
+
+
+def compiles_for_sm90(test):
+    """Marks a test that compiles Triton kernels for sm_90 on the CPU (``triton_cpu``): skipped
+    where Triton has no ``ptxas`` to do it with."""
+    try:
+        import triton
+
+        bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    except ImportError:
+        bundled = ""
+    no_ptxas = shutil.which("ptxas") is None and not os.path.exists(bundled)
+    return pytest.mark.triton_cpu(pytest.mark.skipif(no_ptxas, reason="no ptxas to compile with")(test))
 
 ADD_SRC = '''
 import triton

@@ -17,6 +17,7 @@ import sys
 import threading
 
 import pytest
+import runtime_programs as P
 import torch
 from torchfuse.graph import trace
 from torchfuse.inductor import compile_graph
@@ -64,10 +65,7 @@ def _real_jit(tmp_path, kernel):
     return fn, path
 
 
-@pytest.mark.triton_cpu  # the workers compile Triton kernels
-@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
-    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
-    reason="no ptxas to compile with")
+@P.compiles_for_sm90
 @pytest.mark.parametrize("warm", [False, True], ids=["cold-workers", "warmed-up-workers"])
 def test_workers_compile_what_this_process_then_loads_from_the_cache(sm90, warm):
     program, x = _program()
@@ -97,10 +95,7 @@ def test_workers_compile_what_this_process_then_loads_from_the_cache(sm90, warm)
     torch.testing.assert_close(load(program, device="cpu")(x)[0], torch.relu(x * 2.0 + 1.0).sum(dim=1))
 
 
-@pytest.mark.triton_cpu
-@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
-    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
-    reason="no ptxas to compile with")
+@P.compiles_for_sm90
 def test_a_workers_warm_up_compiles_outside_the_shared_cache(tmp_path):
     """`_warm_up` runs Triton's whole pipeline once (what a worker's first request would
     otherwise pay for) into a private cache, and leaves the shared one and the environment as
@@ -271,10 +266,7 @@ def fresh_pool(monkeypatch):
         cw._pool.close()
 
 
-@pytest.mark.triton_cpu
-@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
-    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
-    reason="no ptxas to compile with")
+@P.compiles_for_sm90
 def test_the_pool_makes_the_binaries_sequential_compiles_make_and_is_reused_across_programs(
         sm90, fresh_pool, monkeypatch):
     from torchfuse.runtime.kernels import precompile
@@ -340,10 +332,7 @@ def test_the_pool_makes_the_binaries_sequential_compiles_make_and_is_reused_acro
     assert (stats.plans_skipped, len(planned)) == (0, 4)
 
 
-@pytest.mark.triton_cpu
-@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
-    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
-    reason="no ptxas to compile with")
+@P.compiles_for_sm90
 def test_a_marker_left_after_tuning_lets_the_next_start_skip_its_plan(sm90, fresh_pool, monkeypatch):
     """After a tuning, the winners' warm-ups (compiled by then) leave the marker a warm start
     asks for, which no precompile of this process wrote (it warmed up other sets)."""
@@ -490,10 +479,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.triton_cpu
-@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
-    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
-    reason="no ptxas to compile with")
+@P.compiles_for_sm90
 def test_a_first_call_compiles_here_what_workers_still_starting_have_not_taken(sm90):
     jobs = [job for jobs in _jobs(sm90 / "kernels", _two_programs()) for job in jobs]
     got = _run_child(_STILL_STARTING, jobs, TRITON_CACHE_DIR=str(sm90 / "triton_here"), TORCHFUSE_COMPILE_WORKERS="1",

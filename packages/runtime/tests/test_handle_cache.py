@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 import pytest
+import runtime_programs as P
 import torch
 from torchfuse.graph import trace
 from torchfuse.inductor import compile_graph
@@ -142,10 +142,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.triton_cpu
-@pytest.mark.skipif(shutil.which("ptxas") is None and not os.path.exists(
-    os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")),
-    reason="no ptxas to compile with")
+@P.compiles_for_sm90
 def test_a_kept_binary_reads_back_from_tritons_cache_as_the_one_compiled(tmp_path):
     import subprocess
 
@@ -172,7 +169,6 @@ def test_a_kept_binary_reads_back_from_tritons_cache_as_the_one_compiled(tmp_pat
 
 def test_handle_key_is_the_fast_paths_key():
     """`codegen.handle_key` computes what the generated ``_key`` expression does."""
-    import runtime_programs as P
     from torchfuse.runtime import codegen
 
     program = P.mixed_program("cuda")
@@ -193,7 +189,6 @@ def test_handle_key_is_the_fast_paths_key():
 
 
 def test_tuned_handles_are_kept_only_where_every_launch_takes_aligned_buffers():
-    import runtime_programs as P
     from torchfuse.graph import schema as S
 
     assert handle_cache.launches_aligned(P.scale_program("cuda"))

@@ -159,12 +159,14 @@ class Recorder:
                 logger.debug("handle cache: cannot keep %s (%s: %s)", self.path.name, type(e).__name__, e)
 
 
-def _read(path: Path, now: dict[str, Any]) -> dict[str, Any] | None:
+def _read(path: Path, now: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The keys kept in ``path`` under context ``now`` (`context()` when not given, asked
+    only once the file is there: most first calls find none)."""
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    if raw.get("context") != now:
+    if raw.get("context") != (context() if now is None else now):
         return None  # another device, Triton or environment: its binaries are not this one's
     return dict(raw["keys"])
 
@@ -176,7 +178,7 @@ def load(folder: Path, call_key: str) -> dict[tuple[Any, ...], list[Any]] | None
     if not _usable():
         return None
     try:
-        kept = _read(path, context())
+        kept = _read(path)
         if not kept:
             return None
         out: dict[tuple[Any, ...], list[Any]] = {}

@@ -457,3 +457,40 @@ def launcher_compatible(run: Any) -> bool:
     names = [p.name for p in params[:5]]
     var = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
     return names == ["gridX", "gridY", "gridZ", "stream", "function"] and var
+
+
+def recorder(table: dict[tuple[Any, ...], tuple[Any, ...]], layout: str, *, aligned_only: bool,
+             note_fallback: Callable[[str], None], kept: Any = None) -> Callable[..., None]:
+    """``_record`` of a generated call function: keeps the launchers of one call's compiled
+    kernels in ``table`` under the call's key (`handles` per launch, in ``layout``), and with
+    ``kept`` (a `torchfuse.runtime.handle_cache.Recorder`) where their binaries are, for a warm
+    start. ``aligned_only``: a key whose last item (every input aligned) is false keeps the
+    checked path. Launches through `quick_launcher` are recorded again, with Triton's
+    launchers, once those are built (`build_soon`)."""
+
+    def record(key: tuple[Any, ...], compiled: tuple[Any, ...], keep: bool = True) -> None:
+        if aligned_only and not key[-1]:
+            return  # a misaligned input: keep the checked path for such calls
+        if launch_hooks_active():
+            note_fallback("fast launch off: Triton launch hooks are installed (profiler?)")
+            return
+        entries: list[Any] = []
+        quick: list[DeferredLauncher] = []
+        for c in compiled:
+            if c is None or not hasattr(c, "packed_metadata") or not hasattr(c, "function"):
+                note_fallback("fast launch off: Triton returned no compiled kernel")
+                return
+            run = c.run
+            if not launcher_compatible(run):
+                note_fallback(f"fast launch off: unknown launcher signature {run!r}")
+                return
+            entries += handles(layout, c)
+            if isinstance(run, DeferredLauncher) and run.built is None and run.quick:
+                quick.append(run)  # launched through cuLaunchKernel until Triton's is built
+        table[key] = tuple(entries)
+        if kept is not None and keep:
+            kept.remember(key, compiled)
+        if quick:  # recorded again, with Triton's launchers, once they are built
+            build_soon(quick, lambda: record(key, compiled, keep=False))
+
+    return record

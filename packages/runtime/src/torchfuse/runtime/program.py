@@ -524,8 +524,7 @@ class CompiledProgram:
             try:
                 later = self._later(missing)
                 # a warm start: the call function's kept handles, loaded now (the first call
-                # finds its variant installed and its handles recorded), else a warm-up
-                entry, generated = self._entry, self._generated
+                # finds its variant made and its handles recorded), else a warm-up
                 try:
                     key = tuple(env[s] for s in self._tune_symbols)
                     configs = {**self._default_configs(), **winners}
@@ -533,7 +532,6 @@ class CompiledProgram:
                 except Exception as e:  # the first call meets it again; warm up meanwhile
                     logger.debug("kept handles of %r not loaded: %s", self.program.name, e)
                     kept = False
-                self._entry, self._generated = entry, generated  # the first call still dispatches
                 if not kept:
                     warm = self._to_warm(self._default_configs(), winners, missing, later)
                     self._precompile(env, warm, background=True)
@@ -617,7 +615,8 @@ class CompiledProgram:
 
             handles: dict[tuple[Any, ...], tuple[Any, ...]] = {}
             kept = handle_cache.Recorder(self.cache_dir / "calls", gen.key) if gen.key else None
-            record = self._recorder(handles, kept)
+            record = launchers.recorder(handles, self._layout, aligned_only=bool(self.program.inputs),
+                                        note_fallback=self._note_fallback, kept=kept)
             namespace.update(
                 # torch.cuda.current_device() without its lazy-init check (the inputs are on CUDA)
                 _current_device=torch._C._cuda_getDevice,
@@ -642,56 +641,25 @@ class CompiledProgram:
 
     def _start_warm(self, configs: dict[str, S.LaunchConfig | None], key: tuple[int, ...],
                     tunes: bool) -> tuple[bool, float]:
-        """On a first call that tunes nothing: install its call function and record the
-        launch handles `handle_cache` kept for it. (Whether any were, the seconds spent
-        installing.)"""
+        """On a first call that tunes nothing: make its call function (`_variant`) and record
+        the launch handles `handle_cache` kept for it. (Whether any were, the seconds spent
+        making it.)"""
         if tunes or self._by_key or not self._fast_allowed():
             return False, 0.0
         t0 = time.perf_counter()
-        fn = self._install(configs, tuned_key=key if self._tune_symbols else None)
+        gen = self._variant(configs, tuned_key=key if self._tune_symbols else None)
+        fn = gen.globals["_fn"]
         generated = time.perf_counter() - t0
-        gen = self._generated
-        if gen is None or gen.key is None or gen.fast_entry is None or "_record" not in fn.__globals__:
+        if gen.key is None or gen.fast_entry is None or "_record" not in fn.__globals__:
             return False, generated
         if not fn.__globals__["_handles"]:  # else loaded already, by a background warm-up
             handle_cache.preload(self.cache_dir / "calls", gen.key, fn.__globals__["_record"])
             self.stats.handles_kept += len(fn.__globals__["_handles"])
         return bool(fn.__globals__["_handles"]), generated
 
-    def _recorder(self, handles: dict[tuple[Any, ...], tuple[Any, ...]],
-                  kept: handle_cache.Recorder | None = None) -> Any:
-        """``_record`` of the generated code: keeps the launchers of one call's compiled kernels
-        (and, with ``kept``, where their binaries are, for a warm start: `handle_cache`)."""
-
-        def record(key: tuple[Any, ...], compiled: tuple[Any, ...], keep: bool = True) -> None:
-            if self.program.inputs and not key[-1]:
-                return  # a misaligned input: keep the checked path for such calls
-            if launchers.launch_hooks_active():
-                self._note_fallback("fast launch off: Triton launch hooks are installed (profiler?)")
-                return
-            entries: list[Any] = []
-            quick: list[launchers.DeferredLauncher] = []
-            for c in compiled:
-                if c is None or not hasattr(c, "packed_metadata") or not hasattr(c, "function"):
-                    self._note_fallback("fast launch off: Triton returned no compiled kernel")
-                    return
-                run = c.run
-                if not launchers.launcher_compatible(run):
-                    self._note_fallback(f"fast launch off: unknown launcher signature {run!r}")
-                    return
-                entries += launchers.handles(self._layout, c)
-                if isinstance(run, launchers.DeferredLauncher) and run.built is None and run.quick:
-                    quick.append(run)  # launched through cuLaunchKernel until Triton's is built
-            handles[key] = tuple(entries)
-            if kept is not None and keep:
-                kept.remember(key, compiled)
-            if quick:  # recorded again, with Triton's launchers, once they are built
-                launchers.build_soon(quick, lambda: record(key, compiled, keep=False))
-
-        return record
-
-    def _install(self, configs: dict[str, S.LaunchConfig | None], tuned_key: tuple[int, ...] | None) -> Any:
-        """The call function for ``configs`` (generated and exec-ed once), made the entry point."""
+    def _variant(self, configs: dict[str, S.LaunchConfig | None],
+                 tuned_key: tuple[int, ...] | None) -> codegen.Generated:
+        """The call function for ``configs``, generated and exec-ed once (``globals["_fn"]``)."""
         ckey = tuple((k, msgspec.json.encode(c)) for k, c in sorted(configs.items()))
         gen = self._variants.get(ckey)
         if gen is None:
@@ -699,12 +667,16 @@ class CompiledProgram:
             gen = self._generate(configs=configs, fast=self._fast_allowed(), tuned_for=tuned_for)
             self._variants[ckey] = gen
             gen.globals["_fn"] = self._exec(gen, {"_TUNED_FOR": set()})
-        fn = gen.globals["_fn"]
         if tuned_key is not None:
             # The symbol values these configs were chosen for; others go back to _dispatch.
-            fn.__globals__["_TUNED_FOR"].add(tuned_key)
+            gen.globals["_fn"].__globals__["_TUNED_FOR"].add(tuned_key)
+        return gen
+
+    def _install(self, configs: dict[str, S.LaunchConfig | None], tuned_key: tuple[int, ...] | None) -> Any:
+        """The call function for ``configs`` (`_variant`), made the entry point."""
+        gen = self._variant(configs, tuned_key)
         self._generated = gen
-        self._entry = fn
+        self._entry = fn = gen.globals["_fn"]
         return fn
 
     def _note_fallback(self, reason: str) -> None:
