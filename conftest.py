@@ -37,6 +37,9 @@ os.environ.setdefault("TORCHFUSE_CPU_BACKEND", "cpp")
 # the suite's captures must not depend on what an earlier run left in the user's cache, nor
 # write there at exit; the store's own tests turn it on with a directory of their own
 os.environ.setdefault("TORCHFUSE_META_MEMO_DISK", "0")
+# likewise the kept captured entries (torchfuse.capture.entry_cache): its tests, and the
+# second-process tests, turn it on over a directory of their own
+os.environ.setdefault("TORCHFUSE_CAPTURE_CACHE", "0")
 
 
 def _use_cpu_backend(monkeypatch, name: str) -> None:

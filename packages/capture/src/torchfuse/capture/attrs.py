@@ -255,6 +255,8 @@ def _module_attr(obj: V.ModuleVar, name: str) -> V.Var:
     if name in ("_parameters", "_buffers", "_modules"):
         # torch's own module code walks these dicts; their entries keep module-state sources
         table = d[name]
+        if src is not None:  # what the module has (a ModuleList's layers), when modules change
+            ctx.guards.keys(ModuleAttrSource(src, name), tuple(table))
         items = {k: (ctx.wrap(v, ModuleStateSource(src, name, k) if src is not None else None)
                      if v is not None else V.ConstVar(None)) for k, v in table.items()}
         return V.DictVar(items, ModuleAttrSource(src, name) if src is not None else None)

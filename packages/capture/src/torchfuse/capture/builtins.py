@@ -99,6 +99,7 @@ def _len(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
             raise Unsupported("len() of a 0-d tensor", current().loc)
         return V.ConstVar(sizes[0])
     if isinstance(x, V.ModuleVar):
+        O.guard_children(x)
         return V.ConstVar(len(x.value))
     if isinstance(x, V.UserObjVar):
         n = O.python_dunder(x, "__len__", [])  # the class's own, interpreted (and guarded)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torchfuse.capture import codegen, pyrandom
+from torchfuse.capture import codegen, entry_cache, pyrandom
 from torchfuse.capture import config as C
 from torchfuse.capture import distributed as D
 from torchfuse.capture.backends import Backend, backend_parameters, lookup_backend
@@ -315,7 +315,10 @@ class CompiledFunction:
                     self.auto_modules.add(src)
                     C.logger("recompiles").info("%s: %s is a new module of the same class; recompiling "
                                                 "with it guarded on its type", self.name, src)
-        result = self._capture(L, C_)
+        kept = self._keeps_entries()
+        result = entry_cache.load(self.fn, self.dynamic, self.name, L, C_) if kept else None
+        if result is None:
+            result = self._capture(L, C_)
         for ic in ints:
             symbol = result.scalar_symbols.get(ic.source)
             what = "a symbol" if type(ic.new) is int else "a graph input"
@@ -351,11 +354,24 @@ class CompiledFunction:
                 entry = Entry(result, None)
             else:
                 entry.params = entry.fetch_params(L, G, C_)
+                if kept and not result.from_disk:
+                    why = entry_cache.keep(self.fn, self.dynamic, result, L)
+                    if why is not None:
+                        C.logger("recompiles").debug("%s: entry not kept for later processes: %s",
+                                                     self.name, why)
         if result.uses_modules:
             watch_module_attributes()
         entry.version = module_version[0]
         self.entries.append(entry)
         return entry, None
+
+    def _keeps_entries(self) -> bool:
+        """Whether this function's entries are kept on disk and looked up there
+        (`torchfuse.capture.entry_cache`): a whole function (no resume function or callee),
+        outside DDP, while automatic dynamic has made nothing dynamic."""
+        return C.config.capture_cache and type(self) is CompiledFunction and self.root is self and \
+            isinstance(self.fn, types.FunctionType) and not self.auto_dynamic and \
+            not self.auto_scalars and not self.auto_modules and D.active_ddp() is None
 
     def _compile_graph(self, result: CaptureResult, L: tuple[Any, ...], C_: Any) -> Callable[..., list[Any]]:
         graph = result.graph

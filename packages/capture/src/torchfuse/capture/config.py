@@ -22,6 +22,10 @@ variable                           meaning
                                    per torch version, so a new process's capture and passes
                                    run no meta kernel an earlier one ran; the cache dir is
                                    ``TORCHFUSE_CACHE_DIR``, see `torchfuse.runtime.config`)
+``TORCHFUSE_CAPTURE_CACHE``        ``0``: capture every function anew in each process (default:
+                                   entries are kept in ``<cache dir>/captures/`` and a new
+                                   process rebuilds the one whose guards hold without
+                                   capturing, `torchfuse.capture.entry_cache`)
 ``TORCHFUSE_LOGS``                 the shared logging switch (parsed by
                                    `torchfuse.graph.observe`); this package writes the
                                    channels ``graph``, ``guards``, ``recompiles``, ``breaks``
@@ -79,6 +83,9 @@ class CaptureConfig:
     meta_memo_disk: bool = True
     """Keep that memo in the cache directory across processes
     (`torchfuse.graph.meta_memo_store`; ``TORCHFUSE_META_MEMO_DISK=0``: in memory only)."""
+    capture_cache: bool = True
+    """Keep captured entries on disk and rebuild them in a later process when their guards
+    hold (`torchfuse.capture.entry_cache`; ``TORCHFUSE_CAPTURE_CACHE=0``: off)."""
     rank_check_timeout: float = 120.0
     """Seconds a rank waits for the others to capture the same graph before it reports them
     (the ranks compare before the backend compiles: the wait covers capture, not compile)."""
@@ -106,6 +113,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> CaptureConfig:
         rank_check=_rank_check(env.get("TORCHFUSE_RANK_CHECK", "")),
         meta_memo=_flag(env, "TORCHFUSE_META_MEMO", True),
         meta_memo_disk=_flag(env, "TORCHFUSE_META_MEMO_DISK", True),
+        capture_cache=_flag(env, "TORCHFUSE_CAPTURE_CACHE", True),
     )
 
 

@@ -127,6 +127,8 @@ class Capture:
         """The draws (by order) whose value Python needs: a graph break at each."""
         self.random_generators: list[Any] = []
         """The generators those draws come from."""
+        self.codes: set[Any] = set()
+        """Every code object interpreted (the function and what it inlined)."""
 
     def close_contexts(self) -> None:
         while self.open_autocasts:
@@ -219,6 +221,8 @@ class Capture:
                 return V.ModuleVar(value, source)
             if source is not None and not source.is_module_state:
                 guards.identity(source, value)
+            elif source is not None:  # a submodule: which class it is, when modules change
+                guards.type_(source, type(value))
             return V.ModuleVar(value, source)
         if type(value) in (list, tuple) or _is_namedtuple(value):
             if source is not None:
@@ -274,9 +278,8 @@ class Capture:
             guards.identity(AttrSource(source, "__self__"), value.__self__)
             guards.constant(AttrSource(source, "__name__"), value.__name__)
             return V.ObjVar(value, source)
-        if source is not None and not isinstance(value, types.ModuleType) and \
-                not source.is_module_state:
-            guards.identity(source, value)
+        if source is not None and not isinstance(value, types.ModuleType):
+            guards.identity(source, value)  # on module state: checked when modules change
         return V.ObjVar(value, source)
 
     def wrap_tensor(self, t: torch.Tensor, source: Source | None, guarded: bool = True) -> V.TensorVar:

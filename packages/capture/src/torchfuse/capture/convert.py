@@ -78,6 +78,11 @@ class CaptureResult:
     inside a DDP forward: where it was cut into pieces, one per gradient bucket."""
     random_generators: list[Any] = dataclasses.field(default_factory=list)
     """The ``random.Random`` s that gathering this graph's inputs draws from (`pyrandom`)."""
+    codes: frozenset[types.CodeType] = frozenset()
+    """Every code object capture interpreted: the function and what it inlined."""
+    from_disk: bool = False
+    """Rebuilt from an entry an earlier process kept (`torchfuse.capture.entry_cache`), not
+    captured: nothing was interpreted."""
     debug_name: str = ""
     """The folder its artifacts go to (``<function>/entry_<n>``, given when it is recorded;
     see ``torchfuse.graph.observe.entry_folder``)."""
@@ -264,7 +269,8 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
                          seconds=time.perf_counter() - t0, uses_modules=ctx.uses_modules,
                          plan=plan, dynamic_dims=dict(ctx.dynamic_dims), effect_notes=notes,
                          scalar_symbols=dict(ctx.scalar_symbols),
-                         grad_entry=ctx.grad_entry, random_generators=list(ctx.random_generators))
+                         grad_entry=ctx.grad_entry, random_generators=list(ctx.random_generators),
+                         codes=frozenset(ctx.codes))
 
 
 def _finish(ctx: Capture, name: str) -> S.Graph:

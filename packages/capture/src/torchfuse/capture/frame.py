@@ -65,6 +65,7 @@ class Frame:
                  parent: Frame | None = None, depth: int = 0) -> None:
         self.ctx = ctx
         self.code = code
+        ctx.codes.add(code)
         self.f_globals = f_globals
         self.locals = dict(local_vars)
         self.cells: dict[str, V.CellVar] = dict(freevars)

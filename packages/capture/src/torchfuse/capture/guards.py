@@ -156,6 +156,31 @@ def storage_groups(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """What a tensor guard checks of a tensor: its class (``nn.Parameter`` for any parameter),
+    dtype, device, sizes, strides and ``requires_grad``."""
+
+    cls: type
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorMeta:
+        cls = torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else type(t)
+        dev = t.fake_device if hasattr(t, "fake_device") else t.device
+        return TensorMeta(cls, t.dtype, dev, tuple(int(n) for n in t.shape),
+                          tuple(int(n) for n in t.stride()), bool(t.requires_grad))
+
+    def matches(self, t: Any) -> bool:
+        """Whether ``t`` is a tensor with this metadata (the guard's condition, in Python)."""
+        return type(t) is self.cls and t.dtype is self.dtype and t.device == self.device and \
+            t.shape == self.shape and t.stride() == self.strides and t.requires_grad is self.requires_grad
+
+
 class GuardSet:
     """Guards collected while capturing one frame."""
 
@@ -167,6 +192,12 @@ class GuardSet:
         self._seen: set[tuple[str, str]] = set()
         self._loc_of = loc_of
         self._names: dict[int, str] = {}
+        self._by_value: dict[tuple[type, Any], str] = {}
+        self.log: list[tuple[Any, ...]] = []
+        """Every guard asked for, in order, as ``(method, *arguments)``: replaying it on a new
+        set makes the same conditions over the same namespace names. What a later process
+        needs to rebuild this entry's checks from data (`torchfuse.capture.entry_cache`);
+        ``("dynamic",)`` marks a guard over size symbols, which that cache does not keep."""
 
     def _obj(self, obj: Any, prefix: str = "K") -> str:
         name = self._names.get(id(obj))
@@ -174,6 +205,19 @@ class GuardSet:
             name = f"{prefix}{len(self.namespace)}"
             self.namespace[name] = obj
             self._names[id(obj)] = name
+        return name
+
+    def _value(self, obj: Any, prefix: str = "K") -> str:
+        """The namespace name of a constant or device, shared by every equal one (an
+        identity-keyed name would depend on which equal objects Python happened to share,
+        and a set rebuilt from `log` could not name them the same)."""
+        try:
+            key = (type(obj), obj)
+            name = self._by_value.get(key)
+        except TypeError:  # unhashable: by identity
+            return self._obj(obj, prefix)
+        if name is None:
+            name = self._by_value[key] = self._obj(obj, prefix)
         return name
 
     def _add(self, key: tuple[str, str], record: S.Guard, condition: str, module_group: bool,
@@ -184,42 +228,42 @@ class GuardSet:
         self.entries.append(GuardEntry(record, condition, module_group, source, symbols))
 
     # -- kinds
-    def tensor(self, source: Source, t: torch.Tensor, fake: torch.Tensor | None = None,
+    def tensor(self, source: Source, t: torch.Tensor | TensorMeta, fake: torch.Tensor | None = None,
                symbols: dict[int, SymbolBinding] | None = None) -> None:
         """``t`` read through ``source`` has this dtype, device, layout and requires_grad.
 
         ``symbols`` are its symbolic dims: each binds its size symbol (a local of the check
         function, read by the symbol guards after it) and checks the symbol's range; the
         strides are then checked as the expressions ``fake`` (the input's symbolic fake)
-        has for them."""
+        has for them. ``t`` may be a `TensorMeta` (a guard rebuilt from a record)."""
         src = source.expr()
-        dev = t.fake_device if hasattr(t, "fake_device") else t.device
+        m = t if isinstance(t, TensorMeta) else TensorMeta.of(t)
         symbols = symbols or {}
+        self.log.append(("dynamic",) if symbols else ("tensor", source, m))
         if symbols:
             assert fake is not None
             strides: tuple[S.Expr, ...] = tuple(size_text(s) for s in fake.stride())
         else:
-            strides = tuple(int(s) for s in t.stride())
+            strides = m.strides
         # a symbolic dim is written as its symbol: the check binds it (and checks its range)
-        sizes = tuple(symbols[d].name if d in symbols else int(s) for d, s in enumerate(t.shape))
-        rec = S.TensorGuard(source=src, dtype=dtype_name(t.dtype), device=device_name(dev), sizes=sizes,
-                            strides=strides, requires_grad=bool(t.requires_grad), loc=self._loc_of())
-        cls = torch.nn.Parameter if isinstance(t, torch.nn.Parameter) else type(t)
+        sizes = tuple(symbols[d].name if d in symbols else s for d, s in enumerate(m.shape))
+        rec = S.TensorGuard(source=src, dtype=dtype_name(m.dtype), device=device_name(m.device), sizes=sizes,
+                            strides=strides, requires_grad=m.requires_grad, loc=self._loc_of())
         v = f"_t{len(self.entries)}"
         if source.is_module_state and not _config().check_parameter_metadata:
             self._add(("tensor", src), rec, "True", True, source)
             return
-        head = (f"type({v} := {src}) is {self._obj(cls, 'T')} and {v}.dtype is {self._obj(t.dtype, 'D')}"
-                f" and {v}.device == {self._obj(dev, 'V')}")
+        head = (f"type({v} := {src}) is {self._obj(m.cls, 'T')} and {v}.dtype is {self._obj(m.dtype, 'D')}"
+                f" and {v}.device == {self._value(m.device, 'V')}")
         if not symbols:
-            shape = f" and {v}.shape == {tuple(int(s) for s in t.shape)!r}"
+            shape = f" and {v}.shape == {m.shape!r}"
         else:
             z = f"_z{len(self.entries)}"
-            parts = [f"len({z} := {v}.shape) == {t.dim()}"]
-            for d, n in enumerate(t.shape):
+            parts = [f"len({z} := {v}.shape) == {len(m.shape)}"]
+            for d, n in enumerate(m.shape):
                 b = symbols.get(d)
                 if b is None:
-                    parts.append(f"{z}[{d}] == {int(n)}")
+                    parts.append(f"{z}[{d}] == {n}")
                 else:  # bind the symbol, then its range
                     hi = f" <= {b.max}" if b.max is not None else ""
                     parts.append(f"{b.min} <= ({b.name} := {z}[{d}]){hi}")
@@ -227,12 +271,13 @@ class GuardSet:
         stride_text = "(" + "".join(f"{expr_to_python(e)}, " for e in strides) + ")"
         cond = (f"{head}{shape}"
                 f" and {v}.stride() == {stride_text}"
-                f" and {v}.requires_grad is {bool(t.requires_grad)}")
+                f" and {v}.requires_grad is {m.requires_grad}")
         self._add(("tensor", src), rec, cond, source.is_module_state, source, symbols or None)
 
     def size_value(self, source: Source, cls: type, text: str) -> None:
         """An argument holding sizes equals these size expressions (``L[2] == s0``,
         ``L[3] == (s0, 16)``); the symbols are bound by the tensor guards before it."""
+        self.log.append(("dynamic",))
         src = source.expr()
         rec = S.ConstantGuard(source=src, value=text, loc=self._loc_of())
         self._add(("constant", src), rec, f"type({src}) is {self._obj(cls, 'T')} and {src} == {text}",
@@ -241,6 +286,7 @@ class GuardSet:
     def scalar_symbol(self, source: Source, binding: SymbolBinding) -> None:
         """An int argument captured as a size symbol: it is an ``int`` in the symbol's range,
         and the check binds the symbol to it (``2 <= (s0 := L[1])``) for the symbol guards."""
+        self.log.append(("dynamic",))
         src = source.expr()
         rec = S.ConstantGuard(source=src, value=binding.name, loc=self._loc_of())
         hi = f" <= {binding.max}" if binding.max is not None else ""
@@ -250,27 +296,32 @@ class GuardSet:
 
     def symbol(self, record: S.SymbolGuard) -> None:
         """A relation over size symbols, checked after every tensor guard has bound them."""
+        self.log.append(("dynamic",))
         self._add(("symbol", record.expr), record, expr_to_python(record.expr), False)
 
     def constant(self, source: Source, value: Any) -> None:
+        self.log.append(("constant", source, value))
         src = source.expr()
         rec = S.ConstantGuard(source=src, value=repr(value), loc=self._loc_of())
-        cond = f"type({src}) is {self._obj(type(value), 'T')} and {src} == {self._obj(value)}"
+        cond = f"type({src}) is {self._obj(type(value), 'T')} and {src} == {self._value(value)}"
         self._add(("constant", src), rec, cond, source.is_module_state, source)
 
     def keys(self, source: Source, keys: tuple[Any, ...]) -> None:
+        self.log.append(("keys", source, keys))
         src = source.expr()
         rec = S.ConstantGuard(source=f"tuple({src}.keys())", value=repr(keys), loc=self._loc_of())
-        self._add(("keys", src), rec, f"tuple({src}.keys()) == {self._obj(keys)}",
+        self._add(("keys", src), rec, f"tuple({src}.keys()) == {self._value(keys)}",
                   source.is_module_state)
 
     def type_(self, source: Source, cls: type) -> None:
+        self.log.append(("type_", source, cls))
         src = source.expr()
         rec = S.TypeGuard(source=src, type_name=f"{cls.__module__}.{cls.__qualname__}",
                           loc=self._loc_of())
         self._add(("type", src), rec, f"type({src}) is {self._obj(cls, 'T')}", source.is_module_state)
 
     def identity(self, source: Source, obj: Any) -> None:
+        self.log.append(("identity", source, obj))
         src = source.expr()
         desc = getattr(obj, "__qualname__", None) or f"{type(obj).__name__} at {id(obj):#x}"
         rec = S.IdentityGuard(source=src, description=str(desc), loc=self._loc_of())
@@ -278,6 +329,7 @@ class GuardSet:
 
     def alias(self, source: Source, same_as: Source) -> None:
         """``source`` is the very object already read through ``same_as``."""
+        self.log.append(("alias", source, same_as))
         src, other = source.expr(), same_as.expr()
         rec = S.IdentityGuard(source=src, description=f"the same object as {other}",
                               loc=self._loc_of())
@@ -286,6 +338,7 @@ class GuardSet:
 
     def distinct(self, sources: list[Source]) -> None:
         """Tensors read through different sources are different objects (no aliasing)."""
+        self.log.append(("distinct", tuple(sources)))
         exprs = [s.expr() for s in sources]
         rec = S.ConstantGuard(source=f"len({{id(t) for t in ({', '.join(exprs)})}})",
                               value=str(len(exprs)), loc=self._loc_of())
@@ -295,12 +348,14 @@ class GuardSet:
     def storage(self, sources: list[Source], groups: tuple[int, ...]) -> None:
         """Which of these tensors share memory: ``groups[i]`` is the first input whose storage
         input ``i`` shares (itself when none). Taken only by graphs that write in place."""
+        self.log.append(("storage", tuple(sources), groups))
         exprs = ", ".join(s.expr() for s in sources)
         rec = S.ConstantGuard(source=f"storage_groups(({exprs},))", value=repr(groups),
                               loc=self._loc_of())
         self._add(("storage", exprs), rec, f"_storage_groups(({exprs},)) == {groups!r}", False)
 
     def length(self, source: Source, n: int) -> None:
+        self.log.append(("length", source, n))
         src = source.expr()
         rec = S.LengthGuard(source=src, length=n, loc=self._loc_of())
         self._add(("len", src), rec, f"len({src}) == {n}", source.is_module_state)
@@ -308,6 +363,7 @@ class GuardSet:
     def defaults(self, fn: Any) -> None:
         """The compiled function's ``__defaults__`` and ``__kwdefaults__`` are the objects its
         arguments were bound with (replacing them misses, and the miss binds the new ones)."""
+        self.log.append(("defaults", fn))
         f = self._obj(fn, "F")
         rec = S.IdentityGuard(source="fn.__defaults__", loc=self._loc_of(),
                               description=f"the defaults {fn.__defaults__!r} / {fn.__kwdefaults__!r}")
@@ -315,10 +371,12 @@ class GuardSet:
                   f"{f}.__kwdefaults__ is {self._obj(fn.__kwdefaults__, 'D')}", False)
 
     def grad_mode(self, enabled: bool) -> None:
+        self.log.append(("grad_mode", enabled))
         rec = S.GlobalStateGuard(name="grad_enabled", value=repr(enabled), loc=self._loc_of())
         self._add(("global", "grad"), rec, f"_grad() is {enabled}", False)
 
     def autocast(self, state: tuple[bool, ...]) -> None:
+        self.log.append(("autocast", state))
         rec = S.GlobalStateGuard(name="autocast_enabled(cpu, cuda)", value=repr(state),
                                  loc=self._loc_of())
         self._add(("global", "autocast"), rec, f"_autocast_state() == {state!r}", False)
@@ -328,8 +386,10 @@ class GuardSet:
         return tuple(e.record for e in self.entries)
 
     def build(self) -> CheckFunctions:
-        return CheckFunctions.build([e for e in self.entries if not e.module_group],
-                                    [e for e in self.entries if e.module_group], self.namespace)
+        checks = CheckFunctions.build([e for e in self.entries if not e.module_group],
+                                      [e for e in self.entries if e.module_group], self.namespace)
+        checks.log = self.log
+        return checks
 
 
 def _check_source(name: str, conditions: list[str]) -> str:
@@ -377,6 +437,8 @@ class CheckFunctions:
     source: str
     entries: list[GuardEntry]
     namespace: dict[str, Any]
+    log: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    """The guards asked for, as `GuardSet.log` keeps them."""
 
     @staticmethod
     def build(fast: list[GuardEntry], module: list[GuardEntry], ns: dict[str, Any]) -> CheckFunctions:

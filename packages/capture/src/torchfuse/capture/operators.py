@@ -17,7 +17,7 @@ from torchfuse.capture import floats
 from torchfuse.capture import variables as V
 from torchfuse.capture.context import current
 from torchfuse.capture.errors import Unsupported, UserException
-from torchfuse.capture.source import ItemSource, ModuleStateSource
+from torchfuse.capture.source import ItemSource, ModuleAttrSource, ModuleStateSource
 from torchfuse.capture.values import contains_tensor, from_py, python_override, to_py
 from torchfuse.graph.symbolic import SpecializationError
 
@@ -360,6 +360,7 @@ def truth(a: V.Var) -> bool:
     if isinstance(a, V.DictVar | V.SetVar):
         return bool(a.items)
     if isinstance(a, V.ModuleVar):
+        guard_children(a)
         return bool(a.value)
     if isinstance(a, V.ObjVar):
         return bool(a.value)
@@ -392,6 +393,7 @@ def contains(container: V.Var, item: V.Var) -> bool:
                 return True
         return False
     if isinstance(container, V.ModuleVar):
+        guard_children(container)
         return item.python() in container.value
     if isinstance(container, V.TensorVar):
         raise Unsupported("`in` on a tensor is data-dependent", current().loc)
@@ -468,10 +470,19 @@ def _dunder(obj: V.Var, name: str, args: list[V.Var]) -> V.Var:
     return call(getattr_var(obj, name), args, {})
 
 
+def guard_children(obj: V.ModuleVar) -> None:
+    """A container module's children, as capture unrolled them (their names, in order),
+    guarded with the module guards: ``len``, ``in``, iteration and indexing read them."""
+    if obj.source is not None:
+        current().guards.keys(ModuleAttrSource(obj.source, "_modules"), tuple(obj.value._modules))
+
+
 def module_getitem(obj: V.ModuleVar, k: Any) -> V.Var:
     ctx = current()
     mod = obj.value
     sub = mod[k]
+    if not isinstance(k, str):
+        guard_children(obj)
     if isinstance(k, int) and obj.source is not None:
         keys = list(mod._modules)
         return ctx.wrap(sub, ModuleStateSource(obj.source, "_modules", keys[k]))
@@ -573,6 +584,7 @@ def iterate(var: V.Var) -> list[V.Var]:
         return [getitem(var, V.ConstVar(i)) for i in range(var.fake.shape[0])]
     if isinstance(var, V.ModuleVar):
         mod = var.value
+        guard_children(var)
         if isinstance(mod, torch.nn.ModuleDict):
             return [V.ConstVar(k) for k in mod]
         if hasattr(type(mod), "__iter__"):

@@ -1,0 +1,526 @@
+"""Captured entries kept on disk: a fresh process reuses the graph its guards allow.
+
+A warm start (every Program, aot plan and kernel binary already in the cache directory)
+still captured each compiled function anew: OPT-125m's training step spent 123 ms of a
+0.99 s warm first call in capture on the H100 host. This module keeps what capture made
+for a compiled function's entries, ``<cache dir>/captures/<key>.msgpack``, and rebuilds an
+entry from it in a later process when the entry's guards hold for the call, without
+interpreting any bytecode. The backend is then called with the kept graph as usual (and
+hits its own caches).
+
+**The key** names the compiled function's code: a digest of its bytecode, constants and
+names (nested code included), its module, qualified name and file, the Python, torch and
+torchfuse-capture/-graph sources (`torchfuse.graph.caches.source_hash`) and the capture
+settings. Several entries of one function (another shape, ``eval()``) share the file,
+newest first, at most `MAX_RECORDS`.
+
+**What is kept** of an entry: the graph (the format's JSON), the graph inputs by source,
+the output structure, and the guards as *data*: each guard the capture asked for
+(`torchfuse.capture.guards.GuardSet.log`) with its source written as a record and its
+values described by name or value. A later process replays those requests on a new guard
+set, so its conditions are written by the same code from validated data; nothing in the
+file is evaluated, imported or unpickled. Values are described as:
+
+* plain constants (``None``, bools, ints, floats, strings, bytes, tuples, sets, dicts of
+  them), dtypes and devices: by value;
+* classes and functions: by module and qualified name, looked up in the modules the process
+  has already imported (``sys.modules``, then each name in ``vars()``: no import, no
+  ``__getattr__``); a function also by a digest of its code, which must match;
+* the module instance a compiled ``forward`` is called on (``L['self']``), guarded by
+  identity within one process: bound to the object the loading call passes, and accepted
+  only when its module guards and, for every parameter and buffer the graph reads, its
+  class, dtype, device, sizes, strides and ``requires_grad`` match what capture saw.
+
+An entry is not kept when any of this cannot be written: guards over size symbols
+(dynamic shapes), graph breaks, side effects, random draws, DDP pieces, constant tensors,
+a value of no portable description (a lambda, an object by identity) or a code object
+capture inlined that lives in no file. Each inlined code object's file is kept with its
+size and modification time (as Python's own bytecode cache checks a source), so an edit to
+the model's code, or to a library it calls, makes the record stale.
+
+A record that does not decode, names another layout, or whose descriptions do not resolve
+is skipped (debug log ``TORCHFUSE_LOGS=+recompiles``); its function is captured as if
+nothing were kept. ``TORCHFUSE_CAPTURE_CACHE=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import keyword
+import logging
+import os
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+from torchfuse.capture import config as C
+from torchfuse.capture import source as SRC
+from torchfuse.capture.context import InputSlot
+from torchfuse.capture.convert import CaptureResult
+from torchfuse.capture.guards import GuardSet, TensorMeta, watch
+from torchfuse.capture.portable import (
+    MAX_DEPTH,
+    Describer,
+    NotPortable,
+    checked_expr,
+    code_digest,
+    pair,
+    read_source,
+    write_source,
+)
+from torchfuse.graph.archive import ArchiveError, from_json, to_json
+from torchfuse.graph.caches import cache_root, source_hash, write_atomic
+
+log = logging.getLogger("torchfuse.recompiles")
+
+LAYOUT = 1
+"""The layout of a record; part of the key."""
+
+MAX_RECORDS = 8
+"""Entries kept per compiled function (the newest)."""
+
+MAX_FILE_BYTES = 64 << 20
+"""A larger file is not read."""
+
+
+class Record(msgspec.Struct, frozen=True):
+    """One kept entry."""
+
+    graph: bytes
+    guards: list[Any]
+    inputs: list[Any]
+    out_spec: Any
+    side_effects: list[Any]
+    uses_modules: bool
+    grad_entry: bool
+    files: list[tuple[str, int, int]]
+    """Every file capture interpreted code of: path, size, modification time (ns)."""
+
+
+class Kept(msgspec.Struct, frozen=True):
+    layout: int
+    records: list[Record]
+
+
+# ----------------------------------------------------------------------------- guards
+
+def write_guards(log_: list[tuple[Any, ...]], d: Describer) -> list[Any]:
+    out: list[Any] = []
+    for call in log_:
+        kind, args = call[0], call[1:]
+        if kind == "dynamic":
+            raise NotPortable("guards over size symbols (dynamic shapes)")
+        if kind == "tensor":
+            src, m = args
+            out.append([kind, write_source(src), d.describe(m.cls), d.describe(m.dtype),
+                        d.describe(m.device), list(m.shape), list(m.strides), m.requires_grad])
+        elif kind in ("constant", "keys", "type_"):
+            out.append([kind, write_source(args[0]), d.describe(args[1])])
+        elif kind == "identity":
+            src, obj = args
+            if type(src) is SRC.LocalSource and isinstance(obj, torch.nn.Module):
+                desc = ["argument", src.index]  # the module a forward is called on
+            else:
+                desc = d.describe(obj)
+            out.append([kind, write_source(src), desc])
+        elif kind == "alias":
+            out.append([kind, write_source(args[0]), write_source(args[1])])
+        elif kind in ("distinct", "storage"):
+            extra = [list(args[1])] if kind == "storage" else []
+            out.append([kind, [write_source(s) for s in args[0]], *extra])
+        elif kind == "length":
+            out.append([kind, write_source(args[0]), int(args[1])])
+        elif kind == "defaults":
+            fn = args[0]
+            if fn is not d.fn:
+                raise NotPortable("the defaults of another function")
+            out.append([kind, d.describe(fn.__defaults__), d.describe(fn.__kwdefaults__)])
+        elif kind in ("grad_mode", "autocast"):
+            out.append([kind, d.describe(args[0])])
+        else:
+            raise NotPortable(f"a guard {kind!r}")
+    return out
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(type(i) is int for i in v):
+        raise NotPortable("a bad list of ints")
+    return tuple(v)
+
+
+def replay_guards(records: Any, d: Describer,
+                  loc: Any) -> tuple[GuardSet, list[tuple[SRC.Source, TensorMeta]]]:
+    """A guard set made by asking for the recorded guards again; also each guarded tensor's
+    source with its metadata (checked once, at load: see `load`)."""
+    gs = GuardSet(lambda: loc)
+    metas: list[tuple[SRC.Source, TensorMeta]] = []
+    if not isinstance(records, list):
+        raise NotPortable("guards are not a list")
+    for r in records:
+        if not isinstance(r, list) or not r or not isinstance(r[0], str):
+            raise NotPortable("not a guard record")
+        kind, a = r[0], r[1:]
+        n = {"tensor": 7, "constant": 2, "keys": 2, "type_": 2, "identity": 2, "alias": 2,
+             "distinct": 1, "storage": 2, "length": 2, "defaults": 2, "grad_mode": 1,
+             "autocast": 1}.get(kind)
+        if n is None or len(a) != n:
+            raise NotPortable(f"a bad guard record {kind!r}")
+        if kind == "tensor":
+            src = read_source(a[0])
+            cls, dtype, dev = d.resolve(a[1]), d.resolve(a[2]), d.resolve(a[3])
+            if not (isinstance(cls, type) and issubclass(cls, torch.Tensor) and isinstance(dtype, torch.dtype)
+                    and isinstance(dev, torch.device) and type(a[6]) is bool):
+                raise NotPortable("a bad tensor guard")
+            m = TensorMeta(cls, dtype, dev, _ints(a[4]), _ints(a[5]), a[6])
+            if len(m.shape) != len(m.strides):
+                raise NotPortable("a tensor guard's sizes and strides differ in length")
+            gs.tensor(src, m)
+            metas.append((src, m))
+        elif kind == "constant":
+            gs.constant(read_source(a[0]), d.resolve(a[1]))
+        elif kind == "keys":
+            keys = d.resolve(a[1])
+            if type(keys) is not tuple:
+                raise NotPortable("keys are not a tuple")
+            gs.keys(read_source(a[0]), keys)
+        elif kind == "type_":
+            cls = d.resolve(a[1])
+            if not isinstance(cls, type):
+                raise NotPortable("a type guard of no type")
+            gs.type_(read_source(a[0]), cls)
+        elif kind == "identity":
+            gs.identity(read_source(a[0]), d.resolve(a[1]))
+        elif kind == "alias":
+            gs.alias(read_source(a[0]), read_source(a[1]))
+        elif kind in ("distinct", "storage"):
+            if not isinstance(a[0], list):
+                raise NotPortable("a bad source list")
+            sources = [read_source(s) for s in a[0]]
+            if kind == "distinct":
+                gs.distinct(sources)
+            else:
+                gs.storage(sources, _ints(a[1]))
+        elif kind == "length":
+            if type(a[1]) is not int:
+                raise NotPortable("a bad length")
+            gs.length(read_source(a[0]), a[1])
+        elif kind == "defaults":
+            fn = d.fn
+            if d.describe(fn.__defaults__) != a[0] or d.describe(fn.__kwdefaults__) != a[1]:
+                raise NotPortable("the function's defaults changed")
+            gs.defaults(fn)
+        elif kind == "grad_mode":
+            v = d.resolve(a[0])
+            if type(v) is not bool:
+                raise NotPortable("a bad grad mode")
+            gs.grad_mode(v)
+        else:
+            v = d.resolve(a[0])
+            if type(v) is not tuple or not all(type(b) is bool for b in v):
+                raise NotPortable("a bad autocast state")
+            gs.autocast(v)
+    return gs, metas
+
+
+def _read(source: SRC.Source, L: Any, G: Any, C_: Any) -> Any:
+    """The value ``source`` names, read in Python (no generated code)."""
+    t = type(source)
+    if t is SRC.LocalSource:
+        return L[source.index]
+    if t is SRC.GlobalSource:
+        return G[source.name]
+    if t is SRC.ClosureSource:
+        return C_[source.index].cell_contents
+    if t is SRC.ModuleGlobalSource:
+        return sys.modules[source.module].__dict__[source.name]
+    base = _read(source.base, L, G, C_)  # type: ignore[attr-defined]
+    if t is SRC.ModuleStateSource:
+        return getattr(base, source.table)[source.key]
+    if t in (SRC.AttrSource, SRC.ModuleAttrSource):
+        return getattr(base, source.name)
+    if t is SRC.ClassAttrSource:
+        return getattr(type(base), source.name)
+    if t is SRC.ItemSource:
+        return base[source.key]
+    if t is SRC.DictItemSource:
+        return dict.__getitem__(base, source.key)
+    if t is SRC.DictValueSource:
+        return tuple(dict.values(base))[source.key]
+    raise NotPortable(f"a tensor read through {t.__name__}")
+
+
+# ----------------------------------------------------------------------------- outputs and inputs
+
+def write_spec(s: Any, d: Describer, depth: int = 0) -> list[Any]:
+    if depth > MAX_DEPTH:
+        raise NotPortable("an output nested too deep")
+    tag = s[0]
+    if tag == "t":
+        return ["t", s[1]]
+    if tag == "tv" and s[2] is None:
+        return ["tv", s[1], bool(s[3]), None if s[4] is None else d.describe(s[4])]
+    if tag == "c":
+        return ["c", d.describe(s[1])]
+    if tag == "s":
+        return ["s", checked_expr(s[1])]
+    if tag == "seq":
+        return ["seq", d.describe(s[1]), [write_spec(i, d, depth + 1) for i in s[2]]]
+    if tag == "dict":
+        return ["dict", d.describe(s[1]), d.describe(s[2]), [write_spec(i, d, depth + 1) for i in s[3]]]
+    if tag == "obj":
+        return ["obj", d.describe(s[1]), [[k, write_spec(v, d, depth + 1)] for k, v in s[2].items()]]
+    raise NotPortable(f"an output of kind {tag!r}")
+
+
+def read_spec(r: Any, d: Describer, n_out: int, depth: int = 0) -> tuple:
+    if depth > MAX_DEPTH or not isinstance(r, list) or not r:
+        raise NotPortable("not an output record")
+    tag = r[0]
+    if tag in ("t", "tv"):
+        if type(r[1]) is not int or not 0 <= r[1] < n_out:
+            raise NotPortable("an output index out of range")
+        if tag == "t" and len(r) == 2:
+            return ("t", r[1])
+        if tag == "tv" and len(r) == 4 and type(r[2]) is bool:
+            cls = None if r[3] is None else d.resolve(r[3])
+            if cls is not None and not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+                raise NotPortable("a bad tensor class")
+            return ("tv", r[1], None, r[2], cls)
+    elif tag == "c" and len(r) == 2:
+        return ("c", d.resolve(r[1]))
+    elif tag == "s" and len(r) == 2:
+        return ("s", checked_expr(r[1]))
+    elif tag == "seq" and len(r) == 3 and isinstance(r[2], list):
+        cls = d.resolve(r[1])
+        if isinstance(cls, type) and issubclass(cls, tuple | list):
+            return ("seq", cls, [read_spec(i, d, n_out, depth + 1) for i in r[2]])
+    elif tag == "dict" and len(r) == 4 and isinstance(r[3], list):
+        cls, keys = d.resolve(r[1]), d.resolve(r[2])
+        if isinstance(cls, type) and issubclass(cls, dict) and type(keys) in (tuple, list) \
+                and len(keys) == len(r[3]):
+            return ("dict", cls, keys, [read_spec(i, d, n_out, depth + 1) for i in r[3]])
+    elif tag == "obj" and len(r) == 3 and isinstance(r[2], list):
+        cls = d.resolve(r[1])
+        items = [pair(p) for p in r[2]]
+        if isinstance(cls, type) and all(isinstance(k, str) and k.isidentifier() for k, _ in items):
+            return ("obj", cls, {k: read_spec(v, d, n_out, depth + 1) for k, v in items})
+    raise NotPortable(f"a bad output record {tag!r}")
+
+
+def write_effects(ops: list[tuple], d: Describer) -> list[Any]:
+    out: list[Any] = []
+    for op in ops:
+        if op[0] == "setattr":
+            out.append(["setattr", checked_expr(op[1]), _name(op[2]), write_spec(op[3], d), bool(op[4])])
+        elif op[0] == "setglobal":
+            out.append(["setglobal", _name(op[1]), write_spec(op[2], d)])
+        elif op[0] == "contents":
+            out.append(["contents", checked_expr(op[1]), write_spec(op[2], d)])
+        else:
+            raise NotPortable(f"a side effect {op[0]!r}")
+    return out
+
+
+def read_effects(r: Any, d: Describer, n_out: int) -> list[tuple]:
+    if not isinstance(r, list):
+        raise NotPortable("side effects are not a list")
+    out: list[tuple] = []
+    for op in r:
+        if not isinstance(op, list) or not op:
+            raise NotPortable("a bad side effect")
+        if op[0] == "setattr" and len(op) == 5 and type(op[4]) is bool:
+            out.append(("setattr", checked_expr(op[1]), _name(op[2]), read_spec(op[3], d, n_out), op[4]))
+        elif op[0] == "setglobal" and len(op) == 3:
+            out.append(("setglobal", _name(op[1]), read_spec(op[2], d, n_out)))
+        elif op[0] == "contents" and len(op) == 3:
+            out.append(("contents", checked_expr(op[1]), read_spec(op[2], d, n_out)))
+        else:
+            raise NotPortable("a bad side effect")
+    return out
+
+
+def _name(v: Any) -> str:
+    if not isinstance(v, str) or not v.isidentifier() or keyword.iskeyword(v):
+        raise NotPortable(f"a bad name {v!r}")
+    return v
+
+
+def write_inputs(slots: list[InputSlot]) -> list[Any]:
+    out = []
+    for s in slots:
+        if s.source is None or s.constant is not None:
+            raise NotPortable("a constant tensor input")
+        out.append([s.name, s.kind, write_source(s.source)])
+    return out
+
+
+def read_inputs(r: Any) -> list[InputSlot]:
+    if not isinstance(r, list):
+        raise NotPortable("inputs are not a list")
+    out = []
+    for s in r:
+        if not isinstance(s, list) or len(s) != 3 or not isinstance(s[0], str) or not isinstance(s[1], str):
+            raise NotPortable("a bad input record")
+        out.append(InputSlot(s[0], s[1], read_source(s[2])))
+    return out
+
+
+# ----------------------------------------------------------------------------- the files
+
+def _key(fn: types.FunctionType, dynamic: Any) -> str:
+    h = hashlib.sha256()
+    code = fn.__code__
+    for part in (LAYOUT, sys.version, torch.__version__, source_hash("torchfuse.capture"),
+                 source_hash("torchfuse.graph"), fn.__module__, fn.__qualname__, code.co_filename,
+                 code.co_firstlineno, code_digest(code), repr(dynamic), repr(C.config)):
+        h.update(repr(part).encode() + b"\0")
+    return h.hexdigest()[:40]
+
+
+def path_for(fn: types.FunctionType, dynamic: Any) -> Path:
+    """The file keeping ``fn``'s entries."""
+    return cache_root() / "captures" / f"{_key(fn, dynamic)}.msgpack"
+
+
+def _stamps(codes: frozenset[types.CodeType]) -> list[tuple[str, int, int]]:
+    # a frozen standard-library module is part of the Python the key names
+    files = sorted({c.co_filename for c in codes if not c.co_filename.startswith("<frozen ")})
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            raise NotPortable(f"code from {f!r}, which is no file") from None
+        out.append((f, st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _fresh(files: list[tuple[str, int, int]]) -> bool:
+    for f, size, mtime in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            return False
+        if st.st_size != size or st.st_mtime_ns != mtime:
+            return False
+    return True
+
+
+def _read_file(path: Path) -> list[Record]:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            log.debug("capture cache: %s is larger than %d bytes; not read", path, MAX_FILE_BYTES)
+            return []
+        kept = msgspec.msgpack.decode(path.read_bytes(), type=Kept)
+    except FileNotFoundError:
+        return []
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        log.debug("capture cache: %s not read: %s", path, e)
+        return []
+    return kept.records if kept.layout == LAYOUT else []
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and a == b)
+
+
+def keep(fn: types.FunctionType, dynamic: Any, result: CaptureResult, L: tuple[Any, ...]) -> str | None:
+    """Write ``result`` (a whole function captured without break) beside the entries kept for
+    ``fn``; the reason when it cannot be kept (``None`` when it was)."""
+    try:
+        record = _record(fn, result, L)
+    except NotPortable as e:
+        return str(e)
+    path = path_for(fn, dynamic)
+    records = [record, *(r for r in _read_file(path) if r.guards != record.guards)][:MAX_RECORDS]
+    try:
+        write_atomic(path, msgspec.msgpack.encode(Kept(LAYOUT, records)))
+    except OSError as e:
+        return f"not written: {e}"
+    return None
+
+
+def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...]) -> Record:
+    if r.graph is None or r.error is not None or r.plan is not None or r.part:
+        raise NotPortable("a graph break")
+    for what, present in (("random draws", r.random_generators),
+                          ("a DDP split", r.ddp_plan), ("dynamic sizes", r.dynamic_dims or r.scalar_symbols)):
+        if present:
+            raise NotPortable(what)
+    d = Describer(fn, L)
+    guards = write_guards(r.checks.log, d)
+    record = Record(graph=to_json(r.graph), guards=guards, inputs=write_inputs(r.inputs),
+                    out_spec=write_spec(r.out_spec, d), side_effects=write_effects(r.side_effects, d),
+                    uses_modules=r.uses_modules,
+                    grad_entry=r.grad_entry, files=_stamps(r.codes))
+    # read it back as a later process would: the same conditions over the same objects
+    rt = msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=Record)
+    gs, _ = replay_guards(rt.guards, d, None)
+    ns, old = gs.namespace, r.checks.namespace
+    conds = [e.condition for e in gs.entries if not e.module_group] + \
+        [e.condition for e in gs.entries if e.module_group]
+    if conds != [e.condition for e in r.checks.entries] or ns.keys() != old.keys() or \
+            not all(_same(ns[k], old[k]) for k in ns):
+        raise NotPortable("its guards do not read back the same")
+    n_out = len(r.graph.outputs)
+    if read_spec(rt.out_spec, d, n_out) != r.out_spec or read_inputs(rt.inputs) != r.inputs or \
+            read_effects(rt.side_effects, d, n_out) != r.side_effects:
+        raise NotPortable("its outputs or inputs do not read back the same")
+    return record
+
+
+def load(fn: types.FunctionType, dynamic: Any, name: str, L: tuple[Any, ...],
+         C_: Any) -> CaptureResult | None:
+    """The first kept entry of ``fn`` whose guards hold for this call, as a capture result
+    (``None``: none kept, or none holds)."""
+    t0 = time.perf_counter()
+    path = path_for(fn, dynamic)
+    records = _read_file(path)
+    for i, rec in enumerate(records):
+        try:
+            result = _rebuild(fn, rec, name, L, C_)
+        except (NotPortable, ArchiveError) as e:
+            log.debug("capture cache: entry %d of %s skipped: %s", i, path, e)
+            continue
+        if result is not None:
+            result.seconds = time.perf_counter() - t0
+            return result
+    return None
+
+
+def _rebuild(fn: types.FunctionType, rec: Record, name: str, L: tuple[Any, ...],
+             C_: Any) -> CaptureResult | None:
+    if not _fresh(rec.files):
+        raise NotPortable("a file its code came from changed")
+    d = Describer(fn, L)
+    gs, metas = replay_guards(rec.guards, d, None)
+    checks = gs.build()
+    G = fn.__globals__
+    if not checks.fast(L, G, C_) or not checks.module(L, G, C_):
+        return None
+    for src, m in metas:  # module state is checked by identity in-process, by metadata here
+        try:
+            t = _read(src, L, G, C_)
+        except Exception:  # a source that no longer reads: no match
+            return None
+        if not m.matches(t) or getattr(t, "_torchfuse_dynamic", None):
+            return None  # a mark_dynamic request: capture makes symbols of it
+    graph = from_json(rec.graph, "graph")
+    inputs = read_inputs(rec.inputs)
+    out_spec = read_spec(rec.out_spec, d, len(graph.outputs))
+    effects = read_effects(rec.side_effects, d, len(graph.outputs))
+    if rec.uses_modules:  # writes to what the entry reads move the module version
+        for v in L:
+            if isinstance(v, torch.nn.Module):
+                for m in v.modules():
+                    watch(m)
+    return CaptureResult(name=name, graph=graph, inputs=inputs, out_spec=out_spec, side_effects=effects,
+                         checks=checks, error=None, seconds=0.0, uses_modules=rec.uses_modules,
+                         grad_entry=rec.grad_entry, from_disk=True)
+
+
+__all__ = ["LAYOUT", "MAX_RECORDS", "NotPortable", "code_digest", "keep", "load", "path_for"]

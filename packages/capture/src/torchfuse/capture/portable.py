@@ -1,0 +1,321 @@
+"""Values and sources written as data, and read back without running anything.
+
+What `torchfuse.capture.entry_cache` keeps of a captured entry names objects of the process
+that captured it: the classes and functions its guards compare by identity, the constants
+they compare by value, the sources (``L[0]._modules['h']``) they read. This module writes
+each as plain data (lists, strings, numbers: what msgpack holds) and reads it back in another
+process:
+
+* constants (``None``, bools, ints, floats as hex, strings, bytes, tuples, lists, sets,
+  dicts of them), dtypes, devices and enum members: by value;
+* classes and builtins by module and qualified name, functions also by a digest of their
+  code (`code_digest`), looked up only in modules the process has already imported, from
+  their ``__dict__`` s: nothing is imported and no ``__getattr__`` runs; a decorated
+  function (``functools.wraps``) as the one its wrappers wrap;
+* the compiled function itself, and the module a ``forward`` is called on, by role
+  (``["compiled_fn"]``, ``["argument", i]``): bound to the loading call's;
+* sources as records of their fields, each checked on reading (names are identifiers,
+  keys are literals, module tables are the three of ``nn.Module``), so that what a source
+  prints is an expression of reads only; `checked_expr` accepts an expression string
+  only when it parses to such a source and prints back identically.
+
+Anything else raises `NotPortable`, and the entry holding it is not kept.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import hashlib
+import keyword
+import sys
+import types
+from typing import Any
+
+import torch
+from torchfuse.capture import source as SRC
+
+MAX_DEPTH = 32
+"""Nesting of sources and values read from a file."""
+
+
+class NotPortable(Exception):
+    """Something an entry holds has no description a later process can resolve."""
+
+
+# ----------------------------------------------------------------------------- describing values
+
+def code_digest(code: types.CodeType, h: Any = None) -> str:
+    """A digest of what ``code`` does: bytecode, constants (nested code too), names, flags."""
+    top = h is None
+    h = h or hashlib.sha256()
+    for part in (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+                 code.co_qualname, code.co_flags, code.co_argcount, code.co_kwonlyargcount,
+                 code.co_posonlyargcount):
+        h.update(repr(part).encode() + b"\0")
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            code_digest(c, h)
+        else:
+            h.update(f"{type(c).__name__}:{c!r}".encode() + b"\0")
+    return h.hexdigest() if top else ""
+
+
+def _lookup(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` names in an already imported module, read from the
+    ``__dict__`` s only (nothing imported, no ``__getattr__`` runs); ``None`` if absent."""
+    obj: Any = sys.modules.get(module)
+    if obj is None or "<" in qualname:
+        return None
+    for part in qualname.split("."):
+        d = getattr(obj, "__dict__", None)
+        if not isinstance(d, dict | types.MappingProxyType) or part not in d:
+            return None
+        obj = d[part]
+        if isinstance(obj, staticmethod | classmethod):
+            obj = obj.__func__
+    return obj
+
+
+class Describer:
+    """Writes values as data (``describe``) and reads them back (``resolve``)."""
+
+    def __init__(self, fn: types.FunctionType, L: tuple[Any, ...] | None = None) -> None:
+        self.fn = fn
+        self.L = L
+
+    def describe(self, v: Any, depth: int = 0) -> list[Any]:
+        if depth > MAX_DEPTH:
+            raise NotPortable("a value nested too deep")
+        t = type(v)
+        if v is None:
+            return ["none"]
+        if t in (bool, int, str, bytes):
+            return [t.__name__, v]
+        if t is float:
+            return ["float", v.hex()]
+        if t in (tuple, list, frozenset, set, torch.Size):
+            items = sorted(v, key=repr) if t in (frozenset, set) else v
+            return [t.__name__, [self.describe(i, depth + 1) for i in items]]
+        if t is dict:
+            return ["dict", [[self.describe(k, depth + 1), self.describe(x, depth + 1)]
+                             for k, x in v.items()]]
+        if t is torch.dtype:
+            return ["dtype", str(v).removeprefix("torch.")]
+        if t is torch.device:
+            return ["device", str(v)]
+        if v is self.fn:
+            return ["compiled_fn"]
+        if isinstance(v, enum.Enum):
+            return ["enum", self.describe(t, depth + 1), v.name]
+        if isinstance(v, type | types.FunctionType | types.BuiltinFunctionType):
+            mod, qual = getattr(v, "__module__", None), getattr(v, "__qualname__", None)
+            found = _lookup(mod, qual) if isinstance(mod, str) and isinstance(qual, str) else None
+            unwrap = 0  # a decorated function (functools.wraps): the one its wrappers wrap
+            while found is not v and unwrap < 8 and isinstance(found, types.FunctionType) and \
+                    "__wrapped__" in found.__dict__:
+                found, unwrap = found.__dict__["__wrapped__"], unwrap + 1
+            if found is not v:
+                raise NotPortable(f"{v!r} is not reachable by its module and name")
+            if isinstance(v, types.FunctionType):
+                return ["function", mod, qual, code_digest(v.__code__), unwrap]
+            return ["type" if isinstance(v, type) else "builtin", mod, qual]
+        raise NotPortable(f"a {t.__name__} has no portable description")
+
+    def resolve(self, d: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH or not isinstance(d, list) or not d or not isinstance(d[0], str):
+            raise NotPortable("not a value description")
+        tag, args = d[0], d[1:]
+        if tag == "none":
+            return None
+        if tag in ("bool", "int", "str", "bytes"):
+            want = {"bool": bool, "int": int, "str": str, "bytes": bytes}[tag]
+            if len(args) != 1 or type(args[0]) is not want:
+                raise NotPortable(f"a bad {tag}")
+            return args[0]
+        if tag == "float":
+            return float.fromhex(_str(args))
+        if tag in ("tuple", "list", "frozenset", "set", "Size"):
+            items = [self.resolve(i, depth + 1) for i in _list(args)]
+            return {"tuple": tuple, "list": list, "frozenset": frozenset, "set": set,
+                    "Size": torch.Size}[tag](items)
+        if tag == "dict":
+            return {self.resolve(pair(p)[0], depth + 1): self.resolve(pair(p)[1], depth + 1)
+                    for p in _list(args)}
+        if tag == "dtype":
+            dt = getattr(torch, _str(args), None)
+            if not isinstance(dt, torch.dtype):
+                raise NotPortable("an unknown dtype")
+            return dt
+        if tag == "device":
+            try:
+                return torch.device(_str(args))
+            except (RuntimeError, ValueError) as e:
+                raise NotPortable(f"an unknown device: {e}") from e
+        if tag == "compiled_fn":
+            return self.fn
+        if tag == "enum":
+            cls = self.resolve(args[0], depth + 1) if len(args) == 2 and isinstance(args[1], str) else None
+            members = vars(cls).get("_member_map_") if isinstance(cls, enum.EnumMeta) else None
+            member = members.get(args[1]) if isinstance(members, dict) else None
+            if type(member) is not cls:
+                raise NotPortable("an enum member that is gone")
+            return member
+        if tag in ("type", "function", "builtin"):
+            unwrap = args.pop() if tag == "function" and args else 0
+            if len(args) != (3 if tag == "function" else 2) or not all(isinstance(a, str) for a in args) \
+                    or type(unwrap) is not int:
+                raise NotPortable(f"a bad {tag}")
+            obj = _lookup(args[0], args[1])
+            for _ in range(min(unwrap, 8)):
+                obj = obj.__dict__.get("__wrapped__") if isinstance(obj, types.FunctionType) else None
+            ok = {"type": isinstance(obj, type), "builtin": isinstance(obj, types.BuiltinFunctionType),
+                  "function": isinstance(obj, types.FunctionType) and
+                  code_digest(obj.__code__) == args[2]}[tag]
+            if not ok:
+                raise NotPortable(f"{args[0]}.{args[1]} is gone or changed")
+            return obj
+        if tag == "argument":
+            if self.L is None or len(args) != 1 or type(args[0]) is not int or not 0 <= args[0] < len(self.L):
+                raise NotPortable("a bad argument index")
+            return self.L[args[0]]
+        raise NotPortable(f"an unknown value tag {tag!r}")
+
+
+def _list(args: list[Any]) -> list[Any]:
+    if len(args) != 1 or not isinstance(args[0], list):
+        raise NotPortable("a bad list")
+    return args[0]
+
+
+def _str(args: list[Any]) -> str:
+    if len(args) != 1 or not isinstance(args[0], str):
+        raise NotPortable("a bad string")
+    return args[0]
+
+
+def pair(p: Any) -> list[Any]:
+    if not isinstance(p, list) or len(p) != 2:
+        raise NotPortable("a bad pair")
+    return p
+
+
+# ----------------------------------------------------------------------------- sources
+
+_SOURCES: dict[str, type] = {
+    "L": SRC.LocalSource, "G": SRC.GlobalSource, "C": SRC.ClosureSource, "attr": SRC.AttrSource,
+    "mattr": SRC.ModuleAttrSource, "mstate": SRC.ModuleStateSource, "item": SRC.ItemSource,
+    "ditem": SRC.DictItemSource, "dvalue": SRC.DictValueSource, "cattr": SRC.ClassAttrSource,
+    "mcall": SRC.MethodCallSource, "mglobal": SRC.ModuleGlobalSource,
+}
+_TAGS = {cls: tag for tag, cls in _SOURCES.items()}
+_TABLES = ("_parameters", "_buffers", "_modules")
+
+
+def write_source(s: Any, depth: int = 0) -> list[Any]:
+    tag = _TAGS.get(type(s))
+    if tag is None or depth > MAX_DEPTH:
+        raise NotPortable(f"a source {type(s).__name__} is not kept")
+    out: list[Any] = [tag]
+    for f in s.__dataclass_fields__:
+        v = getattr(s, f)
+        if isinstance(v, SRC.Source):
+            out.append(write_source(v, depth + 1))
+        elif v is None or type(v) in (int, str, bool):
+            out.append(v)
+        else:
+            raise NotPortable(f"a source key {type(v).__name__}")
+    return out
+
+
+def read_source(d: Any, depth: int = 0) -> SRC.Source:
+    """A source from its record, each field checked: what its ``expr()`` writes is then an
+    expression of names, attribute names that are identifiers, and literal keys."""
+    if depth > MAX_DEPTH or not isinstance(d, list) or not d or d[0] not in _SOURCES:
+        raise NotPortable("not a source record")
+    cls = _SOURCES[d[0]]
+    names = list(cls.__dataclass_fields__)
+    if len(d) != len(names) + 1:
+        raise NotPortable("a source record of the wrong length")
+    vals: list[Any] = []
+    for name, v in zip(names, d[1:], strict=True):
+        if name == "base":
+            vals.append(read_source(v, depth + 1))
+        elif name == "index":
+            if type(v) is not int or v < 0:
+                raise NotPortable("a bad index")
+            vals.append(v)
+        elif name == "key" and cls is not SRC.ModuleStateSource:
+            if v is not None and type(v) not in (int, str, bool):
+                raise NotPortable("a bad key")
+            vals.append(v)
+        elif name in ("name", "table", "key", "module"):
+            if type(v) is not str:
+                raise NotPortable("a bad name")
+            vals.append(v)
+        else:
+            raise NotPortable(f"an unknown source field {name}")
+    s = cls(*vals)
+    attr = getattr(s, "name", None) if cls in (SRC.AttrSource, SRC.ModuleAttrSource, SRC.ClassAttrSource,
+                                                  SRC.MethodCallSource) else None
+    if attr is not None and (not attr.isidentifier() or keyword.iskeyword(attr)):
+        raise NotPortable(f"attribute name {attr!r}")
+    if cls is SRC.ModuleStateSource and s.table not in _TABLES:
+        raise NotPortable(f"module table {s.table!r}")
+    if cls is SRC.MethodCallSource and s.name != "is_integer":
+        raise NotPortable(f"a method call {s.name!r}")
+    return s
+
+
+def _key_of(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant) and (node.value is None or type(node.value) in (int, str, bool)):
+        return node.value
+    raise NotPortable("a key that is no literal")
+
+
+def _source_of(n: ast.expr, depth: int = 0) -> SRC.Source:
+    if depth > MAX_DEPTH:
+        raise NotPortable("an expression nested too deep")
+    if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in ("L", "G"):
+        key = _key_of(n.slice)
+        if n.value.id == "L" and type(key) is int:
+            return SRC.LocalSource(key, "")
+        if n.value.id == "G" and type(key) is str:
+            return SRC.GlobalSource(key)
+    elif isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute) and n.value.attr in _TABLES:
+        return SRC.ModuleStateSource(_source_of(n.value.value, depth + 1), n.value.attr, _key_of(n.slice))
+    elif isinstance(n, ast.Subscript) and isinstance(n.value, ast.Attribute) and n.value.attr == "__dict__":
+        mods = n.value.value  # sys.modules['m'].__dict__['n']
+        if isinstance(mods, ast.Subscript) and ast.unparse(mods.value) == "sys.modules":
+            return SRC.ModuleGlobalSource(_key_of(mods.slice), _key_of(n.slice))
+    elif isinstance(n, ast.Subscript):
+        return SRC.ItemSource(_source_of(n.value, depth + 1), _key_of(n.slice))
+    elif isinstance(n, ast.Attribute) and n.attr == "cell_contents" and isinstance(n.value, ast.Subscript) \
+            and isinstance(n.value.value, ast.Name) and n.value.value.id == "C":
+        return SRC.ClosureSource(_key_of(n.value.slice), "")
+    elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Call) and \
+            isinstance(n.value.func, ast.Name) and n.value.func.id == "type" and len(n.value.args) == 1:
+        return SRC.ClassAttrSource(_source_of(n.value.args[0], depth + 1), n.attr)
+    elif isinstance(n, ast.Attribute):
+        return SRC.AttrSource(_source_of(n.value, depth + 1), n.attr)
+    elif isinstance(n, ast.Call) and ast.unparse(n.func) == "dict.__getitem__" and len(n.args) == 2:
+        return SRC.DictItemSource(_source_of(n.args[0], depth + 1), _key_of(n.args[1]))
+    raise NotPortable("an expression that is no source")
+
+
+def checked_expr(text: Any) -> str:
+    """``text`` if it is exactly what a source prints (`read_source`'s checks applied to
+    that source): an expression read from a file is never compiled otherwise."""
+    if not isinstance(text, str) or len(text) > 4096:
+        raise NotPortable("a bad expression")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError) as e:
+        raise NotPortable(f"an expression that does not parse: {e}") from None
+    source = read_source(write_source(_source_of(tree.body)))
+    if source.expr() != text:
+        raise NotPortable(f"an expression that is no source: {text!r}")
+    return text
+
+
+__all__ = ["Describer", "NotPortable", "checked_expr", "code_digest", "read_source", "write_source"]
