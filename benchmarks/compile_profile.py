@@ -396,7 +396,8 @@ OVERLAPPING = ("runtime.background", "runtime.later")
 """Stages that ran beside the others (a backward's compiles during the forward): shown, but
 not in the ``stages`` sum, whose time they overlap (``runtime.wait`` is what they added)."""
 """Stage groups of a real first call (a recorded stage counts in the most specific one)."""
-REAL_COUNTS = ("runtime.triton_compiles", "runtime.triton_cache_hits", "inductor.cache.program_hits",
+REAL_COUNTS = ("capture.from_disk",
+               "runtime.triton_compiles", "runtime.triton_cache_hits", "inductor.cache.program_hits",
                "inductor.cache.program_misses", "aot.cache.hits", "aot.cache.misses", "runtime.kernels",
                "runtime.handles_kept")
 
@@ -574,7 +575,8 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     extra = sorted({k for _, r in rows for k in r["stages_s"]
                     if not k.startswith("runtime.later.")} - set(cols))
     counts = [c for c in REAL_COUNTS if any(c in r["counts"] for _, r in rows)]
-    short = {"runtime.triton_compiles": "tr.comp", "runtime.triton_cache_hits": "tr.hit",
+    short = {"capture.from_disk": "cap.kept",
+             "runtime.triton_compiles": "tr.comp", "runtime.triton_cache_hits": "tr.hit",
              "inductor.cache.program_hits": "prog hit", "inductor.cache.program_misses": "prog miss",
              "aot.cache.hits": "aot hit", "aot.cache.misses": "aot miss", "runtime.kernels": "kernels",
              "runtime.handles_kept": "kept"}
@@ -594,7 +596,8 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
           "forward ran, not in 'stages', and runtime.wait = its first call waiting for them; "
           "runtime.later = the second call's tuning of what the first deferred, not in 'stages'; "
           "kept = handle keys a warm start launched from as an earlier process kept them, warming "
-          "nothing up"
+          "nothing up; cap.kept = entries rebuilt from what an earlier process captured, "
+          "interpreting nothing"
           + (f"; the minimum of {runs} runs per cell" if runs > 1 else "") + ")")
     pairs: dict[str, dict[str, tuple[float, float]]] = {}
     for name, r in rows:

@@ -316,7 +316,7 @@ class CompiledFunction:
                     C.logger("recompiles").info("%s: %s is a new module of the same class; recompiling "
                                                 "with it guarded on its type", self.name, src)
         kept = self._keeps_entries()
-        result = entry_cache.load(self.fn, self.dynamic, self.name, L, C_) if kept else None
+        result = entry_cache.load(self.fn, self.dynamic, self.name, L, C_, CaptureResult) if kept else None
         if result is None:
             result = self._capture(L, C_)
         for ic in ints:
@@ -574,9 +574,11 @@ def _write_debug(result: CaptureResult) -> None:
     if not observe.wants_artifacts():
         with observe.compiling(name):  # perf_hints and the progress line want it too
             observe.record_time("capture", result.seconds)
+            observe.record_count("capture.from_disk", int(result.from_disk))
         return
     with observe.compiling(name):
         observe.record_time("capture", result.seconds)
+        observe.record_count("capture.from_disk", int(result.from_disk))
         if result.graph is not None:
             observe.emit("graph.py", to_python(result.graph))
             records = "\n".join(describe_guard(r) + (f"    # {r.loc}" if r.loc else "")

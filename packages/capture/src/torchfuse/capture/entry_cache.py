@@ -52,15 +52,15 @@ import os
 import sys
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import torch
 from torchfuse.capture import config as C
 from torchfuse.capture import source as SRC
 from torchfuse.capture.context import InputSlot
-from torchfuse.capture.convert import CaptureResult
 from torchfuse.capture.guards import GuardSet, TensorMeta, watch
 from torchfuse.capture.portable import (
     MAX_DEPTH,
@@ -74,6 +74,9 @@ from torchfuse.capture.portable import (
 )
 from torchfuse.graph.archive import ArchiveError, from_json, to_json
 from torchfuse.graph.caches import cache_root, source_hash, write_atomic
+
+if TYPE_CHECKING:
+    from torchfuse.capture.convert import CaptureResult
 
 log = logging.getLogger("torchfuse.recompiles")
 
@@ -473,27 +476,27 @@ def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...]) -> Rec
     return record
 
 
-def load(fn: types.FunctionType, dynamic: Any, name: str, L: tuple[Any, ...],
-         C_: Any) -> CaptureResult | None:
+def load(fn: types.FunctionType, dynamic: Any, name: str, L: tuple[Any, ...], C_: Any,
+         make: Callable[..., CaptureResult]) -> CaptureResult | None:
     """The first kept entry of ``fn`` whose guards hold for this call, as a capture result
-    (``None``: none kept, or none holds)."""
+    made by ``make`` (`torchfuse.capture.convert.CaptureResult`, which capture's core imports
+    this module for: passed in, not imported back); ``None``: none kept, or none holds."""
     t0 = time.perf_counter()
     path = path_for(fn, dynamic)
     records = _read_file(path)
     for i, rec in enumerate(records):
         try:
-            result = _rebuild(fn, rec, name, L, C_)
+            fields = _rebuild(fn, rec, name, L, C_)
         except (NotPortable, ArchiveError) as e:
             log.debug("capture cache: entry %d of %s skipped: %s", i, path, e)
             continue
-        if result is not None:
-            result.seconds = time.perf_counter() - t0
-            return result
+        if fields is not None:
+            return make(**fields, seconds=time.perf_counter() - t0)
     return None
 
 
 def _rebuild(fn: types.FunctionType, rec: Record, name: str, L: tuple[Any, ...],
-             C_: Any) -> CaptureResult | None:
+             C_: Any) -> dict[str, Any] | None:
     if not _fresh(rec.files):
         raise NotPortable("a file its code came from changed")
     d = Describer(fn, L)
@@ -518,9 +521,9 @@ def _rebuild(fn: types.FunctionType, rec: Record, name: str, L: tuple[Any, ...],
             if isinstance(v, torch.nn.Module):
                 for m in v.modules():
                     watch(m)
-    return CaptureResult(name=name, graph=graph, inputs=inputs, out_spec=out_spec, side_effects=effects,
-                         checks=checks, error=None, seconds=0.0, uses_modules=rec.uses_modules,
-                         grad_entry=rec.grad_entry, from_disk=True)
+    return dict(name=name, graph=graph, inputs=inputs, out_spec=out_spec, side_effects=effects,
+                checks=checks, error=None, uses_modules=rec.uses_modules,
+                grad_entry=rec.grad_entry, from_disk=True)
 
 
 __all__ = ["LAYOUT", "MAX_RECORDS", "NotPortable", "code_digest", "keep", "load", "path_for"]

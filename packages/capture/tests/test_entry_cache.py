@@ -1,0 +1,289 @@
+"""Captured entries kept on disk (`torchfuse.capture.entry_cache`): a new compile of the same
+code rebuilds the entry whose guards hold without interpreting bytecode, and computes what
+eager does; an entry whose guards do not hold, whose code changed, or whose file was written
+by a stranger, is captured anew."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+import torch.nn.functional as F
+from capture_gpt2 import GPT2
+from capture_helpers import assert_same
+from torch import nn
+from torchfuse.capture import compile, compiler, entry_cache
+from torchfuse.capture.config import config
+from torchfuse.capture.portable import NotPortable, checked_expr
+
+
+@pytest.fixture
+def kept(tmp_path, monkeypatch):
+    """The cache on, over a directory of this test's own."""
+    monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    with config.patch(capture_cache=True):
+        yield tmp_path / "cache" / "captures"
+
+
+@pytest.fixture
+def no_capture(monkeypatch):
+    """Fail the test if anything is captured (interpreted) from now on."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("captured although a kept entry should have served")
+
+    return lambda: monkeypatch.setattr(compiler, "capture", refuse)
+
+
+class Net(nn.Module):
+    def __init__(self, act=F.relu, out=8):
+        super().__init__()
+        self.lin = nn.Linear(8, out)
+        self.norm = nn.LayerNorm(out)
+        self.act = act
+        self.scale = 2.0
+
+    def forward(self, x, shift: float = 0.5):
+        return self.act(self.norm(self.lin(x))) * self.scale + shift
+
+
+def _entry(cm):
+    return getattr(cm, "_compiled", cm).entries[-1].result
+
+
+def test_a_new_compile_rebuilds_the_kept_entry_without_capturing(kept, no_capture):
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(4, 8, requires_grad=True)
+    first = compile(m, backend="eager")
+    assert_same(first(x), m(x))
+    assert not _entry(first).from_disk and len(list(kept.iterdir())) == 1
+    no_capture()
+    again = compile(m, backend="eager")
+    out = again(x)
+    assert _entry(again).from_disk
+    assert_same(out, m(x))
+    (g,) = torch.autograd.grad(out.sum(), m.lin.weight)
+    (ref,) = torch.autograd.grad(m(x).sum(), m.lin.weight)
+    torch.testing.assert_close(g, ref)
+    assert again._compiled.graph_count() == 1
+
+
+def test_the_guards_choose_among_kept_entries(kept):
+    torch.manual_seed(0)
+    m = Net()
+    a, b = torch.randn(4, 8), torch.randn(3, 8)
+    first = compile(m, backend="eager", dynamic=False)
+    first(a), first(b)
+    assert len(first._compiled.entries) == 2
+    again = compile(m, backend="eager", dynamic=False)
+    assert_same(again(b), m(b))
+    assert _entry(again).from_disk and _entry(again).graph.guards == first._compiled.entries[1].result.graph.guards
+    c = torch.randn(5, 8)
+    assert_same(again(c), m(c))  # no kept entry holds: captured
+    assert not _entry(again).from_disk
+    with torch.no_grad():  # grad mode is guarded
+        assert_same(compile(m, backend="eager", dynamic=False)(a), m(a))
+
+
+@pytest.mark.parametrize("other", ["layers", "activation", "width", "frozen"])
+def test_a_model_of_another_make_is_captured(kept, other):
+    """The kept entry is bound to the new call's module only when what the graph was made
+    from matches: its children (names, classes), functions held as attributes, and every
+    parameter's metadata (``requires_grad`` included)."""
+    torch.manual_seed(0)
+    if other == "layers":
+        m1, m2, x = GPT2(layers=1).eval(), GPT2(layers=2).eval(), torch.randint(0, 64, (2, 8))
+    else:
+        m1, x = Net(), torch.randn(4, 8)
+        m2 = {"activation": lambda: Net(act=F.gelu), "width": lambda: Net(out=4),
+              "frozen": lambda: Net().requires_grad_(False)}[other]()
+    compile(m1, backend="eager", dynamic=False)(x)
+    cm = compile(m2, backend="eager", dynamic=False)
+    assert_same(cm(x), m2(x))
+    assert not _entry(cm).from_disk
+
+
+def test_changes_to_a_module_in_process_recompile():
+    """The guards the kept entries needed also serve one process: a function held by a
+    module, and a container's children, are checked when modules change."""
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(4, 8)
+    cm = compile(m, backend="eager")
+    cm(x)
+    m.act = F.gelu
+    assert_same(cm(x), m(x))
+    seq = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    cs = compile(seq, backend="eager")
+    cs(x)
+    seq.append(nn.Tanh())
+    assert_same(cs(x), seq(x))
+    assert len(cm._compiled.entries) == 2 and len(cs._compiled.entries) == 2
+
+
+class State:
+    mode = "idle"
+
+
+STATE = State()
+
+
+def _stateful(x):
+    STATE.mode = "busy"
+    return x.sin() * 2
+
+
+def test_side_effects_are_replayed_by_a_rebuilt_entry(kept, no_capture):
+    x = torch.randn(3)
+    compile(_stateful, backend="eager")(x)
+    STATE.mode = "idle"
+    no_capture()
+    cf = compile(_stateful, backend="eager")
+    assert_same(cf(x), x.sin() * 2)
+    assert _entry(cf).from_disk and STATE.mode == "busy"
+
+
+def test_what_has_no_portable_name_is_not_kept(kept):
+    helper = lambda t: t + 1
+
+    def f(x):
+        return helper(x) * 2
+
+    x = torch.randn(3)
+    cf = compile(f, backend="eager")
+    cf(x)
+    why = entry_cache.keep(f, None, _entry(cf), cf.binder(x))
+    assert why is not None and "lambda" in why
+    assert not kept.exists() or not any(kept.iterdir())
+
+
+def test_the_switch_turns_it_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path))
+    with config.patch(capture_cache=False):
+        compile(Net(), backend="eager")(torch.randn(2, 8))
+    assert not (tmp_path / "captures").exists()
+
+
+# ----------------------------------------------------------------------------- untrusted files
+
+def _one_file(kept: Path) -> Path:
+    (path,) = kept.iterdir()
+    return path
+
+
+def test_a_file_that_does_not_decode_is_ignored(kept):
+    m, x = Net(), torch.randn(4, 8)
+    compile(m, backend="eager")(x)
+    _one_file(kept).write_bytes(b"\x93not msgpack at all")
+    cm = compile(m, backend="eager")
+    assert_same(cm(x), m(x))
+    assert not _entry(cm).from_disk
+
+
+@pytest.mark.parametrize("attack", ["expression", "import", "source", "attribute"])
+def test_a_record_written_by_a_stranger_runs_nothing(kept, tmp_path, attack):
+    """Every string of a record is data: an expression that is no source, a name of a module
+    not imported, a source field that is no name: the record is skipped, nothing runs or is
+    imported, and the function is captured as if nothing were kept."""
+    marker = tmp_path / "ran"
+    x = torch.randn(3)
+    compile(_stateful, backend="eager")(x)
+    path = _one_file(kept)
+    doc = msgspec.msgpack.decode(path.read_bytes())
+    rec = doc["records"][0]
+    evil = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    if attack == "expression":
+        rec["side_effects"][0][1] = evil
+    elif attack == "import":
+        rec["guards"].append(["type_", ["G", "STATE"], ["type", "antigravity", "X"]])
+    elif attack == "source":
+        rec["guards"].append(["constant", ["attr", ["G", "STATE"], evil], ["int", 1]])
+    else:
+        rec["inputs"][0][2] = ["attr", ["L", 0, "x"], "__class__.__init__"]
+    path.write_bytes(msgspec.msgpack.encode(doc))
+    STATE.mode = "idle"
+    cf = compile(_stateful, backend="eager")
+    assert_same(cf(x), x.sin() * 2)
+    assert not _entry(cf).from_disk and STATE.mode == "busy"
+    assert not marker.exists() and "antigravity" not in sys.modules
+
+
+@pytest.mark.parametrize("text", [
+    "L[0]", "G['torch']", "C[1].cell_contents", "L[0]._modules['h']._parameters['w']",
+    "L[0].config.hidden_size", "dict.__getitem__(L[0], 'k')", "type(L[0]).forward",
+    "sys.modules['torch.nn'].__dict__['functional']",
+])
+def test_expressions_a_source_prints_are_accepted(text):
+    assert checked_expr(text) == text
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('true')", "L[0](1)", "L[0] + 1", "open('x')",
+    "L[0]._modules['a'].__dict__['b']", "L[0] if 1 else 2", "L[0][1:2]", "G['x'].y()",
+    "type(L[0], 1).x", "L[0]; G", "", 3, "L[0]." + "a" * 5000,
+])
+def test_anything_else_is_refused(text):
+    with pytest.raises(NotPortable):
+        checked_expr(text)
+
+
+# ----------------------------------------------------------------------------- across processes
+
+_MODEL = """
+import torch
+from helpers import helper
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return helper(self.lin(x))
+"""
+
+_RUN = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from model import Model
+from torchfuse.capture import compile
+torch.manual_seed(0)
+m = Model()
+x = torch.arange(8.0).reshape(2, 4)
+cm = compile(m, backend="eager")
+out = cm(x)
+print(json.dumps({"from_disk": cm._compiled.entries[0].result.from_disk,
+                  "same": bool(torch.equal(out, m(x)))}))
+"""
+
+
+def test_a_second_process_rebuilds_and_an_edit_makes_it_stale(tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "model.py").write_text(_MODEL)
+    (code / "helpers.py").write_text("def helper(t):\n    return t.relu()\n")
+    env = {**os.environ, "TORCHFUSE_CACHE_DIR": str(tmp_path / "cache"), "TORCHFUSE_CAPTURE_CACHE": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def run() -> dict:
+        p = subprocess.run([sys.executable, "-c", _RUN, str(code)], env=env, capture_output=True,
+                           text=True, timeout=240)
+        assert p.returncode == 0, p.stderr[-3000:]
+        import json
+
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    assert run() == {"from_disk": False, "same": True}
+    assert run() == {"from_disk": True, "same": True}
+    # the helper the graph inlined changes (same name, new body): captured anew
+    (code / "helpers.py").write_text(textwrap.dedent("""
+        def helper(t):
+            return t.sigmoid()
+    """))
+    assert run() == {"from_disk": False, "same": True}
+    assert run() == {"from_disk": True, "same": True}
