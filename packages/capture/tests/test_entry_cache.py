@@ -184,32 +184,51 @@ def test_a_file_that_does_not_decode_is_ignored(kept):
     assert not _entry(cm).from_disk
 
 
-@pytest.mark.parametrize("attack", ["expression", "import", "source", "attribute"])
+@pytest.mark.parametrize("attack", ["expression", "import", "source", "attribute", "cycle"])
 def test_a_record_written_by_a_stranger_runs_nothing(kept, tmp_path, attack):
     """Every string of a record is data: an expression that is no source, a name of a module
-    not imported, a source field that is no name: the record is skipped, nothing runs or is
-    imported, and the function is captured as if nothing were kept."""
+    not imported, a source field that is no name, a source row whose base is not an earlier
+    row: the record is skipped, nothing runs or is imported, and the function is captured as
+    if nothing were kept."""
     marker = tmp_path / "ran"
     x = torch.randn(3)
     compile(_stateful, backend="eager")(x)
     path = _one_file(kept)
     doc = msgspec.msgpack.decode(path.read_bytes())
     rec = doc["records"][0]
+    rows = rec["sources"]
     evil = f"__import__('pathlib').Path({str(marker)!r}).touch()"
     if attack == "expression":
         rec["side_effects"][0][1] = evil
     elif attack == "import":
-        rec["guards"].append(["type_", ["G", "STATE"], ["type", "antigravity", "X"]])
+        rec["guards"].append(["type_", 0, ["type", "antigravity", "X"]])
     elif attack == "source":
-        rec["guards"].append(["constant", ["attr", ["G", "STATE"], evil], ["int", 1]])
+        rows.append(["attr", 0, evil])
+        rec["guards"].append(["constant", len(rows) - 1, ["int", 1]])
+    elif attack == "attribute":
+        rows.append(["attr", 0, "__class__.__init__"])
+        rec["inputs"][0][2] = len(rows) - 1
     else:
-        rec["inputs"][0][2] = ["attr", ["L", 0, "x"], "__class__.__init__"]
+        rows.append(["attr", len(rows) + 1, "x"])
+        rec["guards"].append(["constant", len(rows) - 1, ["int", 1]])
     path.write_bytes(msgspec.msgpack.encode(doc))
     STATE.mode = "idle"
     cf = compile(_stateful, backend="eager")
     assert_same(cf(x), x.sin() * 2)
     assert not _entry(cf).from_disk and STATE.mode == "busy"
     assert not marker.exists() and "antigravity" not in sys.modules
+
+
+def test_an_untampered_record_is_rebuilt(kept):
+    """The tampering tests above fail for their tampering: the same file, decoded and
+    encoded again unchanged, serves."""
+    x = torch.randn(3)
+    compile(_stateful, backend="eager")(x)
+    path = _one_file(kept)
+    path.write_bytes(msgspec.msgpack.encode(msgspec.msgpack.decode(path.read_bytes())))
+    cf = compile(_stateful, backend="eager")
+    assert_same(cf(x), x.sin() * 2)
+    assert _entry(cf).from_disk
 
 
 @pytest.mark.parametrize("text", [

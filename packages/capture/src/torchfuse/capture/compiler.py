@@ -757,6 +757,9 @@ def reset() -> None:
     """Forget every compiled entry of every compiled function; each recompiles on its next call.
 
     Useful in tests and notebooks, after changing ``config`` or a global the guards do not watch.
+    The entries kept on disk for later processes (`torchfuse.capture.entry_cache`) stay: the
+    next call rebuilds one whose guards hold; ``config.capture_cache = False`` (or
+    ``TORCHFUSE_CAPTURE_CACHE=0``) makes it capture instead.
     """
     for cf in list(_ALL):
         cf.reset()

@@ -66,11 +66,12 @@ from torchfuse.capture.portable import (
     MAX_DEPTH,
     Describer,
     NotPortable,
+    SourceTable,
     checked_expr,
     code_digest,
     pair,
-    read_source,
-    write_source,
+    read_sources,
+    source_at,
 )
 from torchfuse.graph.archive import ArchiveError, from_json, to_json
 from torchfuse.graph.caches import cache_root, source_hash, write_atomic
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("torchfuse.recompiles")
 
-LAYOUT = 1
+LAYOUT = 2
 """The layout of a record; part of the key."""
 
 MAX_RECORDS = 8
@@ -94,6 +95,8 @@ class Record(msgspec.Struct, frozen=True):
     """One kept entry."""
 
     graph: bytes
+    sources: list[Any]
+    """The rows of a `torchfuse.capture.portable.SourceTable`: guards and inputs name these."""
     guards: list[Any]
     inputs: list[Any]
     out_spec: Any
@@ -111,7 +114,7 @@ class Kept(msgspec.Struct, frozen=True):
 
 # ----------------------------------------------------------------------------- guards
 
-def write_guards(log_: list[tuple[Any, ...]], d: Describer) -> list[Any]:
+def write_guards(log_: list[tuple[Any, ...]], d: Describer, table: SourceTable) -> list[Any]:
     out: list[Any] = []
     for call in log_:
         kind, args = call[0], call[1:]
@@ -119,24 +122,24 @@ def write_guards(log_: list[tuple[Any, ...]], d: Describer) -> list[Any]:
             raise NotPortable("guards over size symbols (dynamic shapes)")
         if kind == "tensor":
             src, m = args
-            out.append([kind, write_source(src), d.describe(m.cls), d.describe(m.dtype),
+            out.append([kind, table.add(src), d.describe(m.cls), d.describe(m.dtype),
                         d.describe(m.device), list(m.shape), list(m.strides), m.requires_grad])
         elif kind in ("constant", "keys", "type_"):
-            out.append([kind, write_source(args[0]), d.describe(args[1])])
+            out.append([kind, table.add(args[0]), d.describe(args[1])])
         elif kind == "identity":
             src, obj = args
             if type(src) is SRC.LocalSource and isinstance(obj, torch.nn.Module):
                 desc = ["argument", src.index]  # the module a forward is called on
             else:
                 desc = d.describe(obj)
-            out.append([kind, write_source(src), desc])
+            out.append([kind, table.add(src), desc])
         elif kind == "alias":
-            out.append([kind, write_source(args[0]), write_source(args[1])])
+            out.append([kind, table.add(args[0]), table.add(args[1])])
         elif kind in ("distinct", "storage"):
             extra = [list(args[1])] if kind == "storage" else []
-            out.append([kind, [write_source(s) for s in args[0]], *extra])
+            out.append([kind, [table.add(s) for s in args[0]], *extra])
         elif kind == "length":
-            out.append([kind, write_source(args[0]), int(args[1])])
+            out.append([kind, table.add(args[0]), int(args[1])])
         elif kind == "defaults":
             fn = args[0]
             if fn is not d.fn:
@@ -155,11 +158,15 @@ def _ints(v: Any) -> tuple[int, ...]:
     return tuple(v)
 
 
-def replay_guards(records: Any, d: Describer,
+def replay_guards(records: Any, d: Describer, sources: list[SRC.Source],
                   loc: Any) -> tuple[GuardSet, list[tuple[SRC.Source, TensorMeta]]]:
     """A guard set made by asking for the recorded guards again; also each guarded tensor's
     source with its metadata (checked once, at load: see `load`)."""
     gs = GuardSet(lambda: loc)
+
+    def at(i: Any) -> SRC.Source:
+        return source_at(sources, i)
+
     metas: list[tuple[SRC.Source, TensorMeta]] = []
     if not isinstance(records, list):
         raise NotPortable("guards are not a list")
@@ -173,7 +180,7 @@ def replay_guards(records: Any, d: Describer,
         if n is None or len(a) != n:
             raise NotPortable(f"a bad guard record {kind!r}")
         if kind == "tensor":
-            src = read_source(a[0])
+            src = at(a[0])
             cls, dtype, dev = d.resolve(a[1]), d.resolve(a[2]), d.resolve(a[3])
             if not (isinstance(cls, type) and issubclass(cls, torch.Tensor) and isinstance(dtype, torch.dtype)
                     and isinstance(dev, torch.device) and type(a[6]) is bool):
@@ -184,33 +191,33 @@ def replay_guards(records: Any, d: Describer,
             gs.tensor(src, m)
             metas.append((src, m))
         elif kind == "constant":
-            gs.constant(read_source(a[0]), d.resolve(a[1]))
+            gs.constant(at(a[0]), d.resolve(a[1]))
         elif kind == "keys":
             keys = d.resolve(a[1])
             if type(keys) is not tuple:
                 raise NotPortable("keys are not a tuple")
-            gs.keys(read_source(a[0]), keys)
+            gs.keys(at(a[0]), keys)
         elif kind == "type_":
             cls = d.resolve(a[1])
             if not isinstance(cls, type):
                 raise NotPortable("a type guard of no type")
-            gs.type_(read_source(a[0]), cls)
+            gs.type_(at(a[0]), cls)
         elif kind == "identity":
-            gs.identity(read_source(a[0]), d.resolve(a[1]))
+            gs.identity(at(a[0]), d.resolve(a[1]))
         elif kind == "alias":
-            gs.alias(read_source(a[0]), read_source(a[1]))
+            gs.alias(at(a[0]), at(a[1]))
         elif kind in ("distinct", "storage"):
             if not isinstance(a[0], list):
                 raise NotPortable("a bad source list")
-            sources = [read_source(s) for s in a[0]]
+            group = [at(s) for s in a[0]]
             if kind == "distinct":
-                gs.distinct(sources)
+                gs.distinct(group)
             else:
-                gs.storage(sources, _ints(a[1]))
+                gs.storage(group, _ints(a[1]))
         elif kind == "length":
             if type(a[1]) is not int:
                 raise NotPortable("a bad length")
-            gs.length(read_source(a[0]), a[1])
+            gs.length(at(a[0]), a[1])
         elif kind == "defaults":
             fn = d.fn
             if d.describe(fn.__defaults__) != a[0] or d.describe(fn.__kwdefaults__) != a[1]:
@@ -352,23 +359,23 @@ def _name(v: Any) -> str:
     return v
 
 
-def write_inputs(slots: list[InputSlot]) -> list[Any]:
+def write_inputs(slots: list[InputSlot], table: SourceTable) -> list[Any]:
     out = []
     for s in slots:
         if s.source is None or s.constant is not None:
             raise NotPortable("a constant tensor input")
-        out.append([s.name, s.kind, write_source(s.source)])
+        out.append([s.name, s.kind, table.add(s.source)])
     return out
 
 
-def read_inputs(r: Any) -> list[InputSlot]:
+def read_inputs(r: Any, sources: list[SRC.Source]) -> list[InputSlot]:
     if not isinstance(r, list):
         raise NotPortable("inputs are not a list")
     out = []
     for s in r:
         if not isinstance(s, list) or len(s) != 3 or not isinstance(s[0], str) or not isinstance(s[1], str):
             raise NotPortable("a bad input record")
-        out.append(InputSlot(s[0], s[1], read_source(s[2])))
+        out.append(InputSlot(s[0], s[1], source_at(sources, s[2])))
     return out
 
 
@@ -455,14 +462,17 @@ def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...]) -> Rec
         if present:
             raise NotPortable(what)
     d = Describer(fn, L)
-    guards = write_guards(r.checks.log, d)
-    record = Record(graph=to_json(r.graph), guards=guards, inputs=write_inputs(r.inputs),
+    table = SourceTable()
+    guards = write_guards(r.checks.log, d, table)
+    inputs = write_inputs(r.inputs, table)
+    record = Record(graph=to_json(r.graph), sources=table.rows, guards=guards, inputs=inputs,
                     out_spec=write_spec(r.out_spec, d), side_effects=write_effects(r.side_effects, d),
                     uses_modules=r.uses_modules,
                     grad_entry=r.grad_entry, files=_stamps(r.codes))
     # read it back as a later process would: the same conditions over the same objects
     rt = msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=Record)
-    gs, _ = replay_guards(rt.guards, d, None)
+    sources = read_sources(rt.sources)
+    gs, _ = replay_guards(rt.guards, d, sources, None)
     ns, old = gs.namespace, r.checks.namespace
     conds = [e.condition for e in gs.entries if not e.module_group] + \
         [e.condition for e in gs.entries if e.module_group]
@@ -470,7 +480,7 @@ def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...]) -> Rec
             not all(_same(ns[k], old[k]) for k in ns):
         raise NotPortable("its guards do not read back the same")
     n_out = len(r.graph.outputs)
-    if read_spec(rt.out_spec, d, n_out) != r.out_spec or read_inputs(rt.inputs) != r.inputs or \
+    if read_spec(rt.out_spec, d, n_out) != r.out_spec or read_inputs(rt.inputs, sources) != r.inputs or \
             read_effects(rt.side_effects, d, n_out) != r.side_effects:
         raise NotPortable("its outputs or inputs do not read back the same")
     return record
@@ -500,7 +510,8 @@ def _rebuild(fn: types.FunctionType, rec: Record, name: str, L: tuple[Any, ...],
     if not _fresh(rec.files):
         raise NotPortable("a file its code came from changed")
     d = Describer(fn, L)
-    gs, metas = replay_guards(rec.guards, d, None)
+    sources = read_sources(rec.sources)
+    gs, metas = replay_guards(rec.guards, d, sources, None)
     checks = gs.build()
     G = fn.__globals__
     if not checks.fast(L, G, C_) or not checks.module(L, G, C_):
@@ -513,7 +524,7 @@ def _rebuild(fn: types.FunctionType, rec: Record, name: str, L: tuple[Any, ...],
         if not m.matches(t) or getattr(t, "_torchfuse_dynamic", None):
             return None  # a mark_dynamic request: capture makes symbols of it
     graph = from_json(rec.graph, "graph")
-    inputs = read_inputs(rec.inputs)
+    inputs = read_inputs(rec.inputs, sources)
     out_spec = read_spec(rec.out_spec, d, len(graph.outputs))
     effects = read_effects(rec.side_effects, d, len(graph.outputs))
     if rec.uses_modules:  # writes to what the entry reads move the module version

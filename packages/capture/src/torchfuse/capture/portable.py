@@ -212,54 +212,91 @@ _TAGS = {cls: tag for tag, cls in _SOURCES.items()}
 _TABLES = ("_parameters", "_buffers", "_modules")
 
 
-def write_source(s: Any, depth: int = 0) -> list[Any]:
-    tag = _TAGS.get(type(s))
-    if tag is None or depth > MAX_DEPTH:
-        raise NotPortable(f"a source {type(s).__name__} is not kept")
-    out: list[Any] = [tag]
-    for f in s.__dataclass_fields__:
-        v = getattr(s, f)
-        if isinstance(v, SRC.Source):
-            out.append(write_source(v, depth + 1))
-        elif v is None or type(v) in (int, str, bool):
-            out.append(v)
-        else:
-            raise NotPortable(f"a source key {type(v).__name__}")
+_FIELDS = {cls: tuple(cls.__dataclass_fields__) for cls in _SOURCES.values()}
+_NAMED = (SRC.AttrSource, SRC.ModuleAttrSource, SRC.ClassAttrSource, SRC.MethodCallSource)
+
+
+class SourceTable:
+    """Sources written as rows, each once, a base before what hangs off it: ``[tag, field…]``
+    with a base as its row number. A record names a source by its row (a model's guards
+    share their bases: OPT's 2615 nested source records were 560 distinct sources)."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self._index: dict[SRC.Source, int] = {}
+
+    def add(self, s: Any) -> int:
+        try:
+            i = self._index.get(s)
+        except TypeError:  # an unhashable key
+            raise NotPortable(f"a source {s}") from None
+        if i is not None:
+            return i
+        tag = _TAGS.get(type(s))
+        if tag is None:
+            raise NotPortable(f"a source {type(s).__name__} is not kept")
+        row: list[Any] = [tag]
+        for f in _FIELDS[type(s)]:
+            v = getattr(s, f)
+            if isinstance(v, SRC.Source):
+                row.append(self.add(v))
+            elif v is None or type(v) in (int, str, bool):
+                row.append(v)
+            else:
+                raise NotPortable(f"a source key {type(v).__name__}")
+        self._index[s] = len(self.rows)
+        self.rows.append(row)
+        return len(self.rows) - 1
+
+
+def read_sources(rows: Any) -> list[SRC.Source]:
+    """The sources of a `SourceTable`'s rows, each field checked (`check_source`); a base
+    must be an earlier row."""
+    if not isinstance(rows, list):
+        raise NotPortable("sources are not a list")
+    out: list[SRC.Source] = []
+    for row in rows:
+        if not isinstance(row, list) or not row or row[0] not in _SOURCES:
+            raise NotPortable("not a source record")
+        cls = _SOURCES[row[0]]
+        names = _FIELDS[cls]
+        if len(row) != len(names) + 1:
+            raise NotPortable("a source record of the wrong length")
+        vals = list(row[1:])
+        if names[0] == "base":
+            b = vals[0]
+            if type(b) is not int or not 0 <= b < len(out):
+                raise NotPortable("a base that is no earlier row")
+            vals[0] = out[b]
+        out.append(check_source(cls(*vals)))
     return out
 
 
-def read_source(d: Any, depth: int = 0) -> SRC.Source:
-    """A source from its record, each field checked: what its ``expr()`` writes is then an
-    expression of names, attribute names that are identifiers, and literal keys."""
-    if depth > MAX_DEPTH or not isinstance(d, list) or not d or d[0] not in _SOURCES:
-        raise NotPortable("not a source record")
-    cls = _SOURCES[d[0]]
-    names = list(cls.__dataclass_fields__)
-    if len(d) != len(names) + 1:
-        raise NotPortable("a source record of the wrong length")
-    vals: list[Any] = []
-    for name, v in zip(names, d[1:], strict=True):
+def source_at(sources: list[SRC.Source], i: Any) -> SRC.Source:
+    if type(i) is not int or not 0 <= i < len(sources):
+        raise NotPortable("a source row out of range")
+    return sources[i]
+
+
+def check_source(s: SRC.Source) -> SRC.Source:
+    """``s`` if its own fields are what capture writes (its base is checked on its own):
+    indices are ints, keys literals, names strings, attribute names identifiers, module
+    tables the three of ``nn.Module``; what its ``expr()`` prints is then a read."""
+    cls = type(s)
+    for name in _FIELDS[cls]:
+        v = getattr(s, name)
         if name == "base":
-            vals.append(read_source(v, depth + 1))
+            ok = isinstance(v, SRC.Source)
         elif name == "index":
-            if type(v) is not int or v < 0:
-                raise NotPortable("a bad index")
-            vals.append(v)
+            ok = type(v) is int and v >= 0
         elif name == "key" and cls is not SRC.ModuleStateSource:
-            if v is not None and type(v) not in (int, str, bool):
-                raise NotPortable("a bad key")
-            vals.append(v)
-        elif name in ("name", "table", "key", "module"):
-            if type(v) is not str:
-                raise NotPortable("a bad name")
-            vals.append(v)
-        else:
-            raise NotPortable(f"an unknown source field {name}")
-    s = cls(*vals)
-    attr = getattr(s, "name", None) if cls in (SRC.AttrSource, SRC.ModuleAttrSource, SRC.ClassAttrSource,
-                                                  SRC.MethodCallSource) else None
-    if attr is not None and (not attr.isidentifier() or keyword.iskeyword(attr)):
-        raise NotPortable(f"attribute name {attr!r}")
+            ok = v is None or type(v) in (int, str, bool)
+        else:  # name, table, key of a module table, module
+            ok = type(v) is str
+        if not ok:
+            raise NotPortable(f"a bad {name} in a {cls.__name__}")
+    if cls in _NAMED and (not s.name.isidentifier() or keyword.iskeyword(s.name)):
+        raise NotPortable(f"attribute name {s.name!r}")
     if cls is SRC.ModuleStateSource and s.table not in _TABLES:
         raise NotPortable(f"module table {s.table!r}")
     if cls is SRC.MethodCallSource and s.name != "is_integer":
@@ -312,10 +349,17 @@ def checked_expr(text: Any) -> str:
         tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError) as e:
         raise NotPortable(f"an expression that does not parse: {e}") from None
-    source = read_source(write_source(_source_of(tree.body)))
+    source = _source_of(tree.body)
+    chain = source
+    while chain is not None:  # each link checked as a kept source's fields are
+        if type(chain) not in _FIELDS:
+            raise NotPortable("an expression that is no source")
+        check_source(chain)
+        chain = getattr(chain, "base", None)
     if source.expr() != text:
         raise NotPortable(f"an expression that is no source: {text!r}")
     return text
 
 
-__all__ = ["Describer", "NotPortable", "checked_expr", "code_digest", "read_source", "write_source"]
+__all__ = ["Describer", "NotPortable", "SourceTable", "check_source", "checked_expr", "code_digest",
+           "read_sources", "source_at"]
