@@ -147,18 +147,40 @@ def test_side_effects_are_replayed_by_a_rebuilt_entry(kept, no_capture):
     assert _entry(cf).from_disk and STATE.mode == "busy"
 
 
-def test_what_has_no_portable_name_is_not_kept(kept):
-    helper = lambda t: t + 1
+_SENTINEL = object()
 
-    def f(x):
-        return helper(x) * 2
+
+def test_what_has_no_portable_name_is_not_kept(kept):
+    """An object compared by identity that is neither a module, a class nor a function has
+    no description another process could check: the entry is not kept, and says why."""
+    def f(x, flag=_SENTINEL):
+        return x * 2 if flag is _SENTINEL else x
 
     x = torch.randn(3)
     cf = compile(f, backend="eager")
     cf(x)
-    why = entry_cache.keep(f, None, _entry(cf), cf.binder(x))
-    assert why is not None and "lambda" in why
+    why = entry_cache.keep(f, None, _entry(cf), cf.binder(x), cf.closure)
+    assert why is not None and "object" in why
     assert not kept.exists() or not any(kept.iterdir())
+
+
+def test_a_closure_function_is_bound_by_its_code(kept):
+    """A function with no importable name (a lambda in a closure) is kept as 'the function
+    its source reads, with this code': a new lambda of the same code serves, another code
+    captures anew."""
+    def make(helper):
+        def f(x):
+            return helper(x) * 2
+        return f
+
+    x = torch.randn(3)
+    compile(make(lambda t: t + 1), backend="eager")(x)
+    cf = compile(make(lambda t: t + 1), backend="eager")
+    assert_same(cf(x), (x + 1) * 2)
+    assert _entry(cf).from_disk
+    other = compile(make(lambda t: t - 1), backend="eager")
+    assert_same(other(x), (x - 1) * 2)
+    assert not _entry(other).from_disk
 
 
 def test_the_switch_turns_it_off(tmp_path, monkeypatch):

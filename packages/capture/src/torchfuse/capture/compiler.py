@@ -355,7 +355,7 @@ class CompiledFunction:
             else:
                 entry.params = entry.fetch_params(L, G, C_)
                 if kept and not result.from_disk:
-                    why = entry_cache.keep(self.fn, self.dynamic, result, L)
+                    why = entry_cache.keep(self.fn, self.dynamic, result, L, C_)
                     if why is not None:
                         C.logger("recompiles").debug("%s: entry not kept for later processes: %s",
                                                      self.name, why)

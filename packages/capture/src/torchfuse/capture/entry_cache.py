@@ -67,8 +67,10 @@ from torchfuse.capture.portable import (
     Describer,
     NotPortable,
     SourceTable,
+    check_read,
     checked_expr,
     code_digest,
+    describe_read,
     pair,
     read_sources,
     source_at,
@@ -124,14 +126,16 @@ def write_guards(log_: list[tuple[Any, ...]], d: Describer, table: SourceTable) 
             src, m = args
             out.append([kind, table.add(src), d.describe(m.cls), d.describe(m.dtype),
                         d.describe(m.device), list(m.shape), list(m.strides), m.requires_grad])
-        elif kind in ("constant", "keys", "type_"):
+        elif kind in ("constant", "keys"):
             out.append([kind, table.add(args[0]), d.describe(args[1])])
-        elif kind == "identity":
+        elif kind in ("type_", "identity"):
             src, obj = args
-            if type(src) is SRC.LocalSource and isinstance(obj, torch.nn.Module):
-                desc = ["argument", src.index]  # the module a forward is called on
-            else:
+            try:
                 desc = d.describe(obj)
+            except NotPortable:  # no name: the object its source reads, if of the same make
+                desc = describe_read(d, obj)
+                if desc is None:
+                    raise
             out.append([kind, table.add(src), desc])
         elif kind == "alias":
             out.append([kind, table.add(args[0]), table.add(args[1])])
@@ -158,10 +162,11 @@ def _ints(v: Any) -> tuple[int, ...]:
     return tuple(v)
 
 
-def replay_guards(records: Any, d: Describer, sources: list[SRC.Source],
+def replay_guards(records: Any, d: Describer, sources: list[SRC.Source], read: Callable[[SRC.Source], Any],
                   loc: Any) -> tuple[GuardSet, list[tuple[SRC.Source, TensorMeta]]]:
     """A guard set made by asking for the recorded guards again; also each guarded tensor's
-    source with its metadata (checked once, at load: see `load`)."""
+    source with its metadata (checked once, at load: see `load`). ``read(source)`` is the
+    value a source reads in the loading call (an object kept as ``["read", …]`` is that one)."""
     gs = GuardSet(lambda: loc)
 
     def at(i: Any) -> SRC.Source:
@@ -197,13 +202,22 @@ def replay_guards(records: Any, d: Describer, sources: list[SRC.Source],
             if type(keys) is not tuple:
                 raise NotPortable("keys are not a tuple")
             gs.keys(at(a[0]), keys)
-        elif kind == "type_":
-            cls = d.resolve(a[1])
-            if not isinstance(cls, type):
+        elif kind in ("type_", "identity"):
+            src = at(a[0])
+            if isinstance(a[1], list) and a[1][:1] == ["read"]:
+                try:
+                    value = read(src)
+                except Exception:  # the source does not read in this call: no match
+                    raise NotPortable(f"{src.expr()} does not read") from None
+                obj = check_read(d, a[1], type(value) if kind == "type_" else value)
+            else:
+                obj = d.resolve(a[1])
+            if kind == "identity":
+                gs.identity(src, obj)
+            elif isinstance(obj, type):
+                gs.type_(src, obj)
+            else:
                 raise NotPortable("a type guard of no type")
-            gs.type_(at(a[0]), cls)
-        elif kind == "identity":
-            gs.identity(at(a[0]), d.resolve(a[1]))
         elif kind == "alias":
             gs.alias(at(a[0]), at(a[1]))
         elif kind in ("distinct", "storage"):
@@ -438,11 +452,12 @@ def _same(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and a == b)
 
 
-def keep(fn: types.FunctionType, dynamic: Any, result: CaptureResult, L: tuple[Any, ...]) -> str | None:
+def keep(fn: types.FunctionType, dynamic: Any, result: CaptureResult, L: tuple[Any, ...],
+         C_: Any) -> str | None:
     """Write ``result`` (a whole function captured without break) beside the entries kept for
     ``fn``; the reason when it cannot be kept (``None`` when it was)."""
     try:
-        record = _record(fn, result, L)
+        record = _record(fn, result, L, C_)
     except NotPortable as e:
         return str(e)
     path = path_for(fn, dynamic)
@@ -454,14 +469,14 @@ def keep(fn: types.FunctionType, dynamic: Any, result: CaptureResult, L: tuple[A
     return None
 
 
-def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...]) -> Record:
+def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...], C_: Any) -> Record:
     if r.graph is None or r.error is not None or r.plan is not None or r.part:
         raise NotPortable("a graph break")
     for what, present in (("random draws", r.random_generators),
                           ("a DDP split", r.ddp_plan), ("dynamic sizes", r.dynamic_dims or r.scalar_symbols)):
         if present:
             raise NotPortable(what)
-    d = Describer(fn, L)
+    d = Describer(fn)
     table = SourceTable()
     guards = write_guards(r.checks.log, d, table)
     inputs = write_inputs(r.inputs, table)
@@ -472,7 +487,8 @@ def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...]) -> Rec
     # read it back as a later process would: the same conditions over the same objects
     rt = msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=Record)
     sources = read_sources(rt.sources)
-    gs, _ = replay_guards(rt.guards, d, sources, None)
+    G = fn.__globals__
+    gs, _ = replay_guards(rt.guards, d, sources, lambda s: _read(s, L, G, C_), None)
     ns, old = gs.namespace, r.checks.namespace
     conds = [e.condition for e in gs.entries if not e.module_group] + \
         [e.condition for e in gs.entries if e.module_group]
@@ -509,11 +525,11 @@ def _rebuild(fn: types.FunctionType, rec: Record, name: str, L: tuple[Any, ...],
              C_: Any) -> dict[str, Any] | None:
     if not _fresh(rec.files):
         raise NotPortable("a file its code came from changed")
-    d = Describer(fn, L)
-    sources = read_sources(rec.sources)
-    gs, metas = replay_guards(rec.guards, d, sources, None)
-    checks = gs.build()
+    d = Describer(fn)
     G = fn.__globals__
+    sources = read_sources(rec.sources)
+    gs, metas = replay_guards(rec.guards, d, sources, lambda s: _read(s, L, G, C_), None)
+    checks = gs.build()
     if not checks.fast(L, G, C_) or not checks.module(L, G, C_):
         return None
     for src, m in metas:  # module state is checked by identity in-process, by metadata here

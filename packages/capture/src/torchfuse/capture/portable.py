@@ -80,9 +80,8 @@ def _lookup(module: str, qualname: str) -> Any:
 class Describer:
     """Writes values as data (``describe``) and reads them back (``resolve``)."""
 
-    def __init__(self, fn: types.FunctionType, L: tuple[Any, ...] | None = None) -> None:
+    def __init__(self, fn: types.FunctionType) -> None:
         self.fn = fn
-        self.L = L
 
     def describe(self, v: Any, depth: int = 0) -> list[Any]:
         if depth > MAX_DEPTH:
@@ -108,6 +107,8 @@ class Describer:
             return ["compiled_fn"]
         if isinstance(v, enum.Enum):
             return ["enum", self.describe(t, depth + 1), v.name]
+        if isinstance(v, type) and v in _TYPE_ALIASES:  # types.FunctionType is builtins.function
+            return ["type", "types", _TYPE_ALIASES[v]]
         if isinstance(v, type | types.FunctionType | types.BuiltinFunctionType):
             mod, qual = getattr(v, "__module__", None), getattr(v, "__qualname__", None)
             found = _lookup(mod, qual) if isinstance(mod, str) and isinstance(qual, str) else None
@@ -175,11 +176,72 @@ class Describer:
             if not ok:
                 raise NotPortable(f"{args[0]}.{args[1]} is gone or changed")
             return obj
-        if tag == "argument":
-            if self.L is None or len(args) != 1 or type(args[0]) is not int or not 0 <= args[0] < len(self.L):
-                raise NotPortable("a bad argument index")
-            return self.L[args[0]]
         raise NotPortable(f"an unknown value tag {tag!r}")
+
+
+_TYPE_ALIASES = {obj: name for name, obj in vars(types).items()
+                 if isinstance(obj, type) and not name.startswith("_") and
+                 _lookup(obj.__module__, obj.__qualname__) is not obj}
+
+
+def class_digest(cls: type) -> str:
+    """A digest of what a class defines: its names, bases, and the code of its methods
+    (a class made inside a function has no name to look it up by in another process)."""
+    h = hashlib.sha256(f"{cls.__module__}.{cls.__qualname__}".encode())
+    for b in cls.__mro__[1:]:
+        h.update(f"|{b.__module__}.{b.__qualname__}".encode())
+    for name, v in sorted(vars(cls).items()):
+        v = v.__func__ if isinstance(v, staticmethod | classmethod) else v
+        if isinstance(v, types.FunctionType):
+            h.update(f"|{name}:{code_digest(v.__code__)}".encode())
+        elif v is None or type(v) in (bool, int, float, str):
+            h.update(f"|{name}={v!r}".encode())
+        else:
+            h.update(f"|{name}:{type(v).__qualname__}".encode())
+    return h.hexdigest()
+
+
+def describe_read(d: Describer, obj: Any) -> list[Any] | None:
+    """For an object guarded by identity that has no name (a model, a submodule kept in a
+    global, a closure's function): ``["read", …]``, to be bound to the object the guard's own
+    source reads in the loading process, when that object is a module of the same class or a
+    function with the same code (`check_read`). ``None`` for anything else."""
+    if isinstance(obj, torch.nn.Module):
+        return ["read", "module", type_ref(d, type(obj))]
+    if isinstance(obj, types.FunctionType):
+        return ["read", "function", code_digest(obj.__code__)]
+    if isinstance(obj, type):
+        return ["read", "type", class_digest(obj)]
+    return None
+
+
+def type_ref(d: Describer, cls: type) -> list[Any]:
+    """A class by name, or by `class_digest` when it has none."""
+    try:
+        return d.describe(cls)
+    except NotPortable:
+        return ["local", class_digest(cls)]
+
+
+def check_read(d: Describer, desc: Any, obj: Any) -> Any:
+    """``obj`` (read through a guard's source) if it fits ``desc`` (`describe_read`)."""
+    if not isinstance(desc, list) or len(desc) != 3 or desc[0] != "read":
+        raise NotPortable("not a read description")
+    kind, want = desc[1], desc[2]
+    if kind == "module" and isinstance(obj, torch.nn.Module):
+        if isinstance(want, list) and len(want) == 2 and want[0] == "local":
+            ok = class_digest(type(obj)) == want[1]
+        else:
+            ok = type(obj) is d.resolve(want)
+    elif kind == "function":
+        ok = isinstance(obj, types.FunctionType) and code_digest(obj.__code__) == want
+    elif kind == "type":
+        ok = isinstance(obj, type) and class_digest(obj) == want
+    else:
+        ok = False
+    if not ok:
+        raise NotPortable(f"the object read for a {kind} guard is another one")
+    return obj
 
 
 def _list(args: list[Any]) -> list[Any]:
@@ -361,5 +423,16 @@ def checked_expr(text: Any) -> str:
     return text
 
 
-__all__ = ["Describer", "NotPortable", "SourceTable", "check_source", "checked_expr", "code_digest",
-           "read_sources", "source_at"]
+__all__ = [
+    "Describer",
+    "NotPortable",
+    "SourceTable",
+    "check_read",
+    "check_source",
+    "checked_expr",
+    "class_digest",
+    "code_digest",
+    "describe_read",
+    "read_sources",
+    "source_at",
+]
