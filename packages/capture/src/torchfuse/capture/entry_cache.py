@@ -15,28 +15,25 @@ settings. Several entries of one function (another shape, ``eval()``) share the 
 newest first, at most `MAX_RECORDS`.
 
 **What is kept** of an entry: the graph (the format's JSON), the graph inputs by source,
-the output structure, and the guards as *data*: each guard the capture asked for
-(`torchfuse.capture.guards.GuardSet.log`) with its source written as a record and its
-values described by name or value. A later process replays those requests on a new guard
-set, so its conditions are written by the same code from validated data; nothing in the
-file is evaluated, imported or unpickled. Values are described as:
-
-* plain constants (``None``, bools, ints, floats, strings, bytes, tuples, sets, dicts of
-  them), dtypes and devices: by value;
-* classes and functions: by module and qualified name, looked up in the modules the process
-  has already imported (``sys.modules``, then each name in ``vars()``: no import, no
-  ``__getattr__``); a function also by a digest of its code, which must match;
-* the module instance a compiled ``forward`` is called on (``L['self']``), guarded by
-  identity within one process: bound to the object the loading call passes, and accepted
-  only when its module guards and, for every parameter and buffer the graph reads, its
-  class, dtype, device, sizes, strides and ``requires_grad`` match what capture saw.
+the output structure, the side effects to replay, and the guards as *data*: each guard the
+capture asked for (`torchfuse.capture.guards.GuardSet.log`), its sources as rows of one
+`torchfuse.capture.portable.SourceTable` and its values described by value or by name
+(`torchfuse.capture.portable`). A later process asks for those guards again on a new guard
+set, so its conditions are written by the same code from checked data; nothing in the file
+is evaluated, imported or unpickled. An object guarded by identity that has no name (the
+module a compiled ``forward`` is called on, a decorator's inner function) is bound to what
+the guard's own source reads in the loading call, when of the same make (same class, same
+code); and before a rebuilt entry is taken, every guarded tensor (parameters and buffers
+included, which one process checks through module identity) must have the metadata capture
+saw, and none may carry a ``mark_dynamic`` request.
 
 An entry is not kept when any of this cannot be written: guards over size symbols
-(dynamic shapes), graph breaks, side effects, random draws, DDP pieces, constant tensors,
-a value of no portable description (a lambda, an object by identity) or a code object
-capture inlined that lives in no file. Each inlined code object's file is kept with its
-size and modification time (as Python's own bytecode cache checks a source), so an edit to
-the model's code, or to a library it calls, makes the record stale.
+(dynamic shapes), graph breaks, random draws, DDP pieces, constant tensors, a value of no
+portable description (an object compared by identity that is no module, class or
+function), or a code object capture inlined that lives in no file (frozen standard-library
+modules excepted: the Python version is in the key). Each inlined code object's file is
+kept with its size and modification time (as Python's own bytecode cache checks a source),
+so an edit to the model's code, or to a library it calls, makes the record stale.
 
 A record that does not decode, names another layout, or whose descriptions do not resolve
 is skipped (debug log ``TORCHFUSE_LOGS=+recompiles``); its function is captured as if
