@@ -259,3 +259,54 @@ def test_progress_counts_kernels(monkeypatch):
     assert "kernels 3/7" in progress.line_text() and "(inductor.lower)" in progress.line_text()
     progress.finish("f/entry_0")
     assert "kernels" not in progress.line_text()
+
+
+_WARM_CHILD = r"""
+import json, sys
+import torch
+import torchfuse.capture as tf
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x)).mul(2.0)).softmax(-1)
+
+torch.manual_seed(0)
+m, x = MLP(), torch.randn(3, 8)
+cm = tf.compile(m)
+out = cm(x)
+out.sum().backward()
+grads = [p.grad.clone() for p in m.parameters()]
+m.zero_grad()
+ref = m(x)
+ref.sum().backward()
+same = torch.allclose(out, ref, atol=1e-5) and all(
+    torch.allclose(g, p.grad, atol=1e-5) for g, p in zip(grads, m.parameters()))
+print(json.dumps({"from_disk": cm._compiled.entries[0].result.from_disk, "same": bool(same),
+                  "requires_grad": out.requires_grad}))
+"""
+
+
+def test_a_warm_process_rebuilds_the_captured_entry_and_trains_as_eager(tmp_path):
+    """The whole pipeline across two processes on one cache directory: the second rebuilds
+    the captured entry (`torchfuse.capture.entry_cache`) instead of capturing, the backend
+    finds its Program and plan, and values and gradients equal eager's in both."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHFUSE_CACHE_DIR": str(tmp_path / "cache"), "TORCHFUSE_CAPTURE_CACHE": "1"}
+    script = tmp_path / "child.py"  # a file: code from no file is not kept
+    script.write_text(_WARM_CHILD)
+
+    def child() -> dict:
+        p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    assert child() == {"from_disk": False, "same": True, "requires_grad": True}
+    assert child() == {"from_disk": True, "same": True, "requires_grad": True}
