@@ -328,3 +328,33 @@ def test_a_second_process_rebuilds_and_an_edit_makes_it_stale(tmp_path):
     """))
     assert run() == {"from_disk": False, "same": True}
     assert run() == {"from_disk": True, "same": True}
+
+
+class Holder(nn.Module):
+    """Holds a bound method of another module as a plain attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.call = self.inner.forward
+
+    def forward(self, x):
+        return self.call(x) * 2
+
+
+def test_a_bound_method_held_by_a_module_is_guarded_with_the_module_guards(kept):
+    """Its function and instance are guarded (checked when modules change); the instance's
+    parameters reach the graph as constants (read through the method, not a module path),
+    so the entry is not kept, and says so."""
+    torch.manual_seed(0)
+    m, x = Holder(), torch.randn(2, 4)
+    cm = compile(m, backend="eager")
+    assert_same(cm(x), m(x))
+    cf = cm._compiled
+    held = [e for e in _entry(cm).checks.entries if ".call.__" in e.condition]
+    assert len(held) == 2 and all(e.module_group for e in held)
+    assert entry_cache.keep(cf.fn, cf.dynamic, _entry(cm), cf.binder(m, x), cf.closure) == \
+        "a constant tensor input"
+    m.call = nn.Linear(4, 4).forward  # another module's method: the module guards see it
+    assert_same(cm(x), m(x))
+    assert len(cf.entries) == 2

@@ -33,6 +33,7 @@ from torchfuse.capture.source import (
     GlobalSource,
     ItemSource,
     LocalSource,
+    ModuleAttrSource,
     ModuleStateSource,
     Source,
     qualified_name,
@@ -265,18 +266,21 @@ class Capture:
             # it (shape, dtype, its values as a tensor input) is guarded where it is read
             guards.type_(source, type(value))
             return V.NdarrayVar(value, source)
-        if source is not None and isinstance(value, types.MethodType) and not source.is_module_state:
+        if source is not None and isinstance(value, types.MethodType):
             # a bound method is made anew by every attribute read (``obj.method`` is never the
             # same object twice): guard what it is made of, the function and the instance
-            guards.identity(AttrSource(source, "__func__"), value.__func__)
-            guards.identity(AttrSource(source, "__self__"), value.__self__)
+            # (held by a module: with the module guards, checked when modules change)
+            part = ModuleAttrSource if source.is_module_state else AttrSource
+            guards.identity(part(source, "__func__"), value.__func__)
+            guards.identity(part(source, "__self__"), value.__self__)
             return V.ObjVar(value, source)
         if source is not None and isinstance(value, types.BuiltinMethodType) and \
-                isinstance(value.__self__, type) and not source.is_module_state:
+                isinstance(value.__self__, type):
             # a C classmethod (``chain.from_iterable``, ``dict.fromkeys``) is bound anew by
             # every read too: guard its class and its name
-            guards.identity(AttrSource(source, "__self__"), value.__self__)
-            guards.constant(AttrSource(source, "__name__"), value.__name__)
+            part = ModuleAttrSource if source.is_module_state else AttrSource
+            guards.identity(part(source, "__self__"), value.__self__)
+            guards.constant(part(source, "__name__"), value.__name__)
             return V.ObjVar(value, source)
         if source is not None and not isinstance(value, types.ModuleType):
             guards.identity(source, value)  # on module state: checked when modules change
