@@ -358,3 +358,30 @@ def test_a_bound_method_held_by_a_module_is_guarded_with_the_module_guards(kept)
     m.call = nn.Linear(4, 4).forward  # another module's method: the module guards see it
     assert_same(cm(x), m(x))
     assert len(cf.entries) == 2
+
+
+@pytest.mark.parametrize("change", [None, "attribute", "eps", "activation", "child", "weight"])
+def test_the_python_check_of_module_guards_agrees_with_the_compiled_one(change):
+    """`entry_cache.holds` checks a rebuilt entry's guards without compiling them; on the
+    module a capture saw, and after each kind of change, it answers as the generated checks
+    do (module guards with full parameter metadata)."""
+    torch.manual_seed(0)
+    m, x = nn.Sequential(Net(), nn.ReLU()), torch.randn(4, 8)
+    cm = compile(m, backend="eager")
+    cm(x)
+    cf = cm._compiled
+    r = cf.entries[0].result
+    if change == "attribute":
+        m[0].scale = 3.0
+    elif change == "eps":
+        m[0].norm.eps = 1e-3
+    elif change == "activation":
+        m[0].act = F.gelu
+    elif change == "child":
+        m.append(nn.Tanh())
+    elif change == "weight":
+        m[0].lin.weight = nn.Parameter(torch.randn(8, 8).t())  # other strides
+    L, G, C_ = cf.binder(m, x), cf.globals, cf.closure
+    compiled = r.checks.fast(L, G, C_) and r.checks.module(L, G, C_)
+    in_python = entry_cache.holds(r.checks.log, lambda s: entry_cache._read(s, L, G, C_)) is not None
+    assert in_python == compiled == (change is None)

@@ -160,16 +160,14 @@ def _ints(v: Any) -> tuple[int, ...]:
 
 
 def replay_guards(records: Any, d: Describer, sources: list[SRC.Source], read: Callable[[SRC.Source], Any],
-                  loc: Any) -> tuple[GuardSet, list[tuple[SRC.Source, TensorMeta]]]:
-    """A guard set made by asking for the recorded guards again; also each guarded tensor's
-    source with its metadata (checked once, at load: see `load`). ``read(source)`` is the
+                  loc: Any) -> GuardSet:
+    """A guard set made by asking for the recorded guards again. ``read(source)`` is the
     value a source reads in the loading call (an object kept as ``["read", …]`` is that one)."""
     gs = GuardSet(lambda: loc)
 
     def at(i: Any) -> SRC.Source:
         return source_at(sources, i)
 
-    metas: list[tuple[SRC.Source, TensorMeta]] = []
     if not isinstance(records, list):
         raise NotPortable("guards are not a list")
     for r in records:
@@ -191,7 +189,6 @@ def replay_guards(records: Any, d: Describer, sources: list[SRC.Source], read: C
             if len(m.shape) != len(m.strides):
                 raise NotPortable("a tensor guard's sizes and strides differ in length")
             gs.tensor(src, m)
-            metas.append((src, m))
         elif kind == "constant":
             gs.constant(at(a[0]), d.resolve(a[1]))
         elif kind == "keys":
@@ -244,7 +241,48 @@ def replay_guards(records: Any, d: Describer, sources: list[SRC.Source], read: C
             if type(v) is not tuple or not all(type(b) is bool for b in v):
                 raise NotPortable("a bad autocast state")
             gs.autocast(v)
-    return gs, metas
+    return gs
+
+
+def holds(log_: list[tuple[Any, ...]], read: Callable[[SRC.Source], Any]) -> list[torch.nn.Module] | None:
+    """Whether the guards of ``log_`` (a rebuilt `GuardSet.log`) hold for the values ``read``
+    gives, checked in Python, one by one, as their conditions would (``None`` when one does
+    not), and the modules they name by identity. For the module guards of a rebuilt entry:
+    compiling their check function for one use cost more than the checks (ResNet-18: 20 of
+    31 ms of a load), and within one process they are checked again only when modules
+    change (`CheckFunctions.module`, compiled then). Every tensor is checked by metadata,
+    module state included (which one process checks through module identity), and must not
+    carry a ``mark_dynamic`` request; the guards that live in the fast check (grad mode,
+    autocast, defaults, aliasing of inputs) are left to it."""
+    modules: list[torch.nn.Module] = []
+    try:
+        for call in log_:
+            kind, src = call[0], call[1] if len(call) > 1 else None
+            if kind == "tensor":
+                t = read(src)
+                ok = call[2].matches(t) and not getattr(t, "_torchfuse_dynamic", None)
+            elif kind == "constant":
+                v = read(src)
+                ok = type(v) is type(call[2]) and v == call[2]
+            elif kind == "keys":
+                ok = tuple(read(src).keys()) == call[2]
+            elif kind == "type_":
+                ok = type(read(src)) is call[2]
+            elif kind == "identity":
+                ok = read(src) is call[2]
+                if ok and isinstance(call[2], torch.nn.Module):
+                    modules.append(call[2])
+            elif kind == "alias":
+                ok = read(src) is read(call[2])
+            elif kind == "length":
+                ok = len(read(src)) == call[2]
+            else:  # distinct, storage, defaults, grad_mode, autocast: the fast check's
+                ok = True
+            if not ok:
+                return None
+    except Exception:  # a source that does not read in this call: no match
+        return None
+    return modules
 
 
 def _read(source: SRC.Source, L: Any, G: Any, C_: Any) -> Any:
@@ -271,6 +309,8 @@ def _read(source: SRC.Source, L: Any, G: Any, C_: Any) -> Any:
         return dict.__getitem__(base, source.key)
     if t is SRC.DictValueSource:
         return tuple(dict.values(base))[source.key]
+    if t is SRC.MethodCallSource:  # is_integer only (`portable.check_source`)
+        return getattr(base, source.name)()
     raise NotPortable(f"a tensor read through {t.__name__}")
 
 
@@ -485,7 +525,7 @@ def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...], C_: An
     rt = msgspec.msgpack.decode(msgspec.msgpack.encode(record), type=Record)
     sources = read_sources(rt.sources)
     G = fn.__globals__
-    gs, _ = replay_guards(rt.guards, d, sources, lambda s: _read(s, L, G, C_), None)
+    gs = replay_guards(rt.guards, d, sources, lambda s: _read(s, L, G, C_), None)
     ns, old = gs.namespace, r.checks.namespace
     conds = [e.condition for e in gs.entries if not e.module_group] + \
         [e.condition for e in gs.entries if e.module_group]
@@ -525,26 +565,20 @@ def _rebuild(fn: types.FunctionType, rec: Record, name: str, L: tuple[Any, ...],
     d = Describer(fn)
     G = fn.__globals__
     sources = read_sources(rec.sources)
-    gs, metas = replay_guards(rec.guards, d, sources, lambda s: _read(s, L, G, C_), None)
+    gs = replay_guards(rec.guards, d, sources, lambda s: _read(s, L, G, C_), None)
     checks = gs.build()
-    if not checks.fast(L, G, C_) or not checks.module(L, G, C_):
+    if not checks.fast(L, G, C_):
         return None
-    for src, m in metas:  # module state is checked by identity in-process, by metadata here
-        try:
-            t = _read(src, L, G, C_)
-        except Exception:  # a source that no longer reads: no match
-            return None
-        if not m.matches(t) or getattr(t, "_torchfuse_dynamic", None):
-            return None  # a mark_dynamic request: capture makes symbols of it
+    modules = holds(gs.log, lambda s: _read(s, L, G, C_))
+    if modules is None:
+        return None
     graph = from_json(rec.graph, "graph")
     inputs = read_inputs(rec.inputs, sources)
     out_spec = read_spec(rec.out_spec, d, len(graph.outputs))
     effects = read_effects(rec.side_effects, d, len(graph.outputs))
-    if rec.uses_modules:  # writes to what the entry reads move the module version
-        for v in L:
-            if isinstance(v, torch.nn.Module):
-                for m in v.modules():
-                    watch(m)
+    for module in modules:  # writes to what the entry reads move the module version
+        for m in module.modules():
+            watch(m)
     return dict(name=name, graph=graph, inputs=inputs, out_spec=out_spec, side_effects=effects,
                 checks=checks, error=None, uses_modules=rec.uses_modules,
                 grad_entry=rec.grad_entry, from_disk=True)
