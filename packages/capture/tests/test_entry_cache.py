@@ -206,7 +206,8 @@ def test_a_file_that_does_not_decode_is_ignored(kept):
     assert not _entry(cm).from_disk
 
 
-@pytest.mark.parametrize("attack", ["expression", "import", "source", "attribute", "cycle"])
+@pytest.mark.parametrize("attack", ["expression", "import", "source", "attribute", "cycle", "float",
+                                    "unhashable", "deep"])
 def test_a_record_written_by_a_stranger_runs_nothing(kept, tmp_path, attack):
     """Every string of a record is data: an expression that is no source, a name of a module
     not imported, a source field that is no name, a source row whose base is not an earlier
@@ -230,9 +231,18 @@ def test_a_record_written_by_a_stranger_runs_nothing(kept, tmp_path, attack):
     elif attack == "attribute":
         rows.append(["attr", 0, "__class__.__init__"])
         rec["inputs"][0][2] = len(rows) - 1
-    else:
+    elif attack == "cycle":
         rows.append(["attr", len(rows) + 1, "x"])
         rec["guards"].append(["constant", len(rows) - 1, ["int", 1]])
+    elif attack == "float":
+        rec["guards"].append(["constant", 0, ["float", "not hex"]])
+    elif attack == "unhashable":
+        rec["guards"].append(["constant", 0, ["frozenset", [["list", []]]]])
+    else:
+        deep: list = ["none"]
+        for _ in range(200):  # deeper than a record may nest
+            deep = ["tuple", [deep]]
+        rec["guards"].append(["constant", 0, deep])
     path.write_bytes(msgspec.msgpack.encode(doc))
     STATE.mode = "idle"
     cf = compile(_stateful, backend="eager")

@@ -479,7 +479,7 @@ def _read_file(path: Path) -> list[Record]:
         kept = msgspec.msgpack.decode(path.read_bytes(), type=Kept)
     except FileNotFoundError:
         return []
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         log.debug("capture cache: %s not read: %s", path, e)
         return []
     return kept.records if kept.layout == LAYOUT else []
@@ -497,6 +497,9 @@ def keep(fn: types.FunctionType, dynamic: Any, result: CaptureResult, L: tuple[A
         record = _record(fn, result, L, C_)
     except NotPortable as e:
         return str(e)
+    except Exception as e:  # a cache must never cost the call that compiled: say why, go on
+        log.debug("capture cache: entry of %s not kept", fn.__qualname__, exc_info=True)
+        return f"{type(e).__name__}: {e}"
     path = path_for(fn, dynamic)
     records = [record, *(r for r in _read_file(path) if r.guards != record.guards)][:MAX_RECORDS]
     try:
@@ -552,6 +555,10 @@ def load(fn: types.FunctionType, dynamic: Any, name: str, L: tuple[Any, ...], C_
             fields = _rebuild(fn, rec, name, L, C_)
         except (NotPortable, ArchiveError) as e:
             log.debug("capture cache: entry %d of %s skipped: %s", i, path, e)
+            continue
+        except Exception as e:  # a file no process of ours wrote (a float that is no hex, an
+            # unhashable key): skipped like any record that does not read
+            log.debug("capture cache: entry %d of %s skipped: %s: %s", i, path, type(e).__name__, e)
             continue
         if fields is not None:
             return make(**fields, seconds=time.perf_counter() - t0)
