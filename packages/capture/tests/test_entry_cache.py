@@ -395,3 +395,18 @@ def test_the_python_check_of_module_guards_agrees_with_the_compiled_one(change):
     compiled = r.checks.fast(L, G, C_) and r.checks.module(L, G, C_)
     in_python = entry_cache.holds(r.checks.log, lambda s: entry_cache._read(s, L, G, C_)) is not None
     assert in_python == compiled == (change is None)
+
+
+def _matmul(x, w):
+    return x @ w
+
+
+def test_an_entry_kept_under_autocast_serves_that_dtype_only(kept):
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compile(_matmul, backend="eager")(x, w)
+        bf = compile(_matmul, backend="eager")
+        assert bf(x, w).dtype == torch.bfloat16 and _entry(bf).from_disk
+    with torch.autocast("cpu", dtype=torch.float16):
+        fp = compile(_matmul, backend="eager")
+        assert fp(x, w).dtype == torch.float16 and not _entry(fp).from_disk

@@ -346,6 +346,29 @@ def test_autocast_state_is_guarded():
         ref = x @ w
     assert out.dtype == ref.dtype == torch.bfloat16
     assert len(cf.entries) == 2
+    with torch.autocast("cpu", dtype=torch.float16):  # the dtype too, not only on/off
+        out = cf(x, w)
+        ref = x @ w
+    assert out.dtype == ref.dtype == torch.float16
+    assert len(cf.entries) == 3
+
+
+def test_the_autocast_records_of_the_format_check_what_the_guard_checks():
+    """A graph's GlobalStateGuard records say autocast is on and to which dtype; the format's
+    own check (`printer.check_global_state`) holds under the capture's autocast only."""
+    from torchfuse.graph.printer import check_global_state
+
+    cf = compile(lambda x, w: x @ w, backend="eager")
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cf(x, w)
+    records = {g.name: g.value for g in cf.entries[0].result.graph.guards if isinstance(g, S.GlobalStateGuard)}
+    assert records["autocast_enabled(cpu, cuda)"] == "(True, False)"
+    assert records["autocast_dtype(cpu, cuda)"] == "('bfloat16', None)"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert all(check_global_state(k, v) for k, v in records.items())
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert not check_global_state("autocast_dtype(cpu, cuda)", records["autocast_dtype(cpu, cuda)"])
 
 
 def test_parameter_metadata_check_can_be_turned_off():

@@ -238,7 +238,7 @@ def replay_guards(records: Any, d: Describer, sources: list[SRC.Source], read: C
             gs.grad_mode(v)
         else:
             v = d.resolve(a[0])
-            if type(v) is not tuple or not all(type(b) is bool for b in v):
+            if type(v) is not tuple or not all(b is False or isinstance(b, torch.dtype) for b in v):
                 raise NotPortable("a bad autocast state")
             gs.autocast(v)
     return gs

@@ -133,14 +133,17 @@ class GuardEntry:
     """A tensor guard's symbolic dims (for saying which range failed)."""
 
 
-def global_state() -> tuple[bool, tuple[bool, ...]]:
+def global_state() -> tuple[bool, tuple[Any, ...]]:
     """What the ``GlobalStateGuard`` s check: grad mode and autocast per device type."""
     return torch.is_grad_enabled(), autocast_state()
 
 
-def autocast_state() -> tuple[bool, ...]:
+def autocast_state() -> tuple[Any, ...]:
+    """Per device type (cpu, cuda): ``False`` when autocast is off, else the dtype it casts
+    to (a graph captured under bf16 autocast holds bf16 casts: fp16 autocast recompiles)."""
     # Written out, not a generator over the device types: every guarded call runs this.
-    return torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda")
+    return (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"),
+            torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda"))
 
 
 def storage_groups(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
@@ -375,11 +378,17 @@ class GuardSet:
         rec = S.GlobalStateGuard(name="grad_enabled", value=repr(enabled), loc=self._loc_of())
         self._add(("global", "grad"), rec, f"_grad() is {enabled}", False)
 
-    def autocast(self, state: tuple[bool, ...]) -> None:
+    def autocast(self, state: tuple[Any, ...]) -> None:
+        """Autocast per device type as `autocast_state` gives it: off, or the dtype it casts to.
+        Two format records (whether it is on; to which dtype), one condition."""
         self.log.append(("autocast", state))
-        rec = S.GlobalStateGuard(name="autocast_enabled(cpu, cuda)", value=repr(state),
-                                 loc=self._loc_of())
+        on = tuple(s is not False for s in state)
+        rec = S.GlobalStateGuard(name="autocast_enabled(cpu, cuda)", value=repr(on), loc=self._loc_of())
         self._add(("global", "autocast"), rec, f"_autocast_state() == {state!r}", False)
+        if any(s is not False for s in state):
+            dtypes = tuple(dtype_name(s) if s is not False else None for s in state)
+            rec = S.GlobalStateGuard(name="autocast_dtype(cpu, cuda)", value=repr(dtypes), loc=self._loc_of())
+            self._add(("global", "autocast_dtype"), rec, "True", False)  # in the condition above
 
     # -- output
     def records(self) -> tuple[S.Guard, ...]:

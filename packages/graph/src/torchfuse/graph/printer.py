@@ -334,6 +334,11 @@ def check_global_state(name: str, value: str) -> bool:
     if probe is None and m:  # e.g. "autocast_enabled(cpu, cuda)" -> "(False, False)"
         devices = [d.strip() for d in m.group(1).split(",") if d.strip()]
         probe = lambda: str(tuple(torch.is_autocast_enabled(d) for d in devices))
+    m = re.fullmatch(r"autocast_dtype\((.*)\)", name)
+    if probe is None and m:  # "autocast_dtype(cpu, cuda)" -> "('bfloat16', None)" (None: off)
+        on = [d.strip() for d in m.group(1).split(",") if d.strip()]
+        probe = lambda: str(tuple(str(torch.get_autocast_dtype(d)).removeprefix("torch.")
+                                  if torch.is_autocast_enabled(d) else None for d in on))
     if probe is None:
         raise KeyError(f"unknown global state {name!r}")
     return str(probe()) == value
