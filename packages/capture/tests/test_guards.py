@@ -371,6 +371,22 @@ def test_the_autocast_records_of_the_format_check_what_the_guard_checks():
         assert not check_global_state("autocast_dtype(cpu, cuda)", records["autocast_dtype(cpu, cuda)"])
 
 
+def test_the_default_dtype_is_guarded():
+    """``torch.ones(n)`` takes the default dtype: changing it recompiles, as eager's result
+    changes dtype."""
+    cf = compile(lambda x: x + torch.ones(x.shape[0]), backend="eager")
+    x = torch.randn(3)
+    assert cf(x).dtype == torch.float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out, ref = cf(x), x + torch.ones(3)
+    finally:
+        torch.set_default_dtype(previous)
+    assert out.dtype == ref.dtype == torch.float64
+    assert len(cf.entries) == 2
+
+
 def test_parameter_metadata_check_can_be_turned_off():
     lin = nn.Linear(2, 2)
     with config.patch(check_parameter_metadata=False):

@@ -194,6 +194,7 @@ def _capture(fn: types.FunctionType, L: tuple[Any, ...], name: str,
             ctx.loc = def_location(fn)
             ctx.guards.grad_mode(grad)
             ctx.guards.autocast(autocast_state())
+            ctx.guards.default_dtype(torch.get_default_dtype())
             if fn.__defaults__ is not None or fn.__kwdefaults__ is not None:
                 ctx.guards.defaults(fn)  # the binder bound these: replacing them recompiles
             try:

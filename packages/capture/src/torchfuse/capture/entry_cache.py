@@ -146,7 +146,7 @@ def write_guards(log_: list[tuple[Any, ...]], d: Describer, table: SourceTable) 
             if fn is not d.fn:
                 raise NotPortable("the defaults of another function")
             out.append([kind, d.describe(fn.__defaults__), d.describe(fn.__kwdefaults__)])
-        elif kind in ("grad_mode", "autocast"):
+        elif kind in ("grad_mode", "autocast", "default_dtype"):
             out.append([kind, d.describe(args[0])])
         else:
             raise NotPortable(f"a guard {kind!r}")
@@ -176,7 +176,7 @@ def replay_guards(records: Any, d: Describer, sources: list[SRC.Source], read: C
         kind, a = r[0], r[1:]
         n = {"tensor": 7, "constant": 2, "keys": 2, "type_": 2, "identity": 2, "alias": 2,
              "distinct": 1, "storage": 2, "length": 2, "defaults": 2, "grad_mode": 1,
-             "autocast": 1}.get(kind)
+             "autocast": 1, "default_dtype": 1}.get(kind)
         if n is None or len(a) != n:
             raise NotPortable(f"a bad guard record {kind!r}")
         if kind == "tensor":
@@ -236,6 +236,11 @@ def replay_guards(records: Any, d: Describer, sources: list[SRC.Source], read: C
             if type(v) is not bool:
                 raise NotPortable("a bad grad mode")
             gs.grad_mode(v)
+        elif kind == "default_dtype":
+            v = d.resolve(a[0])
+            if not isinstance(v, torch.dtype):
+                raise NotPortable("a bad default dtype")
+            gs.default_dtype(v)
         else:
             v = d.resolve(a[0])
             if type(v) is not tuple or not all(b is False or isinstance(b, torch.dtype) for b in v):
@@ -276,7 +281,7 @@ def holds(log_: list[tuple[Any, ...]], read: Callable[[SRC.Source], Any]) -> lis
                 ok = read(src) is read(call[2])
             elif kind == "length":
                 ok = len(read(src)) == call[2]
-            else:  # distinct, storage, defaults, grad_mode, autocast: the fast check's
+            else:  # distinct, storage, defaults, grad mode, autocast, default dtype: fast check
                 ok = True
             if not ok:
                 return None

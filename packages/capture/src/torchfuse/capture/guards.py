@@ -191,6 +191,7 @@ class GuardSet:
         self.entries: list[GuardEntry] = []
         self.namespace: dict[str, Any] = {"torch": torch, "sys": sys, "_autocast_state": autocast_state,
                                           "_grad": torch.is_grad_enabled,
+                                          "_default_dtype": torch.get_default_dtype,
                                           "_storage_groups": storage_groups}
         self._seen: set[tuple[str, str]] = set()
         self._loc_of = loc_of
@@ -377,6 +378,13 @@ class GuardSet:
         self.log.append(("grad_mode", enabled))
         rec = S.GlobalStateGuard(name="grad_enabled", value=repr(enabled), loc=self._loc_of())
         self._add(("global", "grad"), rec, f"_grad() is {enabled}", False)
+
+    def default_dtype(self, dtype: torch.dtype) -> None:
+        """``torch.get_default_dtype()``: what a factory call without a dtype (``torch.ones(n)``)
+        made in the graph."""
+        self.log.append(("default_dtype", dtype))
+        rec = S.GlobalStateGuard(name="default_dtype", value=dtype_name(dtype), loc=self._loc_of())
+        self._add(("global", "default_dtype"), rec, f"_default_dtype() is {self._obj(dtype, 'D')}", False)
 
     def autocast(self, state: tuple[Any, ...]) -> None:
         """Autocast per device type as `autocast_state` gives it: off, or the dtype it casts to.
