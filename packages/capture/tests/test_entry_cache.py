@@ -263,6 +263,20 @@ def test_an_untampered_record_is_rebuilt(kept):
     assert _entry(cf).from_disk
 
 
+def test_a_dtype_name_from_a_file_imports_nothing():
+    """``["dtype", "onnx"]`` is no dtype; read with ``getattr(torch, name)``, torch's module
+    ``__getattr__`` would import ``torch.onnx``. In a fresh process, where it is not imported."""
+    code = ("import sys, torch\n"
+            "from torchfuse.capture.portable import Describer, NotPortable\n"
+            "assert 'torch.onnx' not in sys.modules\n"
+            "try:\n    Describer(lambda: 0).resolve(['dtype', 'onnx'])\n"
+            "except NotPortable:\n    pass\n"
+            "print('torch.onnx' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize("text", [
     "L[0]", "G['torch']", "C[1].cell_contents", "L[0]._modules['h']._parameters['w']",
     "L[0].config.hidden_size", "dict.__getitem__(L[0], 'k')", "type(L[0]).forward",

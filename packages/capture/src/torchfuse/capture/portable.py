@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from torchfuse.capture import source as SRC
+from torchfuse.graph.ops import dtype_name, to_dtype
 
 MAX_DEPTH = 32
 """Nesting of sources and values read from a file."""
@@ -100,7 +101,7 @@ class Describer:
             return ["dict", [[self.describe(k, depth + 1), self.describe(x, depth + 1)]
                              for k, x in v.items()]]
         if t is torch.dtype:
-            return ["dtype", str(v).removeprefix("torch.")]
+            return ["dtype", dtype_name(v)]
         if t is torch.device:
             return ["device", str(v)]
         if v is self.fn:
@@ -143,11 +144,11 @@ class Describer:
         if tag == "dict":
             return {self.resolve(pair(p)[0], depth + 1): self.resolve(pair(p)[1], depth + 1)
                     for p in _list(args)}
-        if tag == "dtype":
-            dt = getattr(torch, _str(args), None)
-            if not isinstance(dt, torch.dtype):
-                raise NotPortable("an unknown dtype")
-            return dt
+        if tag == "dtype":  # never getattr(torch, name): torch's module __getattr__ imports
+            try:
+                return to_dtype(_str(args))
+            except ValueError as e:
+                raise NotPortable(str(e)) from None
         if tag == "device":
             try:
                 return torch.device(_str(args))
