@@ -59,6 +59,10 @@ cache, the minimum per cell; ``--gc-pause on,off``: each row under both settings
 ``--cprofile N`` (with ``--warm``): the warm process's first call under cProfile, its N
 hottest functions by own time and by cumulative time; ``--pstats FILE`` also writes each
 row's profile to ``FILE.<row>``, for ``pstats`` (who calls what: ``print_callers``).
+``--torch-profile N`` (with ``--warm``): the warm process's first call under
+``torch.profiler`` (CPU and, on a GPU, CUDA activities), its N ops and API calls of most
+own CPU time: where time inside C calls goes (first launches, cuBLAS or cuDNN first calls),
+which cProfile shows as one opaque call.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="tiny shapes instead of the full ones")
     p.add_argument("--triton", action="store_true", help="also compile every kernel with Triton for sm_90")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the N hottest functions")
+    p.add_argument("--torch-profile", type=int, default=0, metavar="N",
+                   help="with --warm: the warm first call under torch.profiler, its N ops of most own CPU time")
     p.add_argument("--pstats", default="", metavar="FILE",
                    help="with --cprofile, --real/--warm: also write each row's profile to "
                         "FILE.<row> (pstats)")
@@ -479,11 +485,15 @@ def real_child(args: argparse.Namespace) -> int:
     x = torch.ones(8, device=args.device)
     tf.compile(lambda t: t * 2 + 1)(x)  # imports and first-use costs paid, as in run.py
     tf.reset()
-    prof = cProfile.Profile() if args.cprofile else None
+    prof: Any = cProfile.Profile() if args.cprofile else None
+    if args.torch_profile:
+        prof = _TorchProfile(args.device)
     scale = "small" if args.small else "full"
     result = real_first_call(row, args.device, scale, not args.no_eager_first, prof)
     print(REAL_MARK + json.dumps(result), flush=True)
-    if prof:
+    if isinstance(prof, _TorchProfile):
+        print(prof.table(args.torch_profile), flush=True)
+    elif prof:
         if args.pstats:
             prof.dump_stats(args.pstats)
         for order, n in (("tottime", args.cprofile), ("cumulative", args.cprofile * 2)):
@@ -491,6 +501,25 @@ def real_child(args: argparse.Namespace) -> int:
             pstats.Stats(prof, stream=out).sort_stats(order).print_stats(n)
             print(out.getvalue(), flush=True)
     return 0
+
+
+class _TorchProfile:
+    """``torch.profiler`` with cProfile's ``enable``/``disable``, for `real_first_call`."""
+
+    def __init__(self, device: str) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+        self.prof = profile(activities=acts)
+
+    def enable(self) -> None:
+        self.prof.start()
+
+    def disable(self) -> None:
+        self.prof.stop()
+
+    def table(self, n: int) -> str:
+        return self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=n)
 
 
 def child_env(args: argparse.Namespace, root: str, gc_pause: str) -> dict[str, str]:
@@ -542,6 +571,7 @@ def child_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dic
                     dump = ["--pstats", f"{args.pstats}.{row.name.replace('/', '_')}"] if args.pstats else []
                     last = phase == phases[-1] and rep == args.repeat - 1
                     profiled = ["--cprofile", str(args.cprofile), *dump] if args.cprofile and last else []
+                    profiled += ["--torch-profile", str(args.torch_profile)] if args.torch_profile and last else []
                     result = _run_child([*cmd, *profiled], env, args.timeout, f"{label} {phase}")
                     if result is None:
                         break
@@ -551,11 +581,13 @@ def child_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dic
 
 
 def _run_child(cmd: list[str], env: dict[str, str], timeout: float, label: str) -> dict[str, Any] | None:
+    t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE, timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"{label}: timed out after {timeout:.0f} s", file=sys.stderr)
         return None
+    wall = time.perf_counter() - t0
     lines = proc.stdout.splitlines()
     found = [k for k, line in enumerate(lines) if line.startswith(REAL_MARK)]
     if not found:
@@ -563,10 +595,10 @@ def _run_child(cmd: list[str], env: dict[str, str], timeout: float, label: str) 
         print(f"{label}: failed: {' | '.join(tail)}", file=sys.stderr)
         return None
     result = json.loads(lines[found[0]][len(REAL_MARK):])
-    print(f"{label}: {result['first_call_s']:.2f} s", file=sys.stderr, flush=True)
+    print(f"{label}: {result['first_call_s']:.2f} s (process {wall:.1f} s)", file=sys.stderr, flush=True)
     rest = "\n".join(lines[found[0] + 1:]).strip()
-    if rest:  # the child's cProfile tables
-        print(f"--- {label}: cProfile of the first call\n{rest}\n")
+    if rest:  # the child's profile tables
+        print(f"--- {label}: profile of the first call\n{rest}\n")
     return result
 
 

@@ -110,6 +110,7 @@ def run_tc(row: Any, args: argparse.Namespace) -> float | None:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--tc-child", "--device", args.device,
            *cp.row_flags(row)]
     cmd += ["--small"] if args.small else []
+    t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -118,7 +119,8 @@ def run_tc(row: Any, args: argparse.Namespace) -> float | None:
     for line in proc.stdout.splitlines():
         if line.startswith(TC_MARK):
             seconds = float(json.loads(line[len(TC_MARK):])["first_call_s"])
-            print(f"{row.name} tc cold: {seconds:.2f} s", file=sys.stderr, flush=True)
+            print(f"{row.name} tc cold: {seconds:.2f} s (process {time.perf_counter() - t0:.1f} s)",
+                  file=sys.stderr, flush=True)
             return seconds
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     print(f"{row.name} tc cold: failed: {' | '.join(tail)}", file=sys.stderr)

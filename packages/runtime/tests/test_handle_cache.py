@@ -188,29 +188,54 @@ def test_handle_key_is_the_fast_paths_key():
     assert codegen.handle_key(program, env, [base, base, 3]) is None
 
 
-def test_tuned_handles_are_kept_only_where_every_launch_takes_aligned_buffers():
+def _with_launch_on(program, new_steps, new_buffers):
+    """``program`` plus ``new_steps`` (and their buffers), then a launch reading "v1"."""
+    from torchfuse.graph import schema as S
+
+    launch = S.LaunchStep(kernel="add_kernel", args=(S.TensorRef(name="v1"), S.TensorRef(name="v1"),
+                                                     S.TensorRef(name="buf3"), S.SymRef(expr="s0")))
+    fields = {f: getattr(program, f) for f in program.__struct_fields__}
+    return type(program)(**{**fields, "buffers": (*program.buffers, *new_buffers),
+                            "steps": (*program.steps, *new_steps, launch)})
+
+
+@pytest.mark.parametrize("offset", [0, 4, 1, 2, "s0"])
+def test_tuned_handles_are_kept_where_every_launch_is_aligned_on_every_call(offset):
     from torchfuse.graph import schema as S
 
     assert handle_cache.launches_aligned(P.scale_program("cuda"))
     mixed = P.mixed_program("cuda")
     assert handle_cache.launches_aligned(mixed)
-    # a launch on a view (its offset unknown until run time): no handles from warm-ups
-    view = S.ViewStep(output="v1", base="buf3", sizes=("s0",), strides=(1,), storage_offset=1)
-    launch = S.LaunchStep(kernel="add_kernel", args=(S.TensorRef(name="v1"), S.TensorRef(name="v1"),
-                                                     S.TensorRef(name="buf3"), S.SymRef(expr="s0")))
-    buffers = (*mixed.buffers, S.Buffer(name="v1", dtype="float32", sizes=("s0",), strides=(1,), device="cuda",
-                                        storage_offset=1))
-    odd = type(mixed)(**{**{f: getattr(mixed, f) for f in mixed.__struct_fields__},
-                         "buffers": buffers, "steps": (*mixed.steps, view, launch)})
-    assert not handle_cache.launches_aligned(odd)
+    aligned = offset in (0, 4)  # float32: 0 and 16 bytes in; 4 and 8 bytes, or a symbol's worth, may not be
+    buf = S.Buffer(name="v1", dtype="float32", sizes=("s0",), strides=(1,), device="cuda", storage_offset=offset)
+    # a ViewStep of a buffer the Program allocated
+    view = S.ViewStep(output="v1", base="buf3", sizes=("s0",), strides=(1,), storage_offset=offset)
+    assert handle_cache.launches_aligned(_with_launch_on(mixed, [view], [buf])) is aligned
+    # an extern op returning a view of such a buffer (ConvNeXt's as_strided before a launch)
+    strided = S.ExternStep(op="aten.as_strided.default", outputs=("v1",),
+                           args=(S.TensorRef(name="buf3"), S.ListArg(items=(S.SymRef(expr="s0"),)),
+                                 S.ListArg(items=(S.Int(value=1),)), S.SymRef(expr=str(offset))))
+    assert handle_cache.launches_aligned(_with_launch_on(mixed, [strided], [buf])) is aligned
+    # the same of an input: where its storage starts is not in the handle key
+    of_input = S.ExternStep(op="aten.as_strided.default", outputs=("v1",),
+                            args=(S.TensorRef(name="x"), *strided.args[1:]))
+    assert not handle_cache.launches_aligned(_with_launch_on(mixed, [of_input], [buf]))
+    view_of_input = S.ViewStep(output="v1", base="x", sizes=("s0",), strides=(1,), storage_offset=offset)
+    assert not handle_cache.launches_aligned(_with_launch_on(mixed, [view_of_input], [buf]))
 
 
-def test_an_extern_ops_new_tensors_count_as_allocated_and_its_views_do_not():
-    assert handle_cache._fresh_outputs("aten.mm.default")
-    assert handle_cache._fresh_outputs("aten.native_layer_norm.default")
-    assert not handle_cache._fresh_outputs("aten.split.Tensor")
-    assert not handle_cache._fresh_outputs("aten.narrow.default")
-    assert not handle_cache._fresh_outputs("aten.no_such_op.default")
+def test_an_extern_ops_new_tensors_are_its_own_and_its_views_alias_an_argument():
+    from torchfuse.graph import schema as S
+
+    def step(op, *args):
+        return S.ExternStep(op=op, args=tuple(S.TensorRef(name=a) for a in args), outputs=("o",))
+
+    assert handle_cache._aliased_argument(step("aten.mm.default", "a", "b")) is None
+    assert handle_cache._aliased_argument(step("aten.native_layer_norm.default", "a")) is None
+    assert handle_cache._aliased_argument(step("aten.split.Tensor", "a")) == "a"
+    assert handle_cache._aliased_argument(step("aten.permute.default", "a")) == "a"
+    assert handle_cache._aliased_argument(step("aten.add_.Tensor", "a", "b")) == "a"
+    assert handle_cache._aliased_argument(step("aten.no_such_op.default", "a")) == ""
 
 
 def test_keep_tuned_records_the_winners_binaries_in_launch_order_once():

@@ -219,42 +219,83 @@ def preload(folder: Path, call_key: str, record: Any) -> None:
 
 
 def launches_aligned(program: Any) -> bool:
-    """Whether every tensor a kernel launch of ``program`` takes is an input (whose alignment
-    the handle key holds) or a buffer it allocates at offset 0: then a warm-up, which takes
-    every pointer as 16-byte aligned, makes the binary each launch takes. An extern op's new
-    tensors count as allocated; a view, an extern op's view of its argument (a split, a
-    narrow) or an offset buffer may not be aligned, and a binary made for aligned pointers
-    must not be launched on it."""
+    """Whether every tensor a kernel launch of ``program`` takes is 16-byte aligned on every
+    call whose inputs are: an input (whose alignment the handle key holds), or a tensor over
+    storage the Program's own steps made (a buffer it allocates, an extern op's new tensor,
+    or a view of either: a `ViewStep`, an extern op that returns a view of its argument such
+    as ``as_strided`` or ``permute``) at a constant offset that is a multiple of 16 bytes.
+    Then a warm-up, which takes every pointer as 16-byte aligned, makes the binary each launch
+    takes. A view of an input (its storage's start is not in the key), an offset that depends
+    on a symbol, or one of an odd byte count may not be aligned, and a binary made for aligned
+    pointers must not be launched on it."""
     from torchfuse.graph import schema as S
+    from torchfuse.graph.ops import to_dtype
     from torchfuse.runtime.checks import buffer_table
 
     buffers = buffer_table(program)
-    allocated = {step.buffer for step in program.steps if isinstance(step, S.AllocStep)}
-    for step in program.steps:  # an op's new tensors (no alias in its schema): allocated too
-        if isinstance(step, S.ExternStep) and _fresh_outputs(step.op):
-            allocated.update(step.outputs)
+    own: set[str] = {step.buffer for step in program.steps if isinstance(step, S.AllocStep)}
+    """Tensors over storage the Program made: its start is aligned (allocators align)."""
+    offsets: dict[str, Any] = {name: buf.storage_offset for name, buf in buffers.items()}
+    dtypes: dict[str, str] = {name: buf.dtype for name, buf in buffers.items()}
+    for step in program.steps:
+        if isinstance(step, S.ExternStep):
+            base = _aliased_argument(step)
+            if base is None or base in own:  # new tensors, or views of a tensor over our storage
+                own.update(step.outputs)
+        elif isinstance(step, S.ViewStep):
+            offsets[step.output] = step.storage_offset
+            if step.base in dtypes:
+                dtypes.setdefault(step.output, dtypes[step.base])
+            if step.base in own:
+                own.add(step.output)
     for step in program.steps:
         if not isinstance(step, S.LaunchStep):
             continue
         for arg in step.args:
             if not isinstance(arg, S.TensorRef) or arg.name in program.inputs:
                 continue
-            buf = buffers.get(arg.name)
-            if arg.name not in allocated or buf is None or str(buf.storage_offset) != "0":
+            offset, dtype = _constant(offsets.get(arg.name)), dtypes.get(arg.name)
+            if arg.name not in own or offset is None or dtype is None:
+                return False
+            try:
+                if offset * to_dtype(dtype).itemsize % 16:
+                    return False
+            except Exception:  # a dtype this torch does not know: not taken as aligned
                 return False
     return True
 
 
-def _fresh_outputs(op: str) -> bool:
-    """Whether every tensor ``op`` returns is new (its schema gives none an alias: not a view
-    of an argument), hence allocated by torch, aligned."""
+def _constant(expr: Any) -> int | None:
+    """An offset expression's value when it is a constant (an int, or a string of digits)."""
+    if isinstance(expr, int) and not isinstance(expr, bool):
+        return expr
+    text = str(expr).strip() if isinstance(expr, str) else ""
+    return int(text) if text.isdigit() else None
+
+
+def _aliased_argument(step: Any) -> str | None:
+    """For an extern op whose returns alias an argument (a view of it: ``as_strided``,
+    ``permute``, a split), the name of the tensor they alias; None when every return is a new
+    tensor; ``""`` when the aliased tensor cannot be named."""
+    from torchfuse.graph import schema as S
     from torchfuse.graph.ops import resolve_op
 
     try:
-        returns = resolve_op(op)._schema.returns
+        schema = resolve_op(step.op)._schema
     except Exception:  # unknown here: not taken as aligned
-        return False
-    return all(r.alias_info is None for r in returns)
+        return ""
+    aliasing = [r.alias_info for r in schema.returns if r.alias_info is not None]
+    if not aliasing:
+        return None
+    # a list's alias set is its elements' (``Tensor(a)[]``), which the schema object does not
+    # show: such a return aliases the argument that has any alias set
+    sets = set().union(*(info.before_set for info in aliasing))
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or (sets and not sets & set(a.alias_info.before_set)):
+            continue
+        value = step.args[i] if i < len(step.args) else step.kwargs.get(a.name)
+        return value.name if isinstance(value, S.TensorRef) else ""
+    return ""
 
 
 def keep_tuned(fn: Any, jobs: Sequence[Any], key: tuple[Any, ...] | None) -> None:
