@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--triton", action="store_true", help="also compile every kernel with Triton for sm_90")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the N hottest functions")
     p.add_argument("--torch-profile", type=int, default=0, metavar="N",
-                   help="with --warm: the warm first call under torch.profiler, its N ops of most own CPU time")
+                   help="with --warm: the warm first call under torch.profiler, "
+                        "its N ops of most own CPU time")
     p.add_argument("--pstats", default="", metavar="FILE",
                    help="with --cprofile, --real/--warm: also write each row's profile to "
                         "FILE.<row> (pstats)")
@@ -571,7 +572,8 @@ def child_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dic
                     dump = ["--pstats", f"{args.pstats}.{row.name.replace('/', '_')}"] if args.pstats else []
                     last = phase == phases[-1] and rep == args.repeat - 1
                     profiled = ["--cprofile", str(args.cprofile), *dump] if args.cprofile and last else []
-                    profiled += ["--torch-profile", str(args.torch_profile)] if args.torch_profile and last else []
+                    if args.torch_profile and last:
+                        profiled += ["--torch-profile", str(args.torch_profile)]
                     result = _run_child([*cmd, *profiled], env, args.timeout, f"{label} {phase}")
                     if result is None:
                         break

@@ -3,6 +3,7 @@
     python benchmarks/compile_targets.py --device cuda --models gpt2,vit_b_16 --model-modes training
     python benchmarks/compile_targets.py --device cuda --only softmax,layer_norm_train --out DIR --tag T
     python benchmarks/compile_targets.py --device cpu --small --only softmax      # smoke test
+    python benchmarks/compile_targets.py --collect benchmarks/results             # every row's latest
 
 For each row (a model of ``models.py`` with ``--models``, or a workload of ``workloads.py``
 with ``--only``), three fresh processes, one after the other:
@@ -19,12 +20,14 @@ and then times the first compiled call (compile and first step, synchronized); `
 keeps each cell's minimum over N runs, each with fresh caches. Both compilers
 run with the same ``ptxas`` (`run._pin_ptxas`). The table gives the two ratios the issue's
 targets are about: ``tf cold / tc cold`` (target ≤ 0.5) and ``tf warm / tf cold`` (≤ 0.15),
-followed by the stage breakdown of torchfuse's processes. ``tf cold, tuned s`` is when the
-cold process was done tuning: its first call, the wait for the background compiles and a
-second call (which tunes what the first deferred, ``TORCHFUSE_AUTOTUNE_LATER``). With ``--out``,
-``<tag>.json``
-(schema ``torchfuse-compile-targets/1``) and ``<tag>.md`` are rewritten after every row, so a
-run cut short keeps what it measured.
+followed by the stage breakdown of torchfuse's processes. ``--collect DIR`` runs nothing: it
+reads every GPU run's JSON in DIR and prints each row's latest measurement with torch.compile
+(its run and GPU named beside it), then the rows of ``models.py`` never measured.
+``tf cold, tuned s`` is when the cold process was done tuning: its first call, the wait for
+the background compiles and a second call (which tunes what the first deferred,
+``TORCHFUSE_AUTOTUNE_LATER``). With ``--out``, ``<tag>.json`` (schema
+``torchfuse-compile-targets/1``) and ``<tag>.md`` are rewritten after every row, so a run cut
+short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -62,9 +65,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tag", default="", help="file name stem (default: compile_targets_<device>_<time>)")
     p.add_argument("--skip-tc", action="store_true",
                    help="torchfuse's processes only (a setting's effect, beside a run with torch.compile)")
+    p.add_argument("--collect", default="", metavar="DIR",
+                   help="run nothing: each row's latest GPU measurement among DIR's result files")
     p.add_argument("--tc-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not args.only and not args.models:
+    if not args.only and not args.models and not args.collect:
         p.error("name the rows: --models and/or --only")
     return args
 
@@ -176,10 +181,63 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+WARM_STAGES = ("capture", "runtime.precompile", "runtime.run")
+
+
+def collect(folder: Path) -> list[str]:
+    """Each row's latest GPU measurement with torch.compile among ``folder``'s result files
+    (newest run first by its recorded date), as a markdown table, then the model rows never
+    measured."""
+    latest: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    for path in sorted(folder.glob("compile_targets_*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        env = doc.get("environment", {})
+        gpu_run = str(env.get("device", "")).startswith("cuda")
+        if doc.get("schema") != "torchfuse-compile-targets/1" or not gpu_run:
+            continue
+        for r in doc["rows"]:
+            if r.get("tc_cold_s") is None or r.get("tf_cold_s") is None:
+                continue
+            date = str(env.get("date", ""))
+            if r["row"] not in latest or date >= latest[r["row"]][0]:
+                gpu = str(env.get("gpu", "?")).replace("NVIDIA ", "")
+                latest[r["row"]] = (date, f"{doc['tag']} ({gpu})", r)
+    lines = ["| row | tc cold s | tf cold s | tf warm s | tf cold / tc cold | tf warm / cold "
+             "| warm capture / precompile / first run, ms | run |", "|---|---|---|---|---|---|---|---|"]
+    cold_ok = warm_ok = 0
+    for name in sorted(latest):
+        _, run, r = latest[name]
+        cold, warm = r["tf_cold_over_tc"], r["tf_warm_over_cold"]
+        cold_ok += cold is not None and cold <= COLD_TARGET
+        warm_ok += warm is not None and warm <= WARM_TARGET
+        stages = (r.get("tf_stages") or {}).get(f"{name} warm", {}).get("stages_s", {})
+        split = " / ".join(f"{stages[k] * 1e3:.0f}" if k in stages else "-" for k in WARM_STAGES)
+        warm_cell = "-" if warm is None else f"{warm:.1%} {'ok' if warm <= WARM_TARGET else 'MISS'}"
+        cold_cell = "-" if cold is None else f"{cold:.2f} {'ok' if cold <= COLD_TARGET else 'MISS'}"
+        tf_warm = "-" if r["tf_warm_s"] is None else f"{r['tf_warm_s']:.2f}"
+        lines.append(f"| {name} | {r['tc_cold_s']:.2f} | {r['tf_cold_s']:.2f} | {tf_warm} | {cold_cell} | "
+                     f"{warm_cell} | {split} | {run} |")
+    lines += ["", f"{len(latest)} rows: cold <= {COLD_TARGET:.0%} of torch.compile's on {cold_ok}, "
+              f"warm <= {WARM_TARGET:.0%} of cold on {warm_ok} (each row's latest run; runs differ in "
+              "host and tree: compare ratios, not seconds)"]
+    import models
+
+    missing = [f"{m.name}/{mode}" for m in models.MODELS for mode in ("inference", "training")
+               if f"{m.name}/{mode}" not in latest]
+    lines.append("never measured: " + (", ".join(missing) if missing else "none"))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tc_child:
         return tc_child(args)
+    if args.collect:
+        print("\n".join(collect(Path(args.collect))))
+        return 0
     from run import _pin_ptxas
 
     _pin_ptxas()  # one ptxas for every child (Triton keys its cache by its version)
