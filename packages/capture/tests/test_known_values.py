@@ -121,6 +121,42 @@ def test_known_causal_mask_becomes_is_causal():
     assert len(call.args) == 5 and call.args[4].value is True and "attn_mask" not in call.kwargs
 
 
+def test_a_causal_mask_made_at_the_batchs_size_becomes_is_causal():
+    """``transformers`` makes its mask from aranges over batch, head, query and key, a fresh
+    ``(batch, 1, q, kv)`` bool: 2 MiB for 8 x 512 x 512, which a 1 MiB limit lost (the graph
+    then kept a mask that eager drops)."""
+    from torchfuse.capture import known
+
+    q = torch.randn(8, 1, 512, 4)
+
+    def f(q):
+        b, n = q.shape[0], q.shape[-2]
+        batch, head, rows, cols = torch.arange(b), torch.arange(1), torch.arange(n), torch.arange(n)
+        mask = (rows[None, None, :, None] >= cols[None, None, None, :]) & (batch[:, None, None, None] >= 0) \
+            & (head[None, :, None, None] >= 0)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    assert 8 * 512 * 512 > known.MAX_BYTES and 8 * 512 * 512 <= known.MAX_EXACT_BYTES
+    c = check(f, q, breaks=0)
+    (call,) = [n for r in c.results if r.graph is not None for n in r.graph.nodes
+               if "scaled_dot_product" in n.op]
+    assert len(call.args) == 5 and call.args[4].value is True and "attn_mask" not in call.kwargs
+
+
+def test_a_float_result_over_the_limit_is_not_known():
+    from torchfuse.capture import known
+
+    n = int((known.MAX_BYTES // 4) ** 0.5) + 1  # a float32 n x n just over the limit
+
+    def f(x):
+        big = torch.zeros(n, n)  # known only if kept: too big
+        if (big == 0).all():
+            return x + 1
+        return x - 1
+
+    check(f, torch.randn(3), breaks=1)
+
+
 def test_symbolic_sizes_are_not_known():
     def f(x):
         if (torch.arange(x.shape[0]) < 100).all():

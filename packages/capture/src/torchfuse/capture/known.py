@@ -17,7 +17,7 @@ capture can answer questions eager answers by looking at data:
 A value is known when the op makes it from no tensors at all (``arange``, ``ones``, ``full``,
 ``scalar_tensor``; never ``empty`` or a random draw) or from tensors that are all known, the
 op is deterministic, no size is symbolic, and each fresh result holds at most
-`MAX_BYTES`. Views of a known tensor are views of its real value, so an in-place write
+`MAX_BYTES` (floating point) or `MAX_EXACT_BYTES` (boolean and integer: masks, indices). Views of a known tensor are views of its real value, so an in-place write
 through one is seen through the others, as on the device. An in-place op with an unknown
 input forgets the known values of every tensor that shares memory with what it writes. Values are
 computed on the CPU with autocast off; integer and boolean results are exact, and float
@@ -48,7 +48,18 @@ from torchfuse.graph.ops import op_name
 from torchfuse.graph.tracing import FakeTensor, GraphBuilder, Recorder, flat_args, is_symbolic, map_args
 
 MAX_BYTES = 1 << 20
-"""The largest fresh result (in bytes) computed beside the fakes."""
+"""The largest fresh floating-point result (in bytes) kept beside the fakes."""
+
+MAX_EXACT_BYTES = 16 << 20
+"""The largest fresh boolean or integer result kept: attention masks and indices, whose
+values are exact and which the mask checks read. A causal mask is made at the batch's size
+(``transformers``: ``(batch, 1, q, kv)``; GPT-2's 8 x 512 x 512 is 2 MiB) and was lost at
+1 MiB: the graph then kept the mask that eager drops (2026-12-07, seventh session)."""
+
+
+def _fits(value: torch.Tensor) -> bool:
+    limit = MAX_BYTES if value.dtype.is_floating_point or value.dtype.is_complex else MAX_EXACT_BYTES
+    return value.untyped_storage().nbytes() <= limit
 
 _NEVER = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "exponential",
           "poisson", "cauchy", "geometric", "log_normal", "random", "empty", "_local_scalar_dense",
@@ -168,7 +179,7 @@ class KnownValues:
         pairs = [(f, r) for f, r in zip(outs, results, strict=False)
                  if isinstance(f, FakeTensor) and isinstance(r, torch.Tensor)]
         for fake, value in pairs:
-            if value.untyped_storage().nbytes() > MAX_BYTES or value.shape != fake.shape:
+            if not _fits(value) or value.shape != fake.shape:
                 continue
             self._values[id(fake)] = (fake, value)
 
@@ -196,7 +207,8 @@ class KnownValues:
         if entry is None or entry[0] is not x or type(c) not in (int, float) or c != c:
             return False
         answer = _DECIDED[op](entry[1], entry[2], c)
-        if answer is None or out.numel() * out.element_size() > MAX_BYTES:
+        limit = MAX_BYTES if out.dtype.is_floating_point else MAX_EXACT_BYTES
+        if answer is None or out.numel() * out.element_size() > limit:
             return False
         self._values[id(out)] = (out, torch.full(tuple(out.shape), answer, dtype=out.dtype))
         return True
@@ -253,4 +265,4 @@ def causal_mask(mask: Any, known: KnownValues) -> bool:
     return bool((value == torch.ones(rows, cols, dtype=torch.bool).tril()).all())
 
 
-__all__ = ["MAX_BYTES", "SCALAR_QUERIES", "KnownRecorder", "KnownValues", "causal_mask", "noop_mask"]
+__all__ = ["MAX_BYTES", "MAX_EXACT_BYTES", "SCALAR_QUERIES", "KnownRecorder", "KnownValues", "causal_mask", "noop_mask"]
