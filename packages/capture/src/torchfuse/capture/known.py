@@ -16,9 +16,10 @@ capture can answer questions eager answers by looking at data:
 
 A value is known when the op makes it from no tensors at all (``arange``, ``ones``, ``full``,
 ``scalar_tensor``; never ``empty`` or a random draw) or from tensors that are all known, the
-op is deterministic, no size is symbolic, and each fresh result holds at most
-`MAX_BYTES` (floating point) or `MAX_EXACT_BYTES` (boolean and integer: masks, indices). Views of a known tensor are views of its real value, so an in-place write
-through one is seen through the others, as on the device. An in-place op with an unknown
+op is deterministic, no size is symbolic, and each fresh result holds at most `MAX_BYTES`
+(floating point) or `MAX_EXACT_BYTES` (boolean and integer: masks, indices). Views of a
+known tensor are views of its real value, so an in-place write through one is seen through
+the others, as on the device. An in-place op with an unknown
 input forgets the known values of every tensor that shares memory with what it writes. Values are
 computed on the CPU with autocast off; integer and boolean results are exact, and float
 results can differ from the device's in the last bits, which only matters for a Python branch
@@ -265,4 +266,5 @@ def causal_mask(mask: Any, known: KnownValues) -> bool:
     return bool((value == torch.ones(rows, cols, dtype=torch.bool).tril()).all())
 
 
-__all__ = ["MAX_BYTES", "MAX_EXACT_BYTES", "SCALAR_QUERIES", "KnownRecorder", "KnownValues", "causal_mask", "noop_mask"]
+__all__ = ["MAX_BYTES", "MAX_EXACT_BYTES", "SCALAR_QUERIES", "KnownRecorder", "KnownValues", "causal_mask",
+           "noop_mask"]
