@@ -84,6 +84,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+STARTED = time.perf_counter()
+"""When this script started running (its own imports done): a child's setup is timed from here."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -429,11 +431,14 @@ def real_first_call(row: Row, device: str, scale: str, eager_first: bool = True,
     from torchfuse.runtime import wait_for_background
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    t0 = time.perf_counter()
     fn, step = row.build(device, scale)
+    t1 = time.perf_counter()
     if eager_first:
         step(fn)
     sync()
     gc.collect()
+    setup = {"build": t1 - t0, "eager": time.perf_counter() - t1}
     # every entry keeps its stages and counts while this runs, and renders no debug text
     # (graph.py, guards.txt, IR dumps: what a real first call without TORCHFUSE_DEBUG skips)
     with observe.collect(artifacts=False):
@@ -467,7 +472,8 @@ def real_first_call(row: Row, device: str, scale: str, eager_first: bool = True,
             for k, v in ct.items():
                 k = k.removeprefix("backward.")
                 counts[k] = counts.get(k, 0) + v
-    return {"first_call_s": seconds, "tuned_s": tuned, "stages_s": stages, "counts": counts}
+    return {"first_call_s": seconds, "tuned_s": tuned, "stages_s": stages, "counts": counts,
+            "setup_s": setup}
 
 
 def _real_group(stage: str) -> str:
@@ -483,14 +489,17 @@ def real_child(args: argparse.Namespace) -> int:
     import torchfuse.capture as tf
 
     (row,) = select_rows(args)
+    t0 = time.perf_counter()
     x = torch.ones(8, device=args.device)
     tf.compile(lambda t: t * 2 + 1)(x)  # imports and first-use costs paid, as in run.py
     tf.reset()
+    setup = {"imports": t0 - STARTED, "warm_up": time.perf_counter() - t0}
     prof: Any = cProfile.Profile() if args.cprofile else None
     if args.torch_profile:
         prof = _TorchProfile(args.device)
     scale = "small" if args.small else "full"
     result = real_first_call(row, args.device, scale, not args.no_eager_first, prof)
+    result["setup_s"] = {**setup, **result.get("setup_s", {})}
     print(REAL_MARK + json.dumps(result), flush=True)
     if isinstance(prof, _TorchProfile):
         print(prof.table(args.torch_profile), flush=True)
@@ -546,7 +555,7 @@ def _min_cells(runs: list[dict[str, Any]]) -> dict[str, Any]:
             stages[k] = min(stages.get(k, v), v)
     return {"first_call_s": min(r["first_call_s"] for r in runs),
             "tuned_s": min(r.get("tuned_s", float("inf")) for r in runs), "stages_s": stages,
-            "counts": runs[0]["counts"], "runs": len(runs)}
+            "counts": runs[0]["counts"], "runs": len(runs), "setup_s": runs[0].get("setup_s", {})}
 
 
 def child_rows(rows: list[Row], args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
@@ -597,7 +606,9 @@ def _run_child(cmd: list[str], env: dict[str, str], timeout: float, label: str) 
         print(f"{label}: failed: {' | '.join(tail)}", file=sys.stderr)
         return None
     result = json.loads(lines[found[0]][len(REAL_MARK):])
-    print(f"{label}: {result['first_call_s']:.2f} s (process {wall:.1f} s)", file=sys.stderr, flush=True)
+    setup = ", ".join(f"{k} {v:.1f}" for k, v in result.get("setup_s", {}).items())
+    print(f"{label}: {result['first_call_s']:.2f} s (process {wall:.1f} s: {setup}; "
+          f"until tuned {result.get('tuned_s', 0.0):.1f})", file=sys.stderr, flush=True)
     rest = "\n".join(lines[found[0] + 1:]).strip()
     if rest:  # the child's profile tables
         print(f"--- {label}: profile of the first call\n{rest}\n")

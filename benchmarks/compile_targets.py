@@ -90,17 +90,23 @@ def tc_child(args: argparse.Namespace) -> int:
 
     (row,) = cp.select_rows(_profile_args(args))
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    marks = [time.perf_counter()]
     x = torch.ones(8, device=args.device)
     torch.compile(lambda t: t * 2 + 1)(x)  # imports and first-use costs paid
     sync()
+    marks.append(time.perf_counter())
     fn, step = row.build(args.device, "small" if args.small else "full")
+    marks.append(time.perf_counter())
     step(fn)  # the model's own first-use costs (lazy imports) are not the compiler's
     sync()
     gc.collect()
+    marks.append(time.perf_counter())
     t0 = time.perf_counter()
     step(torch.compile(fn))
     sync()
-    print(TC_MARK + json.dumps({"first_call_s": time.perf_counter() - t0}), flush=True)
+    setup = {"imports": marks[0] - cp.STARTED, "warm_up": marks[1] - marks[0], "build": marks[2] - marks[1],
+             "eager": marks[3] - marks[2]}
+    print(TC_MARK + json.dumps({"first_call_s": time.perf_counter() - t0, "setup_s": setup}), flush=True)
     return 0
 
 
@@ -123,8 +129,10 @@ def run_tc(row: Any, args: argparse.Namespace) -> float | None:
         return None
     for line in proc.stdout.splitlines():
         if line.startswith(TC_MARK):
-            seconds = float(json.loads(line[len(TC_MARK):])["first_call_s"])
-            print(f"{row.name} tc cold: {seconds:.2f} s (process {time.perf_counter() - t0:.1f} s)",
+            found = json.loads(line[len(TC_MARK):])
+            seconds = float(found["first_call_s"])
+            setup = ", ".join(f"{k} {v:.1f}" for k, v in found.get("setup_s", {}).items())
+            print(f"{row.name} tc cold: {seconds:.2f} s (process {time.perf_counter() - t0:.1f} s: {setup})",
                   file=sys.stderr, flush=True)
             return seconds
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
