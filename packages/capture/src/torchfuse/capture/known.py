@@ -58,9 +58,9 @@ values are exact and which the mask checks read. A causal mask is made at the ba
 1 MiB: the graph then kept the mask that eager drops (2026-12-07, seventh session)."""
 
 
-def _fits(value: torch.Tensor) -> bool:
-    limit = MAX_BYTES if value.dtype.is_floating_point or value.dtype.is_complex else MAX_EXACT_BYTES
-    return value.untyped_storage().nbytes() <= limit
+def _limit(dtype: torch.dtype) -> int:
+    """The largest fresh result of ``dtype`` kept: `MAX_BYTES` or `MAX_EXACT_BYTES`."""
+    return MAX_BYTES if dtype.is_floating_point or dtype.is_complex else MAX_EXACT_BYTES
 
 _NEVER = ("rand", "bernoulli", "dropout", "normal", "uniform", "multinomial", "exponential",
           "poisson", "cauchy", "geometric", "log_normal", "random", "empty", "_local_scalar_dense",
@@ -180,7 +180,7 @@ class KnownValues:
         pairs = [(f, r) for f, r in zip(outs, results, strict=False)
                  if isinstance(f, FakeTensor) and isinstance(r, torch.Tensor)]
         for fake, value in pairs:
-            if not _fits(value) or value.shape != fake.shape:
+            if value.untyped_storage().nbytes() > _limit(value.dtype) or value.shape != fake.shape:
                 continue
             self._values[id(fake)] = (fake, value)
 
@@ -208,8 +208,7 @@ class KnownValues:
         if entry is None or entry[0] is not x or type(c) not in (int, float) or c != c:
             return False
         answer = _DECIDED[op](entry[1], entry[2], c)
-        limit = MAX_BYTES if out.dtype.is_floating_point else MAX_EXACT_BYTES
-        if answer is None or out.numel() * out.element_size() > limit:
+        if answer is None or out.numel() * out.element_size() > _limit(out.dtype):
             return False
         self._values[id(out)] = (out, torch.full(tuple(out.shape), answer, dtype=out.dtype))
         return True

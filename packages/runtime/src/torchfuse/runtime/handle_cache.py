@@ -266,11 +266,15 @@ def launches_aligned(program: Any) -> bool:
 
 
 def _constant(expr: Any) -> int | None:
-    """An offset expression's value when it is a constant (an int, or a string of digits)."""
-    if isinstance(expr, int) and not isinstance(expr, bool):
-        return expr
-    text = str(expr).strip() if isinstance(expr, str) else ""
-    return int(text) if text.isdigit() else None
+    """An offset expression's value when it names no size symbol; None otherwise."""
+    from torchfuse.graph.expr import evaluate, free_symbols
+
+    if expr is None or isinstance(expr, bool):
+        return None
+    try:
+        return None if free_symbols(expr) else evaluate(expr)
+    except Exception:  # not an expression of the format: not taken as constant
+        return None
 
 
 def _aliased_argument(step: Any) -> str | None:
