@@ -67,10 +67,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="torchfuse's processes only (a setting's effect, beside a run with torch.compile)")
     p.add_argument("--collect", default="", metavar="DIR",
                    help="run nothing: each row's latest GPU measurement among DIR's result files")
+    p.add_argument("--slots", type=int, default=1, metavar="N",
+                   help="run the rows in N processes at once, slot i on GPU i alone and its share of the "
+                        "cores (a host of N GPUs measured as N one-GPU machines)")
+    p.add_argument("--rows", default="", help=argparse.SUPPRESS)  # a slot's rows, by name
     p.add_argument("--tc-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.only and not args.models and not args.collect:
         p.error("name the rows: --models and/or --only")
+    if args.slots < 1:
+        p.error("--slots must be at least 1")
     return args
 
 
@@ -239,6 +245,22 @@ def collect(folder: Path) -> list[str]:
     return lines
 
 
+def measure_row(row: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """One row: torch.compile's cold process(es), then torchfuse's cold and warm ones."""
+    runs = [] if args.skip_tc else \
+        [t for t in (run_tc(row, args) for _ in range(max(1, args.repeat))) if t is not None]
+    tc = min(runs) if runs else None
+    tf = dict(cp.child_rows([row], _profile_args(args)))
+    cold, warm = tf.get(f"{row.name} cold"), tf.get(f"{row.name} warm")
+    tf_cold = cold["first_call_s"] if cold else None
+    tf_warm = warm["first_call_s"] if warm else None
+    tuned = cold.get("tuned_s") if cold else None
+    return {"row": row.name, "tc_cold_s": tc, "tf_cold_s": tf_cold, "tf_warm_s": tf_warm,
+            "tf_cold_over_tc": _ratio(tf_cold, tc), "tf_warm_over_cold": _ratio(tf_warm, tf_cold),
+            "tf_cold_tuned_s": tuned if tuned is not None and tuned < float("inf") else None,
+            "tf_stages": tf}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tc_child:
@@ -255,37 +277,40 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"schema": "torchfuse-compile-targets/1", "tag": tag,
                            "environment": environment(args.device), "rows": []}
-    stage_rows: list[tuple[str, dict[str, Any]]] = []
-    for row in cp.select_rows(_profile_args(args)):
-        runs = [] if args.skip_tc else \
-            [t for t in (run_tc(row, args) for _ in range(max(1, args.repeat))) if t is not None]
-        tc = min(runs) if runs else None
-        tf = dict(cp.child_rows([row], _profile_args(args)))
-        cold, warm = tf.get(f"{row.name} cold"), tf.get(f"{row.name} warm")
-        stage_rows += [(k, v) for k, v in tf.items()]
-        tf_cold = cold["first_call_s"] if cold else None
-        tf_warm = warm["first_call_s"] if warm else None
-        tuned = cold.get("tuned_s") if cold else None
-        doc["rows"].append({"row": row.name, "tc_cold_s": tc, "tf_cold_s": tf_cold, "tf_warm_s": tf_warm,
-                            "tf_cold_over_tc": _ratio(tf_cold, tc),
-                            "tf_warm_over_cold": _ratio(tf_warm, tf_cold),
-                            "tf_cold_tuned_s": tuned if tuned is not None and tuned < float("inf") else None,
-                            "tf_stages": tf})
-        if out:  # after every row: a run cut short keeps what it measured
+
+    def write() -> None:  # after every row: a run cut short keeps what it measured
+        if out:
             (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
-            (out / f"{tag}.md").write_text(_markdown(doc, stage_rows) + "\n")
-    text = _markdown(doc, stage_rows)
-    print(text)
+            (out / f"{tag}.md").write_text(_markdown(doc) + "\n")
+
+    rows = cp.select_rows(_profile_args(args))
+    if args.rows:
+        wanted = set(args.rows.split(","))
+        rows = [r for r in rows if r.name in wanted]
+    if args.slots > 1:
+        from targets_slots import run_slots
+
+        run_slots(rows, args, doc, write)
+    else:
+        for row in rows:
+            doc["rows"].append(measure_row(row, args))
+            write()
+    print(_markdown(doc))
     return 0
 
 
-def _markdown(doc: dict[str, Any], stage_rows: list[tuple[str, dict[str, Any]]]) -> str:
+def _markdown(doc: dict[str, Any]) -> str:
     env = doc["environment"]
+    stage_rows = [(k, v) for r in doc["rows"] for k, v in (r.get("tf_stages") or {}).items()]
     head = [f"# Compile-time targets: {doc['tag']}", "",
             ", ".join(f"{k} {v}" for k, v in env.items()), "",
             "First call of each compiler in a fresh process (compile + first step); tc = torch.compile "
             "(cold: empty caches), tf = torchfuse (cold, then warm over the caches the cold process left).",
             ""]
+    for slot in doc.get("slots", []):  # --slots: where each row ran
+        head.append(f"- slot {slot['slot']}: GPU {slot['gpu'] or '-'}, cores {slot['cores']}: "
+                    + ", ".join(slot["rows"]))
+    head += [""] if doc.get("slots") else []
     buf = io.StringIO()
     if stage_rows:
         with redirect_stdout(buf):

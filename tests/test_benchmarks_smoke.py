@@ -338,3 +338,33 @@ def test_compile_targets_measures_both_compilers_and_judges_the_targets(tmp_path
     assert warm.get("inductor.cache.program_hits") == 1 and not warm.get("inductor.cache.program_misses")
     text = (tmp_path / "smoke.md").read_text()
     assert "| softmax |" in text and "targets: cold <= 50%" in text and "| softmax warm |" in text
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="two slots need two cores")
+def test_compile_targets_slots_run_rows_at_once_on_their_own_cores(tmp_path: Path) -> None:
+    proc = _run(str(BENCH / "compile_targets.py"), "--device", "cpu", "--small", "--only", "softmax,cross_entropy",
+                "--slots", "2", "--skip-tc", "--out", str(tmp_path), "--tag", "slots", "--timeout", "240")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "slots.json").read_text())
+    assert [r["row"] for r in doc["rows"]] == ["softmax", "cross_entropy"]  # the rows' order, not the slots'
+    assert sorted(r["slot"] for r in doc["rows"]) == [0, 1] and all(r["tf_warm_s"] > 0 for r in doc["rows"])
+    slots = {s["slot"]: s for s in doc["slots"]}
+    assert slots[0]["cores"] != slots[1]["cores"] and slots[0]["rows"] != slots[1]["rows"]
+    assert "[slot 0]" in proc.stderr and "[slot 1]" in proc.stderr  # each slot's progress, labelled
+
+
+def test_targets_slots_deal_rows_longest_first_and_split_cores() -> None:
+    spec = importlib.util.spec_from_file_location("targets_slots", BENCH / "targets_slots.py")
+    slots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(slots)
+    names = ["softmax", "gpt2/inference", "gpt2/training", "bert/training", "vit/inference"]
+    dealt = slots.deal(names, 2)
+    assert sorted(n for part in dealt for n in part) == sorted(names)  # every row once
+    # the training rows first, one per slot, then each inference row onto the lighter slot
+    assert dealt == [["softmax", "gpt2/inference", "gpt2/training"], ["bert/training", "vit/inference"]]
+    assert slots.deal(["softmax"], 3) == [["softmax"], [], []]
+    cores = slots.core_sets(1)
+    assert cores == [sorted(os.sched_getaffinity(0))]
+    with pytest.raises(SystemExit, match="fewer than the slots"):
+        slots.core_sets(len(cores[0]) + 1)
