@@ -22,7 +22,8 @@ run with the same ``ptxas`` (`run._pin_ptxas`). The table gives the two ratios t
 targets are about: ``tf cold / tc cold`` (target ≤ 0.5) and ``tf warm / tf cold`` (≤ 0.15),
 followed by the stage breakdown of torchfuse's processes. ``--collect DIR`` runs nothing: it
 reads every GPU run's JSON in DIR and prints each row's latest measurement with torch.compile
-(its run and GPU named beside it), then the rows of ``models.py`` never measured.
+(its run and GPU named beside it), then the rows of ``models.py`` and ``workloads.py`` never
+measured.
 ``tf cold, tuned s`` is when the cold process was done tuning: its first call, the wait for
 the background compiles and a second call (which tunes what the first deferred,
 ``TORCHFUSE_AUTOTUNE_LATER``). With ``--out``, ``<tag>.json`` (schema
@@ -238,10 +239,13 @@ def collect(folder: Path) -> list[str]:
               f"warm <= {WARM_TARGET:.0%} of cold on {warm_ok} (each row's latest run; runs differ in "
               "host and tree: compare ratios, not seconds)"]
     import models
+    import workloads
 
     missing = [f"{m.name}/{mode}" for m in models.MODELS for mode in ("inference", "training")
                if f"{m.name}/{mode}" not in latest]
-    lines.append("never measured: " + (", ".join(missing) if missing else "none"))
+    lines.append("model rows never measured: " + (", ".join(missing) if missing else "none"))
+    missing = [w.name for w in workloads.WORKLOADS if w.name not in latest]
+    lines.append("micro rows never measured: " + (", ".join(missing) if missing else "none"))
     return lines
 
 
