@@ -183,6 +183,72 @@ def test_a_closure_function_is_bound_by_its_code(kept):
     assert not _entry(other).from_disk
 
 
+class _Rotary(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv", torch.arange(1.0, 9.0))
+
+    @torch.no_grad()  # the decorator closes over a torch.no_grad object, guarded by identity
+    def forward(self, x):
+        return torch.cos(x * self.inv)
+
+
+class _WithRotary(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.rot = nn.Linear(8, 8), _Rotary()
+
+    def forward(self, x):
+        return self.lin(x) * self.rot(x)
+
+
+def test_a_grad_mode_decorated_method_is_bound_to_the_object_it_closes_over(kept, no_capture):
+    """transformers' rotary embeddings are ``@torch.no_grad()`` methods: the entry guards the
+    decorator's ``no_grad`` object by identity. It is kept as 'the object that source reads,
+    of this class, with this state', so a later compile rebuilds the entry."""
+    torch.manual_seed(0)
+    m, x = _WithRotary(), torch.randn(4, 8, requires_grad=True)
+    first = compile(m, backend="eager")
+    assert_same(first(x), m(x))
+    assert not _entry(first).from_disk and len(list(kept.iterdir())) == 1  # kept
+    no_capture()
+    again = compile(m, backend="eager")
+    out = again(x)
+    assert _entry(again).from_disk
+    assert_same(out, m(x))
+    (g,) = torch.autograd.grad(out.sum(), x)
+    (ref,) = torch.autograd.grad(m(x).sum(), x)
+    torch.testing.assert_close(g, ref)
+
+
+def test_a_plain_object_is_bound_only_to_one_of_its_class_and_state():
+    from torchfuse.capture.portable import Describer, check_read, describe_read
+
+    class State:
+        def __init__(self, k):
+            self.k = k
+
+    class Other:
+        def __init__(self, k):
+            self.k = k
+
+    class Slotted:
+        __slots__ = ("k",)
+
+    d = Describer(lambda: None)
+    desc = describe_read(d, State(1))
+    assert desc is not None and desc[:2] == ["read", "object"]
+    fresh = State(1)
+    assert check_read(d, desc, fresh) is fresh
+    for wrong in (State(2), Other(1), State([1])):
+        with pytest.raises(NotPortable):
+            check_read(d, desc, wrong)
+    assert describe_read(d, Slotted()) is None  # state outside __dict__: no description
+    assert describe_read(d, State(object())) is None  # state of no portable description
+    grad_off = describe_read(d, torch.no_grad())
+    assert check_read(d, grad_off, torch.no_grad()) is not None
+
+
 def test_the_switch_turns_it_off(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHFUSE_CACHE_DIR", str(tmp_path))
     with config.patch(capture_cache=False):

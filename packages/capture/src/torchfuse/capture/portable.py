@@ -204,16 +204,34 @@ def class_digest(cls: type) -> str:
 
 def describe_read(d: Describer, obj: Any) -> list[Any] | None:
     """For an object guarded by identity that has no name (a model, a submodule kept in a
-    global, a closure's function): ``["read", …]``, to be bound to the object the guard's own
-    source reads in the loading process, when that object is a module of the same class or a
-    function with the same code (`check_read`). ``None`` for anything else."""
+    global, a closure's function, the ``torch.no_grad()`` a decorated method closes over):
+    ``["read", …]``, to be bound to the object the guard's own source reads in the loading
+    process, when that object is a module of the same class, a function with the same code, or
+    a plain Python object (all of its state in its ``__dict__``) of the same class whose
+    ``__dict__`` describes the same (`check_read`). ``None`` for anything else."""
     if isinstance(obj, torch.nn.Module):
         return ["read", "module", type_ref(d, type(obj))]
     if isinstance(obj, types.FunctionType):
         return ["read", "function", code_digest(obj.__code__)]
     if isinstance(obj, type):
         return ["read", "type", class_digest(obj)]
+    if _state_in_dict(type(obj)):
+        try:
+            return ["read", "object", [type_ref(d, type(obj)), d.describe(dict(vars(obj)))]]
+        except NotPortable:
+            return None
     return None
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class written in Python
+
+
+def _state_in_dict(cls: type) -> bool:
+    """Whether an instance of ``cls`` keeps all of its state in its ``__dict__``: every
+    class of its MRO but ``object`` written in Python, none with ``__slots__`` (a
+    ``torch.no_grad`` object: yes; a tensor, a list: no)."""
+    return all(k is object or (k.__flags__ & _HEAPTYPE and "__slots__" not in vars(k))
+               for k in cls.__mro__) and "__dict__" in dir(cls)
 
 
 def type_ref(d: Describer, cls: type) -> list[Any]:
@@ -238,6 +256,18 @@ def check_read(d: Describer, desc: Any, obj: Any) -> Any:
         ok = isinstance(obj, types.FunctionType) and code_digest(obj.__code__) == want
     elif kind == "type":
         ok = isinstance(obj, type) and class_digest(obj) == want
+    elif kind == "object" and isinstance(want, list) and len(want) == 2 and _state_in_dict(type(obj)):
+        # a plain object (a grad-mode decorator's context manager): the one read, when of the
+        # same class with equal state (its __dict__, all of it, as data)
+        cls = want[0]
+        if isinstance(cls, list) and len(cls) == 2 and cls[0] == "local":
+            ok = class_digest(type(obj)) == cls[1]
+        else:
+            ok = type(obj) is d.resolve(cls)
+        try:
+            ok = ok and d.describe(dict(vars(obj))) == want[1]
+        except NotPortable:
+            ok = False
     else:
         ok = False
     if not ok:
