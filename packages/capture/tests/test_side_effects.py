@@ -169,3 +169,40 @@ def test_a_set_and_reset_pair_exports():
     exported = export(_swap_and_restore, torch.randn(3))
     assert_same(exported.run(torch.ones(3)), torch.full((3,), 2.0))
     assert _HELD.a == 1
+
+
+def test_a_write_a_later_one_replaces_is_not_replayed():
+    """A set/reset pair replays only the reset: the value in between (here a dict, in
+    transformers' hub kernels a table of functions) is neither written again nor kept in the
+    replay, and the object ends as eager leaves it."""
+    cf = compile(_swap_and_restore, backend="eager")
+    _HELD.a = 1
+    x = torch.randn(3)
+    assert_same(cf(x), x * 2)
+    assert _HELD.a == 1
+    ops = cf.entries[0].result.side_effects
+    assert [op[:3] for op in ops] == [("setattr", "G['_HELD']", "a")] and ops[0][3] == ("c", 1)
+
+
+_BOXES = (Box(), Box())
+
+
+def _writes_between(x):
+    _HELD.a = _BOXES[0]
+    _HELD.a.n = 3  # replayed through the box's own source, not through _HELD.a
+    _HELD.items = [1]
+    _HELD.items = [2]  # the first of these two is replaced, nothing reads it
+    _HELD.a = _BOXES[1]
+    return x + 1
+
+
+def test_replaced_writes_leave_the_objects_as_eager_does():
+    cf = compile(_writes_between, backend="eager")
+    for compiled in (False, True):
+        _HELD.a, _HELD.items = 1, [10, 20]
+        _BOXES[0].n = _BOXES[1].n = 0
+        x = torch.randn(3)
+        assert_same((cf if compiled else _writes_between)(x), x + 1)
+        assert _HELD.a is _BOXES[1] and _HELD.items == [2] and (_BOXES[0].n, _BOXES[1].n) == (3, 0)
+    names = [op[2] for op in cf.entries[0].result.side_effects if op[0] == "setattr"]
+    assert names.count("items") == 1 and names.count("a") == 1 and names.count("n") == 1

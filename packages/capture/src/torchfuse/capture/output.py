@@ -135,7 +135,10 @@ class OutputBuilder:
         self.effect_notes: list[EffectNote] = []
         last_write = {(id(e[1]), e[2]): n for n, e in enumerate(self.ctx.side_effects) if e[0] == "setattr"}
         written: set[str] = set()  # attributes an earlier replayed write has changed
+        candidates: list[tuple[int, int, int, str]] = []  # (op, effect, its last write, place)
+        op_of: dict[int, int] = {}  # effect index -> its op's index
         for n, effect in enumerate(self.ctx.side_effects):
+            op_of[n] = len(ops)
             kind, loc = effect[0], effect[-1]
             if kind == "contents":
                 var = effect[1]
@@ -145,6 +148,9 @@ class OutputBuilder:
                 self.effect_notes.append(EffectNote(f"contents of {var.source.expr()}", loc, False))
             elif kind == "setattr":
                 _, obj, name, value, _ = effect
+                if _superseded(self.ctx.side_effects, n, last_write[(id(obj), name)]):
+                    candidates.append((len(ops), n, last_write[(id(obj), name)],
+                                       f"{obj.source.expr()}.{name}"))
                 ops.append(("setattr", obj.source.expr(), name, self._effect_value(value, written),
                             _plain_store(obj)))
                 written.add(f"{obj.source.expr()}.{name}")
@@ -156,7 +162,12 @@ class OutputBuilder:
                 ops.append(("setglobal", name, self._effect_value(value, written)))
                 written.add(f"G[{name!r}]")
                 self.effect_notes.append(EffectNote(f"global {name} = {value.describe()}", loc, False))
-        return ops
+        # a write a later one replaces is left out when no op between reads the attribute
+        # (a context variable set and reset around a call: only the reset is replayed)
+        drop = {i for i, n, last, place in candidates
+                if not any(rewritten(r, {place}) for op in ops[i + 1:op_of[last] + 1] for r in _reads(op))}
+        self.effect_notes = [note for i, note in enumerate(self.effect_notes) if i not in drop]
+        return [op for i, op in enumerate(ops) if i not in drop]
 
 
     def _effect_value(self, value: V.Var, written: set[str]) -> Spec:
@@ -188,6 +199,44 @@ def _targets(effects: list[tuple]) -> set[str]:
 def rewritten(src: str, targets: set[str]) -> bool:
     """Whether the value read through ``src`` lives where one of ``targets`` is written."""
     return any(src == w or src.startswith((w + ".", w + "[")) for w in targets)
+
+
+def _reads(spec: Any) -> list[str]:
+    """The source expressions a replay op or spec reads (its ``("s", expr)`` parts)."""
+    if isinstance(spec, tuple) and len(spec) == 2 and spec[0] == "s" and isinstance(spec[1], str):
+        return [spec[1]]
+    if isinstance(spec, tuple | list):
+        return [r for part in spec for r in _reads(part)]
+    return []
+
+
+def _superseded(effects: list[tuple], n: int, last: int) -> bool:
+    """Whether attribute write ``n`` can be left out of the replay: a later write ``last`` to
+    the same attribute of the same object replaces it, the store runs no code (no
+    ``__setattr__`` of the class's own, no descriptor for the name), and no write between
+    them changes what either's target reads through or writes under the attribute (a
+    later ``obj.name.x = …`` needs the value the attribute had then). The caller also checks
+    that no op between reads the attribute at replay (`_reads`)."""
+    if last == n:
+        return False
+    obj, name = effects[n][1], effects[n][2]
+    real = getattr(obj, "value", None)
+    cls = type(real)
+    if real is None or obj.source is None or cls.__setattr__ is not object.__setattr__:
+        return False
+    raw = inspect.getattr_static(cls, name, None)
+    if raw is not None and hasattr(type(raw), "__set__"):  # a property, a slot, a descriptor
+        return False
+    place = f"{obj.source.expr()}.{name}"
+    for e in effects[n + 1:last + 1]:
+        target = e[1].source if e[0] in ("setattr", "contents") else None
+        if e[0] in ("setattr", "contents") and target is None:
+            return False
+        written = f"G[{e[1]!r}]" if e[0] == "setglobal" else \
+            f"{target.expr()}.{e[2]}" if e[0] == "setattr" else target.expr()
+        if rewritten(obj.source.expr(), {written}) or (target is not None and rewritten(target.expr(), {place})):
+            return False
+    return True
 
 
 def _plain_store(obj: Any) -> bool:
