@@ -24,17 +24,18 @@ is evaluated, imported or unpickled. An object guarded by identity that has no n
 module a compiled ``forward`` is called on, a decorator's inner function) is bound to what
 the guard's own source reads in the loading call, when of the same make (same class, same
 code; for a plain Python object, such as the ``torch.no_grad()`` a decorated method closes
-over, same class and equal ``__dict__``); and before a rebuilt entry is taken, every guarded tensor (parameters and buffers
-included, which one process checks through module identity) must have the metadata capture
-saw, and none may carry a ``mark_dynamic`` request.
+over, same class and equal ``__dict__``); and before a rebuilt entry is taken, every
+guarded tensor (parameters and buffers included, which one process checks through module
+identity) must have the metadata capture saw, and none may carry a ``mark_dynamic`` request.
 
 An entry is not kept when any of this cannot be written: guards over size symbols
 (dynamic shapes), graph breaks, random draws, DDP pieces, constant tensors, a value of no
 portable description (an object compared by identity that is no module, class, function
-or plain object whose state is all data), or a code object capture inlined that lives in no file (frozen standard-library
-modules excepted: the Python version is in the key). Each inlined code object's file is
-kept with its size and modification time (as Python's own bytecode cache checks a source),
-so an edit to the model's code, or to a library it calls, makes the record stale.
+or plain object whose state is all data), or a code object capture inlined that lives in no
+file (frozen standard-library modules excepted: the Python version is in the key). Each
+inlined code object's file is kept with its size and modification time (as Python's own
+bytecode cache checks a source), so an edit to the model's code, or to a library it calls,
+makes the record stale.
 
 A record that does not decode, names another layout, or whose descriptions do not resolve
 is skipped (debug log ``TORCHFUSE_LOGS=+recompiles``); its function is captured as if

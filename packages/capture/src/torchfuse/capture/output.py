@@ -234,7 +234,8 @@ def _superseded(effects: list[tuple], n: int, last: int) -> bool:
             return False
         written = f"G[{e[1]!r}]" if e[0] == "setglobal" else \
             f"{target.expr()}.{e[2]}" if e[0] == "setattr" else target.expr()
-        if rewritten(obj.source.expr(), {written}) or (target is not None and rewritten(target.expr(), {place})):
+        if rewritten(obj.source.expr(), {written}) or \
+                (target is not None and rewritten(target.expr(), {place})):
             return False
     return True
 
