@@ -659,7 +659,7 @@ def print_real_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
 def add_row_arguments(p: argparse.ArgumentParser) -> None:
     """The row options of the scripts that run rows in child processes (``compile_targets``,
     ``triton_compile_times``): ``--only``, ``--models``, ``--model-modes``, ``--small``."""
-    p.add_argument("--only", default="", help="comma-separated workloads of workloads.py")
+    p.add_argument("--only", default="", help="comma-separated workloads of workloads.py, or 'all'")
     p.add_argument("--models", default="", help="comma-separated models of models.py, or 'all'")
     p.add_argument("--model-modes", default="inference,training", help="with --models: inference, training")
     p.add_argument("--small", action="store_true", help="tiny shapes instead of the full ones")
@@ -674,11 +674,13 @@ def row_flags(row: Row) -> list[str]:
 
 
 def select_rows(args: argparse.Namespace) -> list[Row]:
-    """The ``--only`` workloads, then the ``--models`` rows; neither named: every workload."""
+    """The ``--only`` workloads (``all``: every one), then the ``--models`` rows; neither
+    named: every workload."""
     only = [n for n in args.only.split(",") if n]
+    micro = [] if args.models and not only else workload_rows([] if only == ["all"] else only)
     if args.models:
-        return (workload_rows(only) if only else []) + model_rows(args.models, args.model_modes)
-    return workload_rows(only)
+        return micro + model_rows(args.models, args.model_modes)
+    return micro
 
 
 SLOWEST: list[tuple[float, str, dict[str, Any], int]] = []
