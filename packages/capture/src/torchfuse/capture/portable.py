@@ -30,6 +30,7 @@ import hashlib
 import keyword
 import sys
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -46,9 +47,18 @@ class NotPortable(Exception):
 
 # ----------------------------------------------------------------------------- describing values
 
+_DIGESTS: dict[int, tuple[weakref.ref[types.CodeType], str]] = {}
+"""``code_digest`` per code object of this process (by identity: equal code objects may differ
+in ``co_qualname``), so that guards naming one function many times hash it once."""
+
+
 def code_digest(code: types.CodeType, h: Any = None) -> str:
     """A digest of what ``code`` does: bytecode, constants (nested code too), names, flags."""
     top = h is None
+    if top:
+        hit = _DIGESTS.get(id(code))
+        if hit is not None and hit[0]() is code:
+            return hit[1]
     h = h or hashlib.sha256()
     for part in (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
                  code.co_qualname, code.co_flags, code.co_argcount, code.co_kwonlyargcount,
@@ -59,7 +69,12 @@ def code_digest(code: types.CodeType, h: Any = None) -> str:
             code_digest(c, h)
         else:
             h.update(f"{type(c).__name__}:{c!r}".encode() + b"\0")
-    return h.hexdigest() if top else ""
+    if not top:
+        return ""
+    digest = h.hexdigest()
+    key = id(code)
+    _DIGESTS[key] = (weakref.ref(code, lambda _: _DIGESTS.pop(key, None)), digest)  # gone with it
+    return digest
 
 
 def _lookup(module: str, qualname: str) -> Any:
