@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slots", type=int, default=1, metavar="N",
                    help="run the rows in N processes at once, slot i on GPU i alone and its share of the "
                         "cores (a host of N GPUs measured as N one-GPU machines)")
+    p.add_argument("--plan", action="store_true",
+                   help="run nothing: print the rows each slot would run and the expected minutes")
     p.add_argument("--rows", default="", help=argparse.SUPPRESS)  # a slot's rows, by name
     p.add_argument("--tc-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -291,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows:
         wanted = set(args.rows.split(","))
         rows = [r for r in rows if r.name in wanted]
+    if args.plan:
+        from targets_slots import plan
+
+        print("\n".join(plan([r.name for r in rows], args.slots)))
+        return 0
     if args.slots > 1:
         from targets_slots import run_slots
 

@@ -9,8 +9,9 @@ the other, fresh caches of their own). What the slots still share is the host's 
 bandwidth, disk and PCIe, so a row measured in a slot may be slower than alone: compare a few
 rows with a one-slot run before reading small differences.
 
-Rows are dealt to slots longest first (a training row counts as about 2.5 inference rows) so
-the slots end at about the same time. The merged ``<tag>.json`` records each row's slot, GPU
+Rows are dealt to slots longest first (`cost`: a training row counts as about 2.5 inference
+rows) so the slots end at about the same time; ``--plan`` prints the deal and the expected
+minutes without running anything. The merged ``<tag>.json`` records each row's slot, GPU
 and cores, and is rewritten every few seconds while the slots run.
 """
 
@@ -33,10 +34,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def cost(name: str) -> float:
-    """A row's expected seconds for its three processes (GPU runs of the seventh session)."""
+    """A row's expected seconds for its three processes, from the one-GPU runs of 2026-12-07
+    (a micro row's compile is short, but its processes still import, warm up and build)."""
     if name.endswith("/training"):
         return 130.0
-    return 55.0 if "/" in name else 15.0
+    return 55.0 if "/" in name else 45.0
 
 
 def deal(names: list[str], n: int) -> list[list[str]]:
@@ -50,6 +52,18 @@ def deal(names: list[str], n: int) -> list[list[str]]:
         load[i] += cost(name)
     order = {name: k for k, name in enumerate(names)}
     return [sorted(s, key=order.__getitem__) for s in slots]
+
+
+def plan(names: list[str], n: int) -> list[str]:
+    """What ``--slots n`` would run where, and the minutes each slot is expected to take
+    (`cost`; a run ends with its slowest slot)."""
+    lines = []
+    for i, part in enumerate(deal(names, n)):
+        lines.append(f"slot {i}: {sum(map(cost, part)) / 60:.1f} min: {', '.join(part) or '-'}")
+    total = sum(map(cost, names)) / 60
+    lines.append(f"{len(names)} rows, {total:.1f} min of rows in all; the run takes about "
+                 f"{max(sum(map(cost, p)) for p in deal(names, n)) / 60:.1f} min over {n} slot(s)")
+    return lines
 
 
 def core_sets(n: int) -> list[list[int]]:

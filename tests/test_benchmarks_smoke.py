@@ -364,6 +364,9 @@ def test_targets_slots_deal_rows_longest_first_and_split_cores() -> None:
     # the training rows first, one per slot, then each inference row onto the lighter slot
     assert dealt == [["softmax", "gpt2/inference", "gpt2/training"], ["bert/training", "vit/inference"]]
     assert slots.deal(["softmax"], 3) == [["softmax"], [], []]
+    *per_slot, total = slots.plan(names, 2)
+    assert len(per_slot) == 2 and per_slot[0].startswith("slot 0: 3.8 min: softmax")
+    assert total.startswith("5 rows, 6.9 min of rows in all; the run takes about 3.8 min over 2 slot(s)")
     cores = slots.core_sets(1)
     assert cores == [sorted(os.sched_getaffinity(0))]
     with pytest.raises(SystemExit, match="fewer than the slots"):
