@@ -74,6 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plan", action="store_true",
                    help="run nothing: print the rows each slot would run and the expected minutes")
     p.add_argument("--rows", default="", help=argparse.SUPPRESS)  # a slot's rows, by name
+    p.add_argument("--cores", default="", help=argparse.SUPPRESS)  # a slot's cores: 0,1,2
     p.add_argument("--tc-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.only and not args.models and not args.collect:
@@ -188,6 +189,8 @@ def environment(device: str) -> dict[str, Any]:
 
     env = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device, "cores": os.cpu_count()}
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) != os.cpu_count():
+        env["usable_cores"] = len(os.sched_getaffinity(0))  # a slot's share (--slots), or taskset
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
     # settings the children inherit (e.g. TORCHFUSE_COMPILE_FORWARD_FIRST): the table says which
@@ -269,6 +272,8 @@ def measure_row(row: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.cores:  # a slot: its cores, before torch is imported; every child inherits them
+        os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
     if args.tc_child:
         return tc_child(args)
     if args.collect:

@@ -2,7 +2,8 @@
 
 A host of N GPUs is used as N one-GPU machines: slot ``i`` is a ``compile_targets.py`` process
 that sees GPU ``i`` alone (``CUDA_VISIBLE_DEVICES``) and runs on its own ``1/N`` of the cores
-(``sched_setaffinity``, inherited by every child process it starts; both compilers size their
+(``--cores``: it calls ``sched_setaffinity`` before importing torch, and every child process it
+starts inherits them; both compilers size their
 compile workers by it, torch.compile through ``TORCHINDUCTOR_COMPILE_THREADS``). Each slot runs
 its rows as a one-slot run would (torch.compile cold, torchfuse cold, torchfuse warm, one after
 the other, fresh caches of their own). What the slots still share is the host's memory
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,10 +97,11 @@ def _span(cores: list[int]) -> str:
         ",".join(map(str, cores))
 
 
-def _command(args: argparse.Namespace, folder: Path, i: int, names: list[str]) -> list[str]:
+def _command(args: argparse.Namespace, folder: Path, i: int, names: list[str], cores: list[int]) -> list[str]:
     cmd = [sys.executable, str(HERE / "compile_targets.py"), "--device", args.device,
            "--timeout", str(args.timeout), "--repeat", str(args.repeat), "--out", str(folder),
-           "--tag", f"slot{i}", "--rows", ",".join(names), "--model-modes", args.model_modes]
+           "--tag", f"slot{i}", "--rows", ",".join(names), "--model-modes", args.model_modes,
+           "--cores", ",".join(map(str, cores))]
     cmd += ["--only", args.only] if args.only else []
     cmd += ["--models", args.models] if args.models else []
     cmd += ["--small"] if args.small else []
@@ -132,9 +135,11 @@ def run_slots(rows: list[Any], args: argparse.Namespace, doc: dict[str, Any],
                 env["CUDA_VISIBLE_DEVICES"] = gpus[i]
             print(f"slot {i}: GPU {gpus[i] or '-'}, cores {_span(cores[i])}: {', '.join(parts[i])}",
                   file=sys.stderr, flush=True)
-            proc = subprocess.Popen(_command(args, folder, i, parts[i]), cwd=HERE, env=env, text=True,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                                    preexec_fn=lambda c=cores[i]: os.sched_setaffinity(0, c))
+            # the slot sets its own affinity first thing (--cores): no preexec_fn, which is not
+            # safe beside the relay threads of the slots started before
+            proc = subprocess.Popen(_command(args, folder, i, parts[i], cores[i]), cwd=HERE, env=env,
+                                    text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    start_new_session=True)
             threading.Thread(target=_relay, args=(i, proc.stderr), daemon=True).start()
             procs.append(proc)
         seen = -1
@@ -151,6 +156,7 @@ def run_slots(rows: list[Any], args: argparse.Namespace, doc: dict[str, Any],
                 os.killpg(p.pid, signal.SIGTERM)  # the slot and the children it started
         _merge(doc, folder, names, -2, write)
         signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _merge(doc: dict[str, Any], folder: Path, names: list[str], seen: int, write: Callable[[], None]) -> int:
@@ -163,8 +169,9 @@ def _merge(doc: dict[str, Any], folder: Path, names: list[str], seen: int, write
         except (OSError, ValueError):  # being rewritten: read again at the next poll
             continue
         slot = int(path.stem.removeprefix("slot"))
+        usable = part.get("environment", {}).get("usable_cores")
         for r in part.get("rows", []):
-            found[r["row"]] = dict(r, slot=slot)
+            found[r["row"]] = dict(r, slot=slot, slot_cores=usable)
     doc["rows"] = [found[name] for name in names if name in found]
     if len(doc["rows"]) != seen:
         write()

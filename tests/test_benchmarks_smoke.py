@@ -349,6 +349,8 @@ def test_compile_targets_slots_run_rows_at_once_on_their_own_cores(tmp_path: Pat
     doc = json.loads((tmp_path / "slots.json").read_text())
     assert [r["row"] for r in doc["rows"]] == ["softmax", "cross_entropy"]  # the rows' order, not the slots'
     assert sorted(r["slot"] for r in doc["rows"]) == [0, 1] and all(r["tf_warm_s"] > 0 for r in doc["rows"])
+    if len(os.sched_getaffinity(0)) == 2:  # each slot ran on one of the two cores
+        assert [r["slot_cores"] for r in doc["rows"]] == [1, 1]
     slots = {s["slot"]: s for s in doc["slots"]}
     assert slots[0]["cores"] != slots[1]["cores"] and slots[0]["rows"] != slots[1]["rows"]
     assert "[slot 0]" in proc.stderr and "[slot 1]" in proc.stderr  # each slot's progress, labelled
