@@ -19,6 +19,7 @@ and cores, and is rewritten every few seconds while the slots run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -153,7 +154,8 @@ def run_slots(rows: list[Any], args: argparse.Namespace, doc: dict[str, Any],
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)  # the slot and the children it started
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)  # the slot and the children it started
         _merge(doc, folder, names, -2, write)
         signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(folder, ignore_errors=True)
@@ -161,8 +163,9 @@ def run_slots(rows: list[Any], args: argparse.Namespace, doc: dict[str, Any],
 
 def _merge(doc: dict[str, Any], folder: Path, names: list[str], seen: int, write: Callable[[], None]) -> int:
     """The slots' finished rows into ``doc``, each with its slot; ``write()`` when their number
-    differs from ``seen``. Returns the number."""
-    found: dict[str, dict[str, Any]] = {}
+    differs from ``seen``. Returns the number. A row once merged stays (a file being rewritten
+    when read is read at the next poll, or not at all after a timeout)."""
+    found: dict[str, dict[str, Any]] = {r["row"]: r for r in doc.get("rows", [])}
     for path in folder.glob("slot*.json"):
         try:
             part = json.loads(path.read_text())
