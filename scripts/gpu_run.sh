@@ -319,7 +319,7 @@ phase_compileprof() {
 # cold, torchfuse cold and warm, each in a fresh process. TARGETS_ARGS picks the rows
 # (default: the micro rows' cold-compile set); ";;" separates several runs.
 phase_targets() {
-    local t rc=0 r run n=0 runs dev=cuda extra=() words envs
+    local t ct rc=0 r run n=0 runs dev=cuda extra=() words envs
     have_cuda || { dev=cpu; extra=(--small); }
     mapfile -t runs < <(printf '%s\n' "${TARGETS_ARGS:---only softmax,cross_entropy,layer_norm_train,gpt2,gpt2_train}" \
         | sed 's/;;/\n/g')
@@ -338,8 +338,12 @@ phase_targets() {
             envs+=("${words[0]}")
             words=("${words[@]:1}")
         done
+        # each child may take up to 180 s (torch.compile's training children took 40-70 s), or
+        # what is left of the run: a third of it cut MobileNet-V3 training's at 63 s in a run
+        # with 189 s left, where the whole row would have fit
+        ct=$((t - 10 < 180 ? t - 10 : 180))
         timeout "$t" env "${envs[@]}" "$PY" benchmarks/compile_targets.py --device "$dev" "${extra[@]}" \
-            --out "$DEST" --tag "compile_targets_${TAG}_$n" --timeout $((t / 3)) "${words[@]}" 2>&1 \
+            --out "$DEST" --tag "compile_targets_${TAG}_$n" --timeout "$ct" "${words[@]}" 2>&1 \
             | tee -a "$BENCH_LOG"
         r=${PIPESTATUS[0]}
         ((r != 0)) && rc=$r
