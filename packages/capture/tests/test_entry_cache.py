@@ -90,6 +90,45 @@ def test_the_guards_choose_among_kept_entries(kept):
         assert_same(compile(m, backend="eager", dynamic=False)(a), m(a))
 
 
+def test_records_of_other_input_sizes_are_passed_over_before_their_guards_are_built(kept, monkeypatch):
+    """A function kept at several shapes: a new compile's miss checks each record's input
+    tensors (size, dtype) first, and builds the guards of the one that can hold only."""
+    torch.manual_seed(0)
+    m = Net()
+    xs = [torch.randn(n, 8) for n in (2, 3, 4, 5)]
+    first = compile(m, backend="eager", dynamic=False)
+    for x in xs:
+        first(x)
+    built = []
+    real = entry_cache.replay_guards
+    monkeypatch.setattr(entry_cache, "replay_guards", lambda *a, **k: built.append(1) or real(*a, **k))
+    again = compile(m, backend="eager", dynamic=False)
+    assert_same(again(xs[0]), m(xs[0]))  # the oldest of four records: three passed over
+    assert _entry(again).from_disk and len(built) == 1
+    built.clear()
+    monkeypatch.setattr(entry_cache, "keep", lambda *a, **k: None)  # (keep checks what it writes)
+    other = compile(m, backend="eager", dynamic=False)
+    y = torch.randn(6, 8)
+    assert_same(other(y), m(y))  # no record holds: none built, captured
+    assert not _entry(other).from_disk and built == []
+
+
+def test_the_input_check_passes_over_only_what_surely_fails():
+    from torchfuse.capture.source import LocalSource
+
+    src = [LocalSource(0, "x")]
+    rec = [["tensor", 0, ["type", "torch", "Tensor"], ["dtype", "float32"], ["device", "cpu"], [2, 3], [3, 1],
+            False]]
+
+    def differs(value):
+        return entry_cache._inputs_differ(rec, src, lambda s: value)
+
+    assert not differs(torch.zeros(2, 3))
+    assert differs(torch.zeros(3, 2)) and differs(torch.zeros(2, 3, dtype=torch.float64)) and differs(1.0)
+    assert not entry_cache._inputs_differ(rec, src, lambda s: (_ for _ in ()).throw(KeyError("gone")))
+    assert not entry_cache._inputs_differ([["tensor", 7]], src, lambda s: 1.0)  # another form: full check
+
+
 @pytest.mark.parametrize("other", ["layers", "activation", "width", "frozen"])
 def test_a_model_of_another_make_is_captured(kept, other):
     """The kept entry is bound to the new call's module only when what the graph was made

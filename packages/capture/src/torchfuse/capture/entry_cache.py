@@ -76,6 +76,7 @@ from torchfuse.capture.portable import (
 )
 from torchfuse.graph.archive import ArchiveError, from_json, to_json
 from torchfuse.graph.caches import cache_root, source_hash, write_atomic
+from torchfuse.graph.ops import dtype_name
 
 if TYPE_CHECKING:
     from torchfuse.capture.convert import CaptureResult
@@ -560,6 +561,32 @@ def _record(fn: types.FunctionType, r: CaptureResult, L: tuple[Any, ...], C_: An
     return record
 
 
+def _inputs_differ(records: Any, sources: list[SRC.Source], read: Callable[[SRC.Source], Any]) -> bool:
+    """Whether a tensor the call passes (a guard's source outside module state) surely fails
+    its recorded tensor guard: not a tensor, or another dtype or size. Checked before the
+    record's guards are asked for again, which costs ~20 ms per record on a small T5: a
+    function kept at several shapes tried each one's on every miss. Anything unsure (a
+    source that does not read, a record of another form) is left to the full check."""
+    if not isinstance(records, list):
+        return False
+    for r in records:
+        if not (isinstance(r, list) and len(r) == 8 and r[0] == "tensor" and type(r[1]) is int
+                and isinstance(r[3], list) and isinstance(r[5], list)):
+            continue
+        try:
+            src = source_at(sources, r[1])
+            if src.is_module_state:
+                continue
+            value = read(src)
+        except Exception:  # not readable in this call: the full check says so
+            continue
+        if not isinstance(value, torch.Tensor):
+            return True
+        if list(value.shape) != r[5] or r[3] != ["dtype", dtype_name(value.dtype)]:
+            return True
+    return False
+
+
 def load(fn: types.FunctionType, dynamic: Any, name: str, L: tuple[Any, ...], C_: Any,
          make: Callable[..., CaptureResult]) -> CaptureResult | None:
     """The first kept entry of ``fn`` whose guards hold for this call, as a capture result
@@ -591,6 +618,8 @@ def _rebuild(fn: types.FunctionType, rec: Record, name: str, L: tuple[Any, ...],
     G = fn.__globals__
     sources = read_sources(rec.sources)
     memo: dict[SRC.Source, Any] = {}
+    if _inputs_differ(rec.guards, sources, lambda s: _read(s, L, G, C_, memo)):
+        return None
     gs = replay_guards(rec.guards, d, sources, lambda s: _read(s, L, G, C_, memo), None)
     checks = gs.build()
     if not checks.fast(L, G, C_):
