@@ -154,26 +154,27 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _seconds(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _judged(v: float | None, target: float, fmt: str) -> str:
+    return "-" if v is None else f"{v:{fmt}} {'ok' if v <= target else 'MISS'}"
+
+
 def summarize(results: list[dict[str, Any]]) -> list[str]:
     """The markdown table of the targets, one line per row, and a count of passes."""
     lines = ["| row | tc cold s | tf cold s | tf warm s | tf cold / tc cold | tf warm / cold "
              "| tf cold, tuned s |",
              "|---|---|---|---|---|---|---|"]
-
-    def seconds(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f}"
-
-    def judged(v: float | None, target: float, fmt: str) -> str:
-        return "-" if v is None else f"{v:{fmt}} {'ok' if v <= target else 'MISS'}"
-
     cold_ok = warm_ok = 0
     for r in results:
         cold, warm = r["tf_cold_over_tc"], r["tf_warm_over_cold"]
         cold_ok += cold is not None and cold <= COLD_TARGET
         warm_ok += warm is not None and warm <= WARM_TARGET
-        lines.append(f"| {r['row']} | {seconds(r['tc_cold_s'])} | {seconds(r['tf_cold_s'])} | "
-                     f"{seconds(r['tf_warm_s'])} | {judged(cold, COLD_TARGET, '.2f')} | "
-                     f"{judged(warm, WARM_TARGET, '.1%')} | {seconds(r.get('tf_cold_tuned_s'))} |")
+        lines.append(f"| {r['row']} | {_seconds(r['tc_cold_s'])} | {_seconds(r['tf_cold_s'])} | "
+                     f"{_seconds(r['tf_warm_s'])} | {_judged(cold, COLD_TARGET, '.2f')} | "
+                     f"{_judged(warm, WARM_TARGET, '.1%')} | {_seconds(r.get('tf_cold_tuned_s'))} |")
     lines.append("")
     n = len(results)
     lines.append(f"targets: cold <= {COLD_TARGET:.0%} of torch.compile's on {cold_ok} of {n} rows; "
@@ -235,11 +236,9 @@ def collect(folder: Path) -> list[str]:
         warm_ok += warm is not None and warm <= WARM_TARGET
         stages = (r.get("tf_stages") or {}).get(f"{name} warm", {}).get("stages_s", {})
         split = " / ".join(f"{stages[k] * 1e3:.0f}" if k in stages else "-" for k in WARM_STAGES)
-        warm_cell = "-" if warm is None else f"{warm:.1%} {'ok' if warm <= WARM_TARGET else 'MISS'}"
-        cold_cell = "-" if cold is None else f"{cold:.2f} {'ok' if cold <= COLD_TARGET else 'MISS'}"
-        tf_warm = "-" if r["tf_warm_s"] is None else f"{r['tf_warm_s']:.2f}"
-        lines.append(f"| {name} | {r['tc_cold_s']:.2f} | {r['tf_cold_s']:.2f} | {tf_warm} | {cold_cell} | "
-                     f"{warm_cell} | {split} | {run} |")
+        lines.append(f"| {name} | {_seconds(r['tc_cold_s'])} | {_seconds(r['tf_cold_s'])} | "
+                     f"{_seconds(r['tf_warm_s'])} | {_judged(cold, COLD_TARGET, '.2f')} | "
+                     f"{_judged(warm, WARM_TARGET, '.1%')} | {split} | {run} |")
     lines += ["", f"{len(latest)} rows: cold <= {COLD_TARGET:.0%} of torch.compile's on {cold_ok}, "
               f"warm <= {WARM_TARGET:.0%} of cold on {warm_ok} (each row's latest run; runs differ in "
               "host and tree: compare ratios, not seconds)"]

@@ -245,8 +245,8 @@ def _state_in_dict(cls: type) -> bool:
     """Whether an instance of ``cls`` keeps all of its state in its ``__dict__``: every
     class of its MRO but ``object`` written in Python, none with ``__slots__`` (a
     ``torch.no_grad`` object: yes; a tensor, a list: no)."""
-    return all(k is object or (k.__flags__ & _HEAPTYPE and "__slots__" not in vars(k))
-               for k in cls.__mro__) and "__dict__" in dir(cls)
+    return cls is not object and all(k is object or (k.__flags__ & _HEAPTYPE and "__slots__" not in vars(k))
+                                     for k in cls.__mro__)
 
 
 def type_ref(d: Describer, cls: type) -> list[Any]:
@@ -263,10 +263,7 @@ def check_read(d: Describer, desc: Any, obj: Any) -> Any:
         raise NotPortable("not a read description")
     kind, want = desc[1], desc[2]
     if kind == "module" and isinstance(obj, torch.nn.Module):
-        if isinstance(want, list) and len(want) == 2 and want[0] == "local":
-            ok = class_digest(type(obj)) == want[1]
-        else:
-            ok = type(obj) is d.resolve(want)
+        ok = _same_class(d, want, type(obj))
     elif kind == "function":
         ok = isinstance(obj, types.FunctionType) and code_digest(obj.__code__) == want
     elif kind == "type":
@@ -274,13 +271,8 @@ def check_read(d: Describer, desc: Any, obj: Any) -> Any:
     elif kind == "object" and isinstance(want, list) and len(want) == 2 and _state_in_dict(type(obj)):
         # a plain object (a grad-mode decorator's context manager): the one read, when of the
         # same class with equal state (its __dict__, all of it, as data)
-        cls = want[0]
-        if isinstance(cls, list) and len(cls) == 2 and cls[0] == "local":
-            ok = class_digest(type(obj)) == cls[1]
-        else:
-            ok = type(obj) is d.resolve(cls)
         try:
-            ok = ok and d.describe(dict(vars(obj))) == want[1]
+            ok = _same_class(d, want[0], type(obj)) and d.describe(dict(vars(obj))) == want[1]
         except NotPortable:
             ok = False
     else:
@@ -288,6 +280,13 @@ def check_read(d: Describer, desc: Any, obj: Any) -> Any:
     if not ok:
         raise NotPortable(f"the object read for a {kind} guard is another one")
     return obj
+
+
+def _same_class(d: Describer, ref: Any, cls: type) -> bool:
+    """Whether ``cls`` is the class `type_ref` wrote as ``ref``."""
+    if isinstance(ref, list) and len(ref) == 2 and ref[0] == "local":
+        return class_digest(cls) == ref[1]
+    return cls is d.resolve(ref)
 
 
 def _list(args: list[Any]) -> list[Any]:
