@@ -205,10 +205,16 @@ def environment(device: str) -> dict[str, Any]:
 WARM_STAGES = ("capture", "runtime.precompile", "runtime.run")
 
 
+def _experiment(env: dict[str, Any]) -> bool:
+    """Whether a run was made under a setting of its own (a ``TORCHFUSE_`` variable it
+    recorded, e.g. ``TORCHFUSE_CHANNELS_LAST=never``): an experiment, not the default compiler."""
+    return any(k.startswith("TORCHFUSE_") for k in env)
+
+
 def collect(folder: Path) -> list[str]:
     """Each row's latest GPU measurement with torch.compile among ``folder``'s result files
-    (newest run first by its recorded date), as a markdown table, then the model rows never
-    measured."""
+    (newest run first by its recorded date; runs under a setting of their own, `_experiment`,
+    left out), as a markdown table, then the model rows never measured."""
     latest: dict[str, tuple[str, str, dict[str, Any]]] = {}
     for path in sorted(folder.glob("compile_targets_*.json")):
         try:
@@ -217,7 +223,7 @@ def collect(folder: Path) -> list[str]:
             continue
         env = doc.get("environment", {})
         gpu_run = str(env.get("device", "")).startswith("cuda")
-        if doc.get("schema") != "torchfuse-compile-targets/1" or not gpu_run:
+        if doc.get("schema") != "torchfuse-compile-targets/1" or not gpu_run or _experiment(env):
             continue
         for r in doc["rows"]:
             if r.get("tc_cold_s") is None or r.get("tf_cold_s") is None:

@@ -373,3 +373,32 @@ def test_targets_slots_deal_rows_longest_first_and_split_cores() -> None:
     assert cores == [sorted(os.sched_getaffinity(0))]
     with pytest.raises(SystemExit, match="fewer than the slots"):
         slots.core_sets(len(cores[0]) + 1)
+
+
+def _targets_doc(tag: str, date: str, rows: list[tuple[str, float, float, float]], **env: str) -> dict:
+    return {"schema": "torchfuse-compile-targets/1", "tag": tag,
+            "environment": {"device": "cuda", "gpu": "NVIDIA H100", "date": date, **env},
+            "rows": [{"row": name, "tc_cold_s": tc, "tf_cold_s": cold, "tf_warm_s": warm,
+                      "tf_cold_over_tc": cold / tc, "tf_warm_over_cold": warm / cold, "tf_stages": {}}
+                     for name, tc, cold, warm in rows]}
+
+
+def test_compile_targets_collect_keeps_each_rows_latest_default_run(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("compile_targets", BENCH / "compile_targets.py")
+    targets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(targets)
+    docs = {"old": _targets_doc("old", "2026-12-07T10:00", [("softmax", 1.0, 0.4, 0.1), ("rope", 1.0, 0.2, 0.01)]),
+            "new": _targets_doc("new", "2026-12-07T11:00", [("softmax", 1.0, 0.3, 0.01)]),
+            # later, but under a setting of its own: an experiment, not the compiler's default
+            "exp": _targets_doc("exp", "2026-12-07T12:00", [("softmax", 1.0, 0.9, 0.5)],
+                                TORCHFUSE_CHANNELS_LAST="never")}
+    for name, doc in docs.items():
+        (tmp_path / f"compile_targets_{name}.json").write_text(json.dumps(doc))
+    lines = targets.collect(tmp_path)
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.endswith("(H100) |")}
+    assert set(rows) == {"softmax", "rope"}
+    assert "new (H100)" in rows["softmax"] and "| 3.3% ok |" in rows["softmax"]
+    assert "old (H100)" in rows["rope"] and "| 5.0% ok |" in rows["rope"]
+    assert not any("exp (" in line for line in lines)
+    assert "2 rows: cold <= 50% of torch.compile's on 2, warm <= 15% of cold on 2" in "\n".join(lines)
+    assert any(line.startswith("micro rows never measured:") and "softmax" not in line for line in lines)

@@ -14,8 +14,8 @@ Environment variables (all optional):
   C++ with OpenMP (`torchfuse.inductor.cpp_codegen`), Triton (run by its interpreter), or
   ``auto`` (the default): Triton when ``TRITON_INTERPRET=1``, else C++.
 * ``TORCHFUSE_CHANNELS_LAST=auto|always|never`` -- run convolution graphs channels-last
-  (`torchfuse.inductor.layout`; default ``never``; ``auto``: CUDA graphs with a 2-d
-  convolution of at least 64 output channels).
+  (`torchfuse.inductor.layout`; default ``auto``: CUDA inference graphs with a 2-d
+  convolution of at least 64 output channels and no grouped one).
 * ``TORCHFUSE_BATCH_NORM_TRAINING=auto|aten|decompose`` -- training batch norms as ATen calls
   or as our reductions (`torchfuse.inductor.decompositions.BATCH_NORM_TRAINING`); ``auto`` (the
   default): our reductions in CUDA graphs, ATen's kernels on the CPU.
