@@ -9,6 +9,10 @@ from typing import Any
 
 import torch
 
+CASE_MODULES = ("capture_cases", "python_cases", "object_cases")
+"""The conformance table's modules (`capture_cases` and the two split from it): an object of
+a class defined there is compared by its ``__dict__``."""
+
 
 def assert_same(a: Any, b: Any, path: str = "out") -> None:
     """Structural equality with eager: types, tensor values/dtypes/shapes/requires_grad."""
@@ -37,7 +41,7 @@ def assert_same(a: Any, b: Any, path: str = "out") -> None:
         for f in dataclasses.fields(b):
             assert_same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
         return
-    if hasattr(b, "__dict__") and not isinstance(b, type) and type(b).__module__ == "capture_cases":
+    if hasattr(b, "__dict__") and not isinstance(b, type) and type(b).__module__ in CASE_MODULES:
         assert type(a) is type(b)
         assert_same(vars(a), vars(b), f"{path}.__dict__")
         return
