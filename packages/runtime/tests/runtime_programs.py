@@ -225,3 +225,45 @@ def tuned(program: S.Program):
     fn = load(program)
     fn._setup_tuning([k for k in program.kernels if len(k.configs) > 1])
     return fn
+
+
+CONV = "aten.convolution.default"
+
+
+def _ints(*v: int) -> S.ListArg:
+    return S.ListArg(items=tuple(S.Int(value=i) for i in v))
+
+
+def _conv_args(x: str, w: str, padding: int = 1) -> tuple[S.Argument, ...]:
+    t = S.TensorRef
+    return (t(name=x), t(name=w), S.NoneArg(), _ints(1, 1), _ints(padding, padding), _ints(1, 1),
+            S.Bool(value=False), _ints(0, 0), S.Int(value=1))
+
+
+def conv_program(device: str = "cuda") -> S.Program:
+    """x: (s0, 4, 8, 8) channels-last, w: (6, 4, 3, 3); ``c`` is not a buffer (a constant a
+    Program is loaded with). Two convolutions of x by w (one call, made twice), one of their
+    output by ``c`` (a step `library_warmup` leaves out; drop it to run the Program), an mm."""
+    t = S.TensorRef
+    return S.Program(
+        name="convs",
+        inputs=("x", "w", "m"),
+        outputs=(t(name="y0"), t(name="y1"), t(name="mm")),
+        buffers=(
+            _buf("x", ("s0", 4, 8, 8), (256, 1, 32, 4), device),
+            _buf("w", (6, 4, 3, 3), (36, 9, 3, 1), device),
+            _buf("m", (3, 3), (3, 1), device),
+            _buf("y0", ("s0", 6, 8, 8), (384, 1, 48, 6), device),
+            _buf("y1", ("s0", 6, 8, 8), (384, 1, 48, 6), device),
+            _buf("mm", (3, 3), (3, 1), device),
+        ),
+        steps=(
+            S.ExternStep(op=CONV, args=_conv_args("x", "w"), outputs=("y0",)),
+            S.ExternStep(op=CONV, args=_conv_args("x", "w"), outputs=("y1",)),
+            S.ExternStep(op=CONV, args=_conv_args("y0", "c"), outputs=("z",)),
+            S.ExternStep(op="aten.mm.default", args=(t(name="m"), t(name="m")), outputs=("mm",)),
+        ),
+        symbols=(S.Symbol(name="s0", min=1, hint=2, source="input:0.size(0)"),),
+        device=device,
+        opsets={"aten": 1},
+    )

@@ -411,3 +411,43 @@ def test_a_warm_start_launches_from_the_kept_handles_without_triton_jit(tmp_path
     assert (warm["compiles"], warm["hits"]) == (0, 0), warm  # nothing warmed up, nothing looked up
     assert cold["kept"] == 0 and warm["kept"] == 2, (cold, warm)  # the two sizes the cold one ran
     assert warm["entry"] == "call_fast" and warm["made"] == [False, False], warm
+
+
+def test_library_warmup_loads_the_convolutions_in_a_thread(monkeypatch, caplog):
+    """``TORCHFUSE_LIBRARY_WARMUP``: the first call hands its one distinct convolution to the
+    thread, which runs it without an error, and the call's results are eager's."""
+    import logging
+
+    import msgspec
+    import torchfuse.runtime.config as rconfig
+    from torchfuse.runtime import library_warmup
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, library_warmup=True))
+    program = P.conv_program("cuda")
+    program = msgspec.structs.replace(program, steps=program.steps[:2] + program.steps[3:])
+    fn = load(program, device="cuda")
+    x = torch.randn(2, 4, 8, 8, device="cuda").to(memory_format=torch.channels_last)
+    w, m = torch.randn(6, 4, 3, 3, device="cuda"), torch.randn(3, 3, device="cuda")
+    with caplog.at_level(logging.DEBUG, logger="torchfuse.runtime"):
+        y0, y1, mm = fn(x, w, m)
+        library_warmup.join_all()
+    torch.testing.assert_close(y0, torch.nn.functional.conv2d(x, w, padding=1))
+    torch.testing.assert_close(y1, y0)
+    torch.testing.assert_close(mm, m @ m)
+    assert fn.stats.library_warmups == 1
+    assert not [r for r in caplog.records if "library warm-up" in r.getMessage()]
+
+
+def test_library_warmup_stays_off_under_reduce_overhead(monkeypatch):
+    import msgspec
+    import torchfuse.runtime.config as rconfig
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, library_warmup=True))
+    program = P.conv_program("cuda")
+    program = msgspec.structs.replace(program, steps=program.steps[:2] + program.steps[3:])
+    fn = load(program, device="cuda", mode="reduce-overhead")
+    x = torch.randn(2, 4, 8, 8, device="cuda").to(memory_format=torch.channels_last)
+    w, m = torch.randn(6, 4, 3, 3, device="cuda"), torch.randn(3, 3, device="cuda")
+    y0, _, _ = fn(x, w, m)
+    torch.testing.assert_close(y0, torch.nn.functional.conv2d(x, w, padding=1))
+    assert fn.stats.library_warmups == 0

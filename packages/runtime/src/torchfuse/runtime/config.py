@@ -10,6 +10,7 @@
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
 | `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not the C launcher; default on |
 | `TORCHFUSE_QUICK_LAUNCH` | `0`: Triton 3.6's C launchers built before a first launch; default: after |
+| `TORCHFUSE_LIBRARY_WARMUP` | `1`: a first GPU call loads its convolution kernels in a thread; default off |
 | `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs kept per program under reduce-overhead; default 8, `0`: unlimited |
 | `TORCHFUSE_COMPILE_THREADS` | threads compiling kernels ahead of time; default `min(8, cpu count)` |
 | `TORCHFUSE_COMPILE_WORKERS` | compile processes (GPU); default `min(16, cores - 1)` from 4 cores, or 0 |
@@ -72,6 +73,11 @@ class Config:
     """Keep each GPU call function's launch handles on disk, and let a warm start launch from
     them without warming anything up ([`torchfuse.runtime.handle_cache`][torchfuse.runtime.handle_cache];
     ``TORCHFUSE_HANDLE_CACHE=0``: neither kept nor read)."""
+    library_warmup: bool = False
+    """On a Program's first GPU call, call its distinct convolutions once in a background
+    thread, so that CUDA has loaded their library kernels when the caller reaches them
+    ([`torchfuse.runtime.library_warmup`][torchfuse.runtime.library_warmup]). Off until it is
+    measured on a GPU."""
     compile_threads: int = 4
     """Threads that compile kernels concurrently before the first GPU call."""
     compile_workers: int = 0
@@ -155,6 +161,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
         quick_launch=_flag(env, "TORCHFUSE_QUICK_LAUNCH", True),
         handle_cache=_flag(env, "TORCHFUSE_HANDLE_CACHE", True),
+        library_warmup=_flag(env, "TORCHFUSE_LIBRARY_WARMUP", False),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, ncores)),
         # a worker beside every core would slow the process it works for: at most cores - 1
         compile_workers=(max(0, min(int(workers), ncores - 1)) if workers

@@ -298,6 +298,9 @@ class CompileStats:
     handles_kept: int = 0
     """Handle keys a warm start recorded from the launch handles an earlier process kept
     (`torchfuse.runtime.handle_cache`): its first call then warmed nothing up."""
+    library_warmups: int = 0
+    """Library calls (convolutions) a first GPU call handed to a background thread to load
+    their kernels (`torchfuse.runtime.library_warmup`, ``Config.library_warmup``)."""
     tuned_later: int = 0
     """Tunings deferred past a first call (``Config.autotune_later``): the first call ran the
     kernels' candidates cheapest to compile, a later call benchmarked them all."""

@@ -39,7 +39,7 @@ from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import to_dtype
-from torchfuse.runtime import background, call_cache, codegen, handle_cache, launchers
+from torchfuse.runtime import background, call_cache, codegen, handle_cache, launchers, library_warmup
 from torchfuse.runtime.autotune import (
     AutotuneCache,
     Tuner,
@@ -81,6 +81,14 @@ _INTERPRETER_LOCK = threading.RLock()
 """Held while a program runs Triton kernels through the interpreter (CPU): the interpreter
 patches ``triton.language`` for the duration of each launch, so two threads launching at once
 see each other's patches ("Did you forget to add @triton.jit?"). GPU launches run unlocked."""
+
+
+def _cuda_device(args: tuple[Any, ...]) -> torch.device:
+    """The device of the call's first CUDA tensor (the current CUDA device when none is)."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_cuda:
+            return a.device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _add(phases: dict[str, float], name: str, seconds: float) -> None:
@@ -255,6 +263,10 @@ class CompiledProgram:
             # a background warm-up (`precompile_async`) holds the lock until it is done
             _add(self.stats.first_call, "wait", time.perf_counter() - t0)
             env = self._bind(args)
+            # not under reduce-overhead: a thread launching while a CUDA graph is captured
+            # would break the capture
+            if self._gpu and rconfig.config.library_warmup and self.mode != "reduce-overhead":
+                self.stats.library_warmups = library_warmup.start(self.program, env, _cuda_device(args))
             if not self._gpu and self._serial:
                 _warn_interpreter_once()
             if not self._gpu and not self._tunable:
@@ -293,6 +305,7 @@ class CompiledProgram:
             for what, n in (("kernels", st.kernels_loaded), ("warmups", st.warmups),
                             ("triton_compiles", st.triton_compiles), ("worker_compiles", st.worker_compiles),
                             ("plans_skipped", st.plans_skipped), ("handles_kept", st.handles_kept),
+                            ("library_warmups", st.library_warmups),
                             ("triton_cache_hits", st.triton_cache_hits),
                             ("autotuned", st.autotuned), ("autotune_cache_hits", st.autotune_cache_hits),
                             ("autotune_skipped", st.autotune_skipped)):
