@@ -1,5 +1,8 @@
-"""A custom ``torch.autograd.Function`` runs in Python at a graph break: its backward is the
-user's (called on fake tensors, the forward alone would be recorded and the backward lost)."""
+"""A custom ``torch.autograd.Function`` runs in Python at a graph break when grad mode is on:
+its backward is the user's (called on fake tensors, the forward alone would be recorded and
+the backward lost). Under ``no_grad`` eager records no backward either, and its forward is
+captured into the graph (`torchfuse.capture.custom_function`), with eager's results, object
+identities and errors."""
 
 from __future__ import annotations
 
@@ -37,3 +40,156 @@ def test_custom_function_is_a_reported_break():
     e = explain(f)(torch.randn(5, requires_grad=True))
     assert e.graph_count == 2 and e.graph_break_count == 1, str(e)
     assert "Twice.apply" in e.break_reasons[0].reason
+
+
+# ---------------------------------------------------------------- under no_grad: forward captured
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        ctx.k = k
+        assert ctx.needs_input_grad == (x.requires_grad, False)  # as eager's, under no_grad too
+        return x * k + x.sin()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None
+
+
+class Pass(torch.autograd.Function):
+    """Hands its first input back unchanged: eager's apply returns a view of it."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        return x, y * 2
+
+    @staticmethod
+    def backward(ctx, g, h):
+        return g, h * 2
+
+
+class Doubled(torch.autograd.Function):
+    """In place, marked dirty: eager's apply returns the input object itself."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class Setup(torch.autograd.Function):
+    """``setup_context`` style: eager calls it under no_grad too."""
+
+    @staticmethod
+    def forward(x, k):
+        return x * k
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, k = inputs
+        if k < 0:
+            raise ValueError("k must not be negative")
+        ctx.save_for_backward(x)
+        ctx.k = k
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None
+
+
+class Reads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * (int(x.sum().item() > 0) + 1)  # data-dependent: a break inside forward
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def inner_no_grad(x, y):
+    with torch.no_grad():
+        a = Scale.apply(x, 3.0)
+        b, c = Pass.apply(x, y)
+        d = Setup.apply(y, 2.0)
+        e = Doubled.apply(y.clone())
+    return a + c, b, d, e, b is x
+
+
+def _same(got, want):
+    for g, w in zip(got, want, strict=True):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w)
+            assert g.requires_grad == w.requires_grad
+        else:
+            assert g == w
+
+
+def test_under_no_grad_forward_is_captured_into_the_graph():
+    x, y = torch.randn(5), torch.randn(5)
+    e = explain(inner_no_grad)(x, y)
+    assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
+    got, want = compile(inner_no_grad, backend="aot_eager")(x, y), inner_no_grad(x, y)
+    _same(got, want)
+    assert got[4] is False and got[1]._base is x  # a view of x, as eager's apply gives
+    # x requiring grad: Scale reads needs_input_grad (True, False) as in eager, and Pass hands
+    # back x, whose view under eager's apply does not require grad: that one is a break
+    x.requires_grad_()
+    e = explain(inner_no_grad)(x, y)
+    assert e.graph_break_count == 1 and "hands back an input that requires grad" in e.break_reasons[0].reason
+    _same(compile(inner_no_grad, backend="aot_eager")(x, y), inner_no_grad(x, y))
+
+
+def test_outer_no_grad_captures_forward_and_grad_on_still_breaks():
+    def f(x):
+        return Scale.apply(x, 2.0).cos()
+
+    x = torch.randn(5, requires_grad=True)
+    with torch.no_grad():
+        e = explain(f)(x)
+        assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
+        out = compile(f, backend="eager")(x)
+        torch.testing.assert_close(out, f(x))
+        assert not out.requires_grad
+    e = explain(f)(x)
+    assert e.graph_break_count == 1 and "Scale.apply" in e.break_reasons[0].reason
+
+
+def test_marked_dirty_input_comes_back_itself():
+    def f(x):
+        with torch.no_grad():
+            y = x.clone()
+            out = Doubled.apply(y)
+            return out, out is y, y
+
+    x = torch.randn(4)
+    got, want = compile(f, backend="eager")(x), f(x)
+    _same(got, want)
+    assert got[1] is True
+
+
+def test_a_break_or_an_error_inside_forward_is_a_break_at_apply():
+    def reads(x):
+        with torch.no_grad():
+            return Reads.apply(x.sin()).cos()
+
+    x = torch.randn(4)
+    e = explain(reads)(x)
+    assert e.graph_break_count == 1 and e.break_reasons[0].reason.startswith("Reads.apply under no_grad")
+    torch.testing.assert_close(compile(reads, backend="eager")(x), reads(x))
+
+    def negative(x):
+        with torch.no_grad():
+            return Setup.apply(x, -1.0)
+
+    with pytest.raises(ValueError, match="must not be negative"):
+        negative(x)
+    with pytest.raises(ValueError, match="must not be negative"):
+        compile(negative, backend="eager")(x)

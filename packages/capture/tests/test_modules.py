@@ -401,3 +401,18 @@ def test_the_first_module_keeps_its_identity_entry():
     assert len(cf.entries) == 2
     assert "L[0] is O" in cf.entries[0].result.checks.source  # a: the cheap module-version path
     assert "L[0] is O" not in cf.entries[1].result.checks.source  # b and the rest: by type
+
+
+def test_transformers_bloom_inference_is_one_graph_if_available():
+    """BLOOM's MLP calls ``GeLUFunction.apply`` (a custom autograd.Function): under no_grad its
+    forward is captured (`torchfuse.capture.custom_function`), not a break in every layer."""
+    transformers = pytest.importorskip("transformers")
+    from torchfuse.capture import explain
+
+    cfg = transformers.BloomConfig(vocab_size=100, hidden_size=32, n_layer=2, n_head=2)
+    m = transformers.BloomForCausalLM(cfg).eval()
+    idx = torch.randint(0, 100, (2, 8))
+    with torch.no_grad():
+        e = explain(m)(input_ids=idx)
+        assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
+        torch.testing.assert_close(compile(m, backend="eager")(input_ids=idx).logits, m(input_ids=idx).logits)

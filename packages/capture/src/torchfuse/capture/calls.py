@@ -27,7 +27,7 @@ import weakref
 from typing import Any
 
 import torch
-from torchfuse.capture import pyrandom
+from torchfuse.capture import custom_function, pyrandom
 from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
@@ -94,7 +94,9 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(fn, V.ConstVar | V.TensorVar | V.ListVar | V.DictVar | V.SetVar):
         raise Unsupported(f"{fn.describe()} is not callable", ctx.loc)
     value = fn.python()
-    _check_function_apply(value, args)
+    applied = custom_function.apply(value, args, kwargs)  # MyFunction.apply(...)
+    if applied is not None:
+        return applied
     from torchfuse.capture.compiler import CompiledFunction
 
     if isinstance(value, CompiledFunction):  # compiled inside compiled: capture it inline
@@ -151,23 +153,6 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 _CONTEXTMANAGER_CODES = frozenset(
     getattr(deco(lambda: None), "__code__", None) for deco in
     (contextlib.contextmanager, getattr(contextlib, "asynccontextmanager", contextlib.contextmanager)))
-
-
-_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
-
-
-def _check_function_apply(value: Any, args: list[V.Var]) -> None:
-    """``MyFunction.apply(...)`` of a custom ``torch.autograd.Function`` is a graph break: called
-    on fakes, its forward would be recorded and its backward lost (DDP's ``_DDPSink`` queues
-    the delayed all-reduce there). It runs in Python, backward included."""
-    owner = getattr(value, "__self__", None) if isinstance(value, types.MethodType) else None
-    if getattr(value, "__func__", value) is not _FUNCTION_APPLY:
-        return
-    if owner is None and args and isinstance(args[0], V.ObjVar):
-        owner = args[0].value
-    name = owner.__qualname__ if isinstance(owner, type) else "Function"
-    raise Unsupported(f"{name}.apply: a custom torch.autograd.Function runs in Python (capture "
-                      f"does not trace its backward)", current().loc)
 
 
 def _attr(obj: V.Var, name: str) -> V.Var:

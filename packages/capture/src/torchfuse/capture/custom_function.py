@@ -1,0 +1,118 @@
+"""``MyFunction.apply(...)`` of a custom ``torch.autograd.Function``, as capture meets it.
+
+With grad mode on, the call is a graph break: traced on fakes, its forward would be recorded
+and its backward lost (DDP's ``_DDPSink`` queues the delayed all-reduce there), so it runs in
+Python, backward included.
+
+With grad mode off (``torch.no_grad()`` around the call or the compiled function, which the
+entry's grad-mode guard covers), eager records no backward either: ``apply`` runs ``forward``
+with grad off and hands back its outputs. So capture inlines ``forward`` into the graph
+(BLOOM's ``GeLUFunction`` in inference was a break per layer). Its ``ctx`` is a `NoGradCtx`
+made in the graph: what a forward may call on it with no backward to feed. A
+``setup_context``-style Function's forward is called without ``ctx``, then its
+``setup_context(ctx, inputs, output)``, as eager does under ``no_grad`` too. As in eager, an input that
+``forward`` returns unchanged comes back as a new tensor viewing it (``apply`` never hands
+back its input object), unless ``ctx.mark_dirty`` named it; an input that requires grad
+handed back so is a break (eager's view of it does not require grad, one made in the graph
+would).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+from torchfuse.capture import variables as V
+from torchfuse.capture.context import current
+from torchfuse.capture.errors import Unsupported, UserException
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+_BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
+
+
+class NoGradCtx:
+    """The ``ctx`` of a forward inlined with grad mode off: its saving and marking methods keep
+    what a forward may read back and prepare no backward."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad  # as eager's: the inputs' requires_grad
+        self.saved_tensors = ()
+        self.dirty = ()
+        self.materialize_grads = True
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        self.dirty = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        self.materialize_grads = value
+
+
+def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """What ``value(*args, **kwargs)`` gives when ``value`` is a custom Function's ``apply``
+    (None when it is not): ``forward`` inlined under grad mode off, else a graph break."""
+    if getattr(value, "__func__", value) is not _FUNCTION_APPLY:
+        return None
+    from torchfuse.capture.calls import construct_instance, inline
+
+    ctx = current()
+    owner = getattr(value, "__self__", None) if isinstance(value, types.MethodType) else None
+    if owner is None and args and isinstance(args[0], V.ObjVar):  # Function.apply(MyFunction, ...)
+        owner, args = args[0].value, args[1:]
+    name = owner.__qualname__ if isinstance(owner, type) else "Function"
+    if torch.is_grad_enabled() or not isinstance(owner, type):
+        raise Unsupported(f"{name}.apply: a custom torch.autograd.Function runs in Python (capture "
+                          f"does not trace its backward)", ctx.loc,
+                          "under torch.no_grad() its forward is captured into the graph")
+    if kwargs:
+        raise Unsupported(f"{name}.apply with keyword arguments", ctx.loc)
+    try:
+        needs = tuple(isinstance(a, V.TensorVar) and a.fake.requires_grad for a in args)
+        fctx = construct_instance(NoGradCtx, [V.ConstVar(needs)], {})
+        setup = getattr(owner.setup_context, "__func__", owner.setup_context)
+        if setup is not _BASE_SETUP_CONTEXT:  # forward(*args), then setup_context(ctx, inputs, output)
+            out = inline(V.ObjVar(owner.forward), list(args), {})
+            inline(V.ObjVar(setup), [fctx, V.ListVar(list(args), tuple), out], {})
+        else:
+            out = inline(V.ObjVar(owner.forward), [fctx, *args], {})
+        return _fresh_outputs(out, [a for a in args if isinstance(a, V.TensorVar)], _dirty(fctx))
+    except (Unsupported, UserException) as e:
+        # a break (or an exception) inside forward is a break at the apply call: the frames
+        # inlined here are not the callee's, so nothing may resume inside them; Python then
+        # runs apply itself (and raises what forward raises)
+        why = e.reason if isinstance(e, Unsupported) else f"it raises {type(e.exc).__name__}"
+        raise Unsupported(f"{name}.apply under no_grad: its forward was not captured ({why})",
+                          ctx.loc) from None
+
+
+def _dirty(fctx: V.Var) -> list[V.Var]:
+    from torchfuse.capture.attrs import getattr_var
+
+    marked = getattr_var(fctx, "dirty")
+    return list(marked.items) if isinstance(marked, V.ListVar) else []
+
+
+def _fresh_outputs(out: V.Var, inputs: list[V.Var], dirty: list[V.Var]) -> V.Var:
+    """``out`` with every input tensor it hands back unchanged replaced by a view of it (one
+    that requires grad: a break, since a view made in the graph would require grad too)."""
+    from torchfuse.capture import methods as M
+
+    def fresh(v: V.Var) -> V.Var:
+        if not any(v is i for i in inputs) or any(v is d for d in dirty):
+            return v
+        if v.fake.requires_grad:  # eager's view of it does not require grad; one made here would
+            raise Unsupported("forward hands back an input that requires grad", current().loc)
+        return M.call_method(v, "view_as", [v], {})
+
+    if type(out) is V.ListVar:
+        return V.ListVar([fresh(v) for v in out.items], out.kind)
+    return fresh(out)
