@@ -94,7 +94,7 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if isinstance(fn, V.ConstVar | V.TensorVar | V.ListVar | V.DictVar | V.SetVar):
         raise Unsupported(f"{fn.describe()} is not callable", ctx.loc)
     value = fn.python()
-    applied = custom_function.apply(value, args, kwargs)  # MyFunction.apply(...)
+    applied = custom_function.apply(value, args, kwargs, _INTERPRETER)  # MyFunction.apply(...)
     if applied is not None:
         return applied
     from torchfuse.capture.compiler import CompiledFunction
@@ -713,3 +713,14 @@ def bind_arguments(code: types.CodeType, defaults: list[V.Var], kwdefaults: dict
 
 
 __all__ = ["bind_arguments", "call", "construct", "inline"]
+
+
+def _call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    from torchfuse.capture import methods as M
+
+    return M.call_method(obj, name, args, kwargs)
+
+
+_INTERPRETER = custom_function.Interpreter(inline=inline, construct=construct_instance, getattr=_attr,
+                                           call_method=_call_method)
+"""What `custom_function.apply` calls back into."""

@@ -20,7 +20,8 @@ would).
 from __future__ import annotations
 
 import types
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torchfuse.capture import variables as V
@@ -57,13 +58,22 @@ class NoGradCtx:
         self.materialize_grads = value
 
 
-def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+class Interpreter(NamedTuple):
+    """The interpreter's functions `apply` calls, handed in by `torchfuse.capture.calls` (this
+    module is below the interpreter's core, not in its import cycle)."""
+
+    inline: Callable[[V.Var, list[V.Var], dict[str, V.Var]], V.Var]
+    construct: Callable[[type, list[V.Var], dict[str, V.Var]], V.Var]
+    getattr: Callable[[V.Var, str], V.Var]
+    call_method: Callable[[V.Var, str, list[V.Var], dict[str, V.Var]], V.Var]
+
+
+def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var], interp: Interpreter) -> V.Var | None:
     """What ``value(*args, **kwargs)`` gives when ``value`` is a custom Function's ``apply``
     (None when it is not): ``forward`` inlined under grad mode off, else a graph break."""
     if getattr(value, "__func__", value) is not _FUNCTION_APPLY:
         return None
-    from torchfuse.capture.calls import construct_instance, inline
-
+    inline = interp.inline
     ctx = current()
     owner = getattr(value, "__self__", None) if isinstance(value, types.MethodType) else None
     if owner is None and args and isinstance(args[0], V.ObjVar):  # Function.apply(MyFunction, ...)
@@ -77,14 +87,16 @@ def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | No
         raise Unsupported(f"{name}.apply with keyword arguments", ctx.loc)
     try:
         needs = tuple(isinstance(a, V.TensorVar) and a.fake.requires_grad for a in args)
-        fctx = construct_instance(NoGradCtx, [V.ConstVar(needs)], {})
+        fctx = interp.construct(NoGradCtx, [V.ConstVar(needs)], {})
         setup = getattr(owner.setup_context, "__func__", owner.setup_context)
         if setup is not _BASE_SETUP_CONTEXT:  # forward(*args), then setup_context(ctx, inputs, output)
             out = inline(V.ObjVar(owner.forward), list(args), {})
             inline(V.ObjVar(setup), [fctx, V.ListVar(list(args), tuple), out], {})
         else:
             out = inline(V.ObjVar(owner.forward), [fctx, *args], {})
-        return _fresh_outputs(out, [a for a in args if isinstance(a, V.TensorVar)], _dirty(fctx))
+        marked = interp.getattr(fctx, "dirty")
+        dirty = list(marked.items) if isinstance(marked, V.ListVar) else []
+        return _fresh_outputs(out, [a for a in args if isinstance(a, V.TensorVar)], dirty, interp)
     except (Unsupported, UserException) as e:
         # a break (or an exception) inside forward is a break at the apply call: the frames
         # inlined here are not the callee's, so nothing may resume inside them; Python then
@@ -94,24 +106,15 @@ def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | No
                           ctx.loc) from None
 
 
-def _dirty(fctx: V.Var) -> list[V.Var]:
-    from torchfuse.capture.attrs import getattr_var
-
-    marked = getattr_var(fctx, "dirty")
-    return list(marked.items) if isinstance(marked, V.ListVar) else []
-
-
-def _fresh_outputs(out: V.Var, inputs: list[V.Var], dirty: list[V.Var]) -> V.Var:
+def _fresh_outputs(out: V.Var, inputs: list[V.Var], dirty: list[V.Var], interp: Interpreter) -> V.Var:
     """``out`` with every input tensor it hands back unchanged replaced by a view of it (one
     that requires grad: a break, since a view made in the graph would require grad too)."""
-    from torchfuse.capture import methods as M
-
     def fresh(v: V.Var) -> V.Var:
         if not any(v is i for i in inputs) or any(v is d for d in dirty):
             return v
         if v.fake.requires_grad:  # eager's view of it does not require grad; one made here would
             raise Unsupported("forward hands back an input that requires grad", current().loc)
-        return M.call_method(v, "view_as", [v], {})
+        return interp.call_method(v, "view_as", [v], {})
 
     if type(out) is V.ListVar:
         return V.ListVar([fresh(v) for v in out.items], out.kind)
