@@ -58,6 +58,49 @@ def test_decorated_forward_binds_wrapper_signature():
     assert_same(c(x, scale=3.0), m(x, scale=3.0))
 
 
+def _claims_signature(fn):
+    """A ``*args, **kwargs`` wrapper that carries ``fn``'s signature (transformers'
+    ``use_kernel_forward_from_hub`` functions are made so)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    wrapper.__signature__ = inspect.signature(fn)
+    return wrapper
+
+
+@_claims_signature
+def _conv_like(x: torch.Tensor, k: int, scale: float = 1.0, **kwargs) -> torch.Tensor:
+    return x * k * scale
+
+
+def test_a_wrapper_claiming_another_signature_binds_by_its_code():
+    """The binder follows the code Python runs (``*args, **kwargs``), not ``__signature__``:
+    built from the claimed signature it named ``args`` it did not have (a NameError on Mamba)."""
+    x = torch.randn(3)
+    c = compile(_conv_like, backend="eager")
+    assert_same(c(x, 2), _conv_like(x, 2))
+    assert_same(c(x, k=3, scale=0.5), _conv_like(x, k=3, scale=0.5))
+    with pytest.raises(TypeError):  # the wrapped function's own error, raised inside
+        c(x)
+    with pytest.raises(TypeError):
+        _conv_like(x)
+
+
+def test_the_binder_keeps_every_kind_of_parameter():
+    from torchfuse.capture.convert import code_signature, make_binder
+
+    def f(a, b=2, /, c=3, *rest, d, e=5, **extra):
+        return a
+
+    assert str(code_signature(f)) == "(a, b=2, /, c=3, *rest, d, e=5, **extra)"
+    assert make_binder(f)(1, d=4) == (1, 2, 3, 4, 5, (), {})
+    assert make_binder(f)(1, 7, 8, 9, d=4, z=0) == (1, 7, 8, 4, 5, (9,), {"z": 0})
+    with pytest.raises(TypeError):
+        make_binder(f)(1)  # d is missing: the same error as calling f
+
+
 # ----------------------------------------------------------------------------- introspection
 
 

@@ -95,11 +95,37 @@ def varkw_index(code: types.CodeType) -> int | None:
     return code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)
 
 
+def code_signature(fn: types.FunctionType) -> inspect.Signature:
+    """The signature Python binds a call of ``fn`` by: its code's parameters and its defaults,
+    whatever ``__signature__`` or ``__wrapped__`` claim (a decorator's ``*args, **kwargs``
+    wrapper may carry the signature of the function it wraps: transformers'
+    ``use_kernel_forward_from_hub`` functions)."""
+    code = fn.__code__
+    names = code.co_varnames
+    npos, nkw = code.co_argcount, code.co_kwonlyargcount
+    defaults = fn.__defaults__ or ()
+    kwdefaults = fn.__kwdefaults__ or {}
+    P = inspect.Parameter
+    params = []
+    for i, name in enumerate(names[:npos]):
+        kind = P.POSITIONAL_ONLY if i < code.co_posonlyargcount else P.POSITIONAL_OR_KEYWORD
+        d = i - (npos - len(defaults))
+        params.append(P(name, kind, default=defaults[d] if d >= 0 else P.empty))
+    at = npos + nkw
+    if code.co_flags & inspect.CO_VARARGS:
+        params.append(P(names[at], P.VAR_POSITIONAL))
+        at += 1
+    for name in names[npos:npos + nkw]:
+        params.append(P(name, P.KEYWORD_ONLY, default=kwdefaults.get(name, P.empty)))
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        params.append(P(names[at], P.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
 def make_binder(fn: types.FunctionType) -> Callable[..., tuple[Any, ...]]:
     """A function with ``fn``'s signature returning its arguments as a tuple in
     ``co_varnames`` order: binding at C speed, the same errors as calling ``fn``."""
-    # follow_wrapped=False: a decorated forward (functools.wraps) has the wrapper's code
-    sig = inspect.signature(fn, follow_wrapped=False)
+    sig = code_signature(fn)
     parts: list[str] = []
     ns: dict[str, Any] = {}
     names: list[str] = []
