@@ -79,6 +79,17 @@ def test_factory_functions():
     assert not [i for i in g.inputs if i.kind == "constant"]  # factories are nodes, not constants
 
 
+def test_an_op_of_python_numbers_only_is_a_node_on_the_fake_device():
+    # ATen wraps the numbers and runs its CPU kernel: the result still becomes a fake tensor
+    def f(x):
+        n = torch.div(16, 4, rounding_mode="trunc")
+        h = torch.add(2.5, 1)
+        return x * n, n, h
+
+    g = _check(f, torch.randn(3))
+    assert ops_of(g).count("aten.div.Tensor_mode") == 1 and "aten.add.Tensor" in ops_of(g)
+
+
 def test_constants_from_globals_become_constant_inputs():
     g, constants = trace(lambda x: x * GLOBAL_SCALE, torch.randn(3, 4))
     const = [i for i in g.inputs if i.kind == "constant"]

@@ -280,6 +280,10 @@ def _run_on_meta(func, args, kwargs) -> tuple[Any, torch.device]:
         if i in aliased:
             return aliased[i]
         if isinstance(o, torch.Tensor):
+            if o.device.type != "meta":
+                # an op of Python numbers only (``torch.div(16, 4, rounding_mode="trunc")``,
+                # LED's attention): ATen wrapped them and ran its CPU kernel
+                o = o.to("meta")
             return FakeTensor(o, device)
         return o
 
