@@ -532,3 +532,57 @@ def test_signature_and_id_of_functions():
     x = torch.randn(2, 4)
     assert explain(f)(x).graph_break_count == 0
     assert_same(compile(f, backend="eager")(x), f(x))
+
+
+class _Probe:
+    calls = 0
+
+
+def _compile_constant(fn):
+    fn._dynamo_marked_constant = True  # what transformers' _make_compile_constant sets
+    return fn
+
+
+@functools.lru_cache
+@_compile_constant
+def _backend_available() -> bool:
+    _Probe.calls += 1
+    return len(vars(_Probe)) > 0  # vars() is a break when traced
+
+
+@_compile_constant
+def _marked_but_raises(flag: bool) -> bool:
+    if flag:
+        raise RuntimeError("probe failed")
+    return False
+
+
+def test_a_function_marked_constant_is_called_not_traced():
+    def f(x):
+        return x * 2 if _backend_available() else x
+
+    x = torch.randn(3)
+    e = explain(f)(x)
+    assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
+    assert_same(compile(f, backend="eager")(x), f(x))
+    assert _Probe.calls == 1  # the real function ran once; the lru_cache served the rest
+
+    def g(x, flag):
+        return x + _marked_but_raises(flag)
+
+    with pytest.raises(RuntimeError, match="probe failed"):
+        compile(g, backend="eager")(x, True)
+    assert_same(compile(g, backend="eager")(x, False), g(x, False))
+
+
+def test_a_function_marked_constant_with_a_tensor_argument_is_traced():
+    @_compile_constant
+    def scaled(t):
+        return t * 3
+
+    def f(x):
+        return scaled(x) + 1
+
+    x = torch.randn(3)
+    assert_same(compile(f, backend="eager")(x), f(x))
+    assert_same(compile(f, backend="eager")(x + 1), f(x + 1))  # not baked in

@@ -97,6 +97,9 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     applied = custom_function.apply(value, args, kwargs, _INTERPRETER)  # MyFunction.apply(...)
     if applied is not None:
         return applied
+    constant = _marked_constant(value, args, kwargs)
+    if constant is not None:
+        return constant
     from torchfuse.capture.compiler import CompiledFunction
 
     if isinstance(value, CompiledFunction):  # compiled inside compiled: capture it inline
@@ -153,6 +156,34 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
 _CONTEXTMANAGER_CODES = frozenset(
     getattr(deco(lambda: None), "__code__", None) for deco in
     (contextlib.contextmanager, getattr(contextlib, "asynccontextmanager", contextlib.contextmanager)))
+
+
+_LITERALS = (type(None), bool, int, float, str)
+
+
+def _literal(v: Any, depth: int = 0) -> bool:
+    if type(v) in _LITERALS:
+        return True
+    return type(v) in (tuple, frozenset) and depth < 4 and all(_literal(i, depth + 1) for i in v)
+
+
+def _marked_constant(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
+    """A call of a function its library marks as a trace-time constant (``fn._dynamo_marked_constant
+    = True``, what ``torch._dynamo.assume_constant_result`` sets and transformers sets on its
+    install probes, ``is_torch_available`` and the like, under their ``lru_cache``), with
+    constant arguments: made for real, its result a constant of the graph, no guard (the
+    library vouches that it does not change in the process). Tracing them read
+    ``importlib.metadata`` (a break on ``vars``, in every Wav2Vec2 and Mamba forward). None
+    when it is not such a call, or its result is not a literal (then it is traced)."""
+    marked = inspect.getattr_static(value, "_dynamo_marked_constant", None) \
+        if isinstance(value, types.FunctionType | functools._lru_cache_wrapper) else None
+    if marked is not True or not all(type(a) is V.ConstVar for a in [*args, *kwargs.values()]):
+        return None
+    try:
+        out = value(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()})
+    except Exception as e:
+        raise UserException(e, current().loc) from e
+    return from_py(out) if _literal(out) else None
 
 
 def _attr(obj: V.Var, name: str) -> V.Var:
