@@ -416,3 +416,51 @@ def test_transformers_bloom_inference_is_one_graph_if_available():
         e = explain(m)(input_ids=idx)
         assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
         torch.testing.assert_close(compile(m, backend="eager")(input_ids=idx).logits, m(input_ids=idx).logits)
+
+
+class _Symmetric(torch.nn.Module):
+    def forward(self, w):
+        return w.triu() + w.triu(1).T
+
+
+class _Parametrized(torch.nn.Module):
+    """Wav2Vec2's positional convolution is weight-normed through ``torch.nn.utils.parametrize``."""
+
+    def __init__(self):
+        super().__init__()
+        from torch.nn.utils import parametrize
+        from torch.nn.utils.parametrizations import weight_norm
+
+        self.conv = weight_norm(torch.nn.Conv1d(4, 4, 3, padding=1), dim=2)
+        self.lin = torch.nn.Linear(4, 4)
+        parametrize.register_parametrization(self.lin, "weight", _Symmetric())
+
+    def forward(self, x):
+        return self.lin(self.conv(x).transpose(1, 2)).sum()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_parametrized_modules_are_one_graph_with_eagers_gradients(backend):
+    from torch.nn.utils import parametrize
+    from torchfuse.capture import explain
+
+    m, x = _Parametrized(), torch.randn(2, 4, 8)
+    e = explain(m)(x)
+    assert e.graph_count == 1 and e.graph_break_count == 0, str(e)  # the getter is interpreted
+    out = compile(m, backend=backend)(x)
+    out.backward()
+    got = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    want = m(x)
+    want.backward()
+    torch.testing.assert_close(out, want)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, msg=n)
+    with parametrize.cached():  # the getter's cache is written as eager writes it
+        compile(m, backend=backend)(x)
+        cached = dict(parametrize._cache)
+    with parametrize.cached():
+        m(x)
+        assert cached.keys() == parametrize._cache.keys()
+        for k, v in parametrize._cache.items():
+            torch.testing.assert_close(cached[k], v)

@@ -211,6 +211,11 @@ def _numpy_call(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Va
     return numpy_trace.call_function(value, args, kwargs) if numpy_trace.handles(value) else None
 
 
+_INLINED_TORCH_MODULES = frozenset({"torch.nn.utils.parametrize"})
+"""torch's own Python code that is interpreted, not called on fakes: a parametrized module's
+property getter (``weight_norm``'s ``weight``) reads the module, which a call on fakes cannot."""
+
+
 def is_torch_callable(value: Any) -> bool:
     """Library code of torch itself (called directly on fakes, never inlined)."""
     if isinstance(value, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
@@ -221,6 +226,8 @@ def is_torch_callable(value: Any) -> bool:
     if objclass is not None and issubclass(objclass, torch._C.TensorBase):
         return True
     mod = getattr(value, "__module__", None) or ""
+    if mod in _INLINED_TORCH_MODULES:
+        return False
     if mod == "torch" or (mod.startswith("torch.") and not mod.startswith("torch.testing")):
         return True
     self_ = getattr(value, "__self__", None)
