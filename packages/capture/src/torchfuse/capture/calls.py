@@ -169,13 +169,15 @@ def _literal(v: Any, depth: int = 0) -> bool:
 
 def _marked_constant(value: Any, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
     """A call of a function its library marks as a trace-time constant (``fn._dynamo_marked_constant
-    = True``, what ``torch._dynamo.assume_constant_result`` sets and transformers sets on its
-    install probes, ``is_torch_available`` and the like, under their ``lru_cache``), with
+    = True``, the marker TorchDynamo's ``assume_constant_result`` sets and transformers sets on
+    its install probes, ``is_torch_available`` and the like, under their ``lru_cache``), with
     constant arguments: made for real, its result a constant of the graph, no guard (the
     library vouches that it does not change in the process). Tracing them read
     ``importlib.metadata`` (a break on ``vars``, in every Wav2Vec2 and Mamba forward). None
     when it is not such a call, or its result is not a literal (then it is traced)."""
-    marked = inspect.getattr_static(value, "_dynamo_marked_constant", None) \
+    # the function's own __dict__ (update_wrapper copies it onto the lru_cache wrapper): a
+    # dict lookup on every call capture interprets, no descriptor run
+    marked = value.__dict__.get("_dynamo_marked_constant") \
         if isinstance(value, types.FunctionType | functools._lru_cache_wrapper) else None
     if marked is not True or not all(type(a) is V.ConstVar for a in [*args, *kwargs.values()]):
         return None

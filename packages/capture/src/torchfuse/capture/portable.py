@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torchfuse.capture import source as SRC
+from torchfuse.capture.variables import HEAPTYPE
 from torchfuse.graph.ops import dtype_name, to_dtype
 
 MAX_DEPTH = 32
@@ -238,14 +239,11 @@ def describe_read(d: Describer, obj: Any) -> list[Any] | None:
     return None
 
 
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class written in Python
-
-
 def _state_in_dict(cls: type) -> bool:
     """Whether an instance of ``cls`` keeps all of its state in its ``__dict__``: every
     class of its MRO but ``object`` written in Python, none with ``__slots__`` (a
     ``torch.no_grad`` object: yes; a tensor, a list: no)."""
-    return cls is not object and all(k is object or (k.__flags__ & _HEAPTYPE and "__slots__" not in vars(k))
+    return cls is not object and all(k is object or (k.__flags__ & HEAPTYPE and "__slots__" not in vars(k))
                                      for k in cls.__mro__)
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ import torch
 from torchfuse.graph import schema as S
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.ops import decode_arg, resolve_op, to_dtype
+from torchfuse.runtime.checks import buffer_table
 
 logger = logging.getLogger("torchfuse.runtime")
 
@@ -67,13 +69,10 @@ def _tensor_spec(buf: S.Buffer, symbols: Mapping[str, int]) -> tuple[Any, ...]:
     return ("tensor", sizes, strides, buf.dtype)
 
 
-def _span_bytes(spec: tuple[Any, ...]) -> int:
-    """Bytes of storage a (sizes, strides, dtype) tensor spans."""
-    _, sizes, strides, dtype = spec
-    if any(s == 0 for s in sizes):
-        return 0
-    extent = 1 + sum((s - 1) * st for s, st in zip(sizes, strides, strict=True))
-    return extent * to_dtype(dtype).itemsize
+def _bytes(spec: tuple[Any, ...]) -> int:
+    """Bytes of a (sizes, strides, dtype) tensor's elements (as `autotune.launch_bytes` counts)."""
+    _, sizes, _, dtype = spec
+    return math.prod(sizes) * to_dtype(dtype).itemsize
 
 
 def _encode(arg: S.Argument, buffers: Mapping[str, S.Buffer], symbols: Mapping[str, int]) -> Any:
@@ -90,7 +89,7 @@ def jobs(program: S.Program, symbols: Mapping[str, int]) -> list[Job]:
     """The distinct calls of `OPS` among ``program``'s extern steps, for these symbol values,
     in the order the Program makes them; those naming a tensor that is not a buffer (a
     constant) or too big (`MAX_BYTES`) are left out."""
-    buffers = {b.name: b for b in program.buffers}
+    buffers = buffer_table(program)
     out: dict[tuple[Any, ...], Job] = {}
     for step in program.steps:
         if not isinstance(step, S.ExternStep) or step.op not in OPS or step.kwargs:
@@ -98,7 +97,7 @@ def jobs(program: S.Program, symbols: Mapping[str, int]) -> list[Job]:
         try:
             args = tuple(_encode(a, buffers, symbols) for a in step.args)
             outs = [_tensor_spec(buffers[name], symbols) for name in step.outputs]
-            nbytes = sum(_span_bytes(a) for a in (*args, *outs) if a[0] == "tensor")
+            nbytes = sum(_bytes(a) for a in (*args, *outs) if a[0] == "tensor")
         except Exception as e:  # a constant, an unbound symbol, a dtype it cannot read: left out
             logger.debug("library warm-up: %s left out (%s: %s)", step.op, type(e).__name__, e)
             continue
