@@ -103,6 +103,28 @@ def test_unused_differentiable_output_gets_zeros_where_the_backward_reads_it():
         torch.testing.assert_close(ours.grad, want.grad)
 
 
+def test_input_reached_only_through_unused_outputs_gets_none_as_in_eager():
+    # a head the loss does not use (a pooler beside the hidden states): eager leaves its
+    # weight's .grad None, and an optimizer skips it; zeros would be weight-decayed
+    def f(x, w_body, w_head, w_both):
+        h = (x @ w_body) * w_both
+        return h, (h @ w_head).tanh() * w_both, x.sum() * 0 + w_head.sum()
+
+    xs = [torch.randn(3, 4), torch.randn(4, 4), torch.randn(4, 4), torch.randn(4)]
+    graph, _ = trace(f, *(t.requires_grad_() for t in xs))
+    fn = aot(graph, interpreter_compiler)
+    for used in ((0,), (1,), (2,), (0, 2), (0, 1, 2)):
+        ours = [t.detach().clone().requires_grad_() for t in xs]
+        want = [t.detach().clone().requires_grad_() for t in xs]
+        got_out, want_out = fn(*ours), f(*want)
+        sum(got_out[i].sum() for i in used).backward()
+        sum(want_out[i].sum() for i in used).backward()
+        for a, b in zip(ours, want, strict=True):
+            assert (a.grad is None) == (b.grad is None), (used, a.grad, b.grad)
+            if b.grad is not None:
+                torch.testing.assert_close(a.grad, b.grad)
+
+
 def test_drop_unread_leaves_evaluation_mode_batch_norm_backward_alone():
     def arg(name: str) -> S.TensorRef:
         return S.TensorRef(name=name)

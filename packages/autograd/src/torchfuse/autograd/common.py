@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import msgspec
 import torch
@@ -261,6 +261,20 @@ def users(graph: S.Graph) -> dict[str, list[S.Node]]:
         for v in node_inputs(n):
             out.setdefault(v, []).append(n)
     return out
+
+
+def output_sources(graph: S.Graph, sources: Sequence[str]) -> list[frozenset[int]]:
+    """For each output of ``graph``: the positions in ``sources`` (names of its inputs) of
+    the ones it is computed from, through any chain of nodes."""
+    position = {name: k for k, name in enumerate(sources)}
+    reach: dict[str, frozenset[int]] = {name: frozenset((k,)) for name, k in position.items()}
+    empty: frozenset[int] = frozenset()
+    for n in graph.nodes:
+        found = empty.union(*(reach.get(v, empty) for v in node_inputs(n)))
+        for out in n.outputs:
+            if out:
+                reach[out] = found
+    return [empty.union(*(reach.get(v, empty) for v in tensor_refs([o.value]))) for o in graph.outputs]
 
 
 def output_names(graph: S.Graph) -> set[str]:

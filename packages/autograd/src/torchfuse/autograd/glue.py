@@ -52,7 +52,12 @@ from typing import Any, Protocol
 
 import msgspec
 import torch
-from torchfuse.autograd.common import AutogradError, eliminate_common_subexpressions, format_graph
+from torchfuse.autograd.common import (
+    AutogradError,
+    eliminate_common_subexpressions,
+    format_graph,
+    output_sources,
+)
 from torchfuse.autograd.config import config
 from torchfuse.autograd.decompositions import DEFAULT_TABLE, Table, decompose
 from torchfuse.autograd.functionalize import functionalize
@@ -129,6 +134,8 @@ class _Plan:
     """Forward output index -> position among the backward's tangent inputs."""
     grad_of: list[int] = field(default_factory=list)
     """For each backward output: the index of the input it is the gradient of."""
+    grad_sources: list[frozenset[int]] = field(default_factory=list)
+    """For each backward output: the positions among the tangent inputs it is computed from."""
     stages: list[Stage] = field(default_factory=list)
     guards: tuple[S.SymbolGuard, ...] = ()
     """Size relations the passes added (the input graph's own guards are the caller's to check)."""
@@ -474,6 +481,7 @@ def _fill_training_plan(plan: _Plan, part: Partition, guards: tuple[S.SymbolGuar
     plan.tangent_of = {tangent_index(t.target): k for k, t in enumerate(tangents)}
     position = {i.name: k for k, i in enumerate(plan.functional.inputs)}
     plan.grad_of = [position[o.target or ""] for o in part.backward.outputs]
+    plan.grad_sources = output_sources(part.backward, [t.name for t in tangents])
     plan.mutated_input_positions = _mutated_positions(plan.functional)
 
 
@@ -633,11 +641,12 @@ class _CompiledFunction(torch.autograd.Function):
         part = plan.partition
         assert part is not None
         tangent_inputs = part.backward.inputs[len(saved):]
-        tangents = []
+        tangents, unused = [], set()
         for k, t in enumerate(tangent_inputs):
             i = tangent_index(t.target)
             g = grads[i]
             if g is None:  # autograd passes None for outputs the loss did not use
+                unused.add(k)
                 g = _zeros(part.backward, t.name, ctx.sizes, device=_device_of(grads, saved))
             tangents.append(_laid_out(g, part.backward.values[t.name], ctx.sizes))
             assert plan.tangent_of[i] == k
@@ -650,8 +659,11 @@ class _CompiledFunction(torch.autograd.Function):
                     plan.backward = fn.bw_compiler(part.backward, [*saved, *tangents])
             out = list(plan.backward(*saved, *tangents))
         result: list[Any] = [None] * len(plan.functional.inputs)
-        for idx, g in zip(plan.grad_of, out, strict=True):
-            result[idx] = g
+        for idx, g, sources in zip(plan.grad_of, out, plan.grad_sources, strict=True):
+            # as eager: an input the loss reaches only through unused outputs gets no
+            # gradient (None), not zeros (an optimizer skips a None; it would decay a zero)
+            if not (sources and sources <= unused):
+                result[idx] = g
         if create_graph:
             # route the gradients through a node whose backward raises, so that a second
             # differentiation fails with a clear message instead of silently being wrong
