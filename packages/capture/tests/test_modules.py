@@ -464,3 +464,81 @@ def test_parametrized_modules_are_one_graph_with_eagers_gradients(backend):
         assert cached.keys() == parametrize._cache.keys()
         for k, v in parametrize._cache.items():
             torch.testing.assert_close(cached[k], v)
+
+
+# ============================================ a library's stateless module made on every call
+
+
+class ScaledAct(nn.Module):
+    """What transformers' ``ACT2FN[name]`` builds on each lookup: a module written outside
+    torch that holds only constants and functions."""
+
+    def __init__(self, use_tanh=False, scale=1.0):
+        super().__init__()
+        self.scale = scale
+        self.fn = torch.tanh if use_tanh else nn.functional.silu
+
+    def forward(self, x):
+        return self.fn(x) * self.scale
+
+
+class ActTable(dict):
+    def __getitem__(self, key):
+        cls, kwargs = super().__getitem__(key)
+        return cls(**kwargs)
+
+
+ACTS = ActTable(silu=(ScaledAct, {}), tanh=(ScaledAct, {"use_tanh": True, "scale": 2.0}))
+BUILT: list[str] = []
+
+
+class Counted(nn.Module):
+    def __init__(self, name):
+        super().__init__()
+        BUILT.append(name)  # a side effect of every construction, which eager runs per call
+        self.name = name
+
+    def forward(self, x):
+        return x + len(self.name)
+
+
+class HoldsWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def test_a_stateless_library_module_made_per_call_is_captured():
+    def f(x, kind):
+        return ACTS[kind](x) + 1
+
+    x = torch.randn(4)
+    for kind in ("silu", "tanh"):
+        e = explain(f)(x, kind)
+        assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+        assert_same(compile(f, backend="eager")(x, kind), f(x, kind))
+
+
+def test_a_module_made_per_call_keeps_its_constructors_side_effects():
+    def f(x):
+        return Counted("abc")(x)
+
+    cf = compile(f, backend="eager")
+    BUILT.clear()
+    for _ in range(3):
+        assert_same(cf(torch.ones(2)), torch.ones(2) + 3)
+    assert BUILT == ["abc"] * 3
+    assert not [r.error for r in cf.results if r.error is not None]  # captured, not a break
+
+
+def test_a_module_made_per_call_with_a_parameter_is_still_a_break():
+    def f(x):
+        return HoldsWeight()(x) * 2
+
+    e = explain(f)(torch.randn(3))
+    assert e.graph_break_count >= 1
+    assert any("creating module HoldsWeight" in r.reason for r in e.break_reasons), e.break_reasons
+    assert_same(compile(f, backend="eager")(torch.ones(3)), f(torch.ones(3)))

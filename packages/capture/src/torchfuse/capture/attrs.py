@@ -467,7 +467,7 @@ def setattr_var(obj: V.Var, name: str, value: V.Var, plain: bool = False) -> Non
             call(V.ObjVar(prop.fset), [obj, value], {})
             return
         obj.overrides[name] = value
-        if obj.source is not None or isinstance(obj, V.ModuleVar):
+        if obj.source is not None or (isinstance(obj, V.ModuleVar) and not obj.is_new):
             if obj.source is None:
                 raise Unsupported("attribute write on a module capture cannot name", ctx.loc)
             ctx.side_effects.append(("setattr", obj, name, value, ctx.loc))

@@ -27,7 +27,7 @@ import weakref
 from typing import Any
 
 import torch
-from torchfuse.capture import custom_function, pyrandom
+from torchfuse.capture import custom_function, modules_made, pyrandom, scan
 from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
@@ -95,6 +95,8 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
         raise Unsupported(f"{fn.describe()} is not callable", ctx.loc)
     value = fn.python()
     applied = custom_function.apply(value, args, kwargs, _INTERPRETER)  # MyFunction.apply(...)
+    if applied is None:
+        applied = scan.apply(value, args, kwargs, _INTERPRETER)  # associative_scan(combine_fn, ...)
     if applied is not None:
         return applied
     constant = _marked_constant(value, args, kwargs)
@@ -479,7 +481,7 @@ def construct(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     if issubclass(cls, dict) and dataclasses.is_dataclass(cls):
         return _construct_data_mapping(cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
-        return _construct_stateless_module(cls, args, kwargs)
+        return modules_made.construct(cls, args, kwargs, _INTERPRETER)
     if cls in (operator.itemgetter, operator.attrgetter) and not kwargs and \
             all(type(a) is V.ConstVar for a in args):  # called later by `_getter_call`
         return V.ObjVar(cls(*[a.python() for a in args]))
@@ -578,25 +580,6 @@ def object_new(args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var | None:
     if not _plain_instances(cls):
         return None
     return V.UserObjVar(object.__new__(cls), None, is_new=True)
-
-
-def _construct_stateless_module(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
-    """A torch module made in the function (``CrossEntropyLoss()``, ``nn.GELU()``): built for
-    real from constant arguments when it holds no tensors, so that nothing of the graph's
-    state lives in it; any other module must be made in ``__init__``."""
-    ctx = current()
-    if cls.__module__.startswith("torch.nn.modules") and \
-            all(isinstance(a, V.ConstVar) for a in [*args, *kwargs.values()]):
-        # a trial build: a module with parameters initializes them from the global generator,
-        # which must be left as it was, since Python then builds it again after the break
-        cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
-        with torch.random.fork_rng(devices=cuda):
-            mod = cls(*[a.python() for a in args], **{k: v.python() for k, v in kwargs.items()})
-        if not any(True for _ in mod.parameters()) and all(b is None for b in mod._buffers.values()) \
-                and not any(True for _ in mod.children()):
-            return V.ModuleVar(mod, None)
-    raise Unsupported(f"creating module {cls.__name__} inside a compiled function", ctx.loc,
-                      "create modules in __init__")
 
 
 def _construct_data_mapping(cls: type, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
@@ -762,5 +745,5 @@ def _call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.V
 
 
 _INTERPRETER = custom_function.Interpreter(inline=inline, construct=construct_instance, getattr=_attr,
-                                           call_method=_call_method)
-"""What `custom_function.apply` calls back into."""
+                                           call_method=_call_method, call=call)
+"""What `custom_function.apply`, `scan.apply` and `modules_made.construct` call back into."""

@@ -59,13 +59,15 @@ class NoGradCtx:
 
 
 class Interpreter(NamedTuple):
-    """The interpreter's functions `apply` calls, handed in by `torchfuse.capture.calls` (this
-    module is below the interpreter's core, not in its import cycle)."""
+    """The interpreter's functions `apply` (and `torchfuse.capture.scan`) call, handed in by
+    `torchfuse.capture.calls` (these modules are below the interpreter's core, not in its
+    import cycle)."""
 
     inline: Callable[[V.Var, list[V.Var], dict[str, V.Var]], V.Var]
     construct: Callable[[type, list[V.Var], dict[str, V.Var]], V.Var]
     getattr: Callable[[V.Var, str], V.Var]
     call_method: Callable[[V.Var, str, list[V.Var], dict[str, V.Var]], V.Var]
+    call: Callable[[V.Var, list[V.Var], dict[str, V.Var]], V.Var]
 
 
 def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var], interp: Interpreter) -> V.Var | None:

@@ -323,11 +323,13 @@ class ObjVar(Var):
 
 
 class ModuleVar(Var):
-    """An ``nn.Module``. ``overrides`` hold attributes written during capture."""
+    """An ``nn.Module``. ``overrides`` hold attributes written during capture. ``is_new``:
+    being built by its ``__init__`` inside the frame, whose writes nothing outside sees."""
 
-    def __init__(self, module: torch.nn.Module, source: Source | None) -> None:
+    def __init__(self, module: torch.nn.Module, source: Source | None, is_new: bool = False) -> None:
         self.value = module
         self.source = source
+        self.is_new = is_new
         self.overrides: dict[str, Var] = {}
 
     def python(self) -> Any:
