@@ -193,3 +193,92 @@ def test_a_break_or_an_error_inside_forward_is_a_break_at_apply():
         negative(x)
     with pytest.raises(ValueError, match="must not be negative"):
         compile(negative, backend="eager")(x)
+
+
+# ================================= library operators (torch.library.custom_op) with a backward
+
+
+@torch.library.custom_op("tfcapture_test::scaled_rows", mutates_args=())
+def scaled_rows(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    out = x.clone()
+    start = 0
+    for i, n in enumerate(counts.tolist()):  # data-dependent, as transformers' grouped_mm fallback
+        out[start:start + n] *= i + 1
+        start += n
+    return out
+
+
+@scaled_rows.register_fake
+def _(x, counts):
+    return torch.empty_like(x)
+
+
+def _scaled_rows_backward(ctx, grad):
+    g = grad.clone()
+    start = 0
+    for i, n in enumerate(ctx.counts.tolist()):  # needs the data: cannot run on fake tensors
+        g[start:start + n] *= i + 1
+        start += n
+    return g, None
+
+
+def _scaled_rows_setup(ctx, inputs, output):
+    ctx.counts = inputs[1]
+
+
+scaled_rows.register_autograd(_scaled_rows_backward, setup_context=_scaled_rows_setup)
+
+
+@torch.library.custom_op("tfcapture_test::double", mutates_args=())
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@double.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+double.register_autograd(lambda ctx, g: g * 2)
+
+
+def rows(x, w, counts):
+    return scaled_rows(x @ w, counts).tanh().sum()
+
+
+def twice(x, w):
+    return double(x @ w).tanh().sum()
+
+
+def test_library_op_whose_backward_needs_data_is_a_break_with_eagers_gradients():
+    x, w, counts = torch.randn(5, 3), torch.randn(3, 3, requires_grad=True), torch.tensor([2, 0, 3])
+    e = explain(rows)(x, w, counts)
+    assert e.graph_break_count == 1
+    assert "tfcapture_test.scaled_rows" in e.break_reasons[0].reason
+    assert "registered backward cannot be traced" in e.break_reasons[0].reason
+    out = compile(rows, backend="aot_eager")(x, w, counts)
+    (got,) = torch.autograd.grad(out, w)
+    we = w.detach().clone().requires_grad_()
+    want_out = rows(x, we, counts)
+    (want,) = torch.autograd.grad(want_out, we)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(got, want)
+
+
+def test_library_op_whose_backward_needs_data_stays_in_the_graph_under_no_grad():
+    x, w, counts = torch.randn(5, 3), torch.randn(3, 3, requires_grad=True), torch.tensor([2, 0, 3])
+    with torch.no_grad():
+        e = explain(rows)(x, w, counts)
+        assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+        torch.testing.assert_close(compile(rows, backend="eager")(x, w, counts), rows(x, w, counts))
+
+
+def test_library_op_with_a_traceable_backward_stays_in_the_graph():
+    x, w = torch.randn(5, 3), torch.randn(3, 3, requires_grad=True)
+    e = explain(twice)(x, w)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    out = compile(twice, backend="aot_eager")(x, w)
+    (got,) = torch.autograd.grad(out, w)
+    we = w.detach().clone().requires_grad_()
+    (want,) = torch.autograd.grad(twice(x, we), we)
+    torch.testing.assert_close(got, want)

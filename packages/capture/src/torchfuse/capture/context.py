@@ -164,6 +164,14 @@ class Capture:
         except (RuntimeError, TypeError, ValueError, IndexError) as e:
             raise Unsupported(f"{what or _name(fn)} failed on fake tensors: "
                               f"{type(e).__name__}: {e}", self.loc) from e
+        if torch.is_grad_enabled() and _library_op(fn):
+            failure = _backward_failure(out, args, kwargs)
+            if failure is not None:
+                op = getattr(fn, "_opoverload", fn)
+                raise Unsupported(f"{op}: its registered backward cannot be traced on "
+                                  f"fake tensors ({type(failure).__name__}: {failure})", self.loc,
+                                  "it runs in Python with its own backward; under torch.no_grad() "
+                                  "it stays in the graph")
         cls = self._subclass_of(fn, args, kwargs)
         if cls is not None:
             self._mark_subclass(out, cls)
@@ -478,3 +486,35 @@ def _is_key(key: Any) -> bool:
     cls = type(key)
     return V.is_constant(key) or (cls.__eq__ in (object.__eq__, type.__eq__) and
                                   cls.__hash__ in (object.__hash__, type.__hash__))
+
+
+_CORE_NAMESPACES = frozenset({"aten", "prims", "torchfuse"})
+
+
+def _library_op(fn: Any) -> bool:
+    """An operator a library registered (``torch.library.custom_op``, called through the
+    function it returns or through ``torch.ops``), not one of ATen's."""
+    fn = getattr(fn, "_opoverload", fn)  # the CustomOpDef that custom_op returns
+    if isinstance(fn, torch._ops.OpOverload):
+        return fn.namespace not in _CORE_NAMESPACES
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return fn._qualified_op_name.split("::")[0] not in _CORE_NAMESPACES
+    return False
+
+
+def _backward_failure(out: Any, args: list[Any], kwargs: dict[str, Any]) -> Exception | None:
+    """What a library operator's backward raises when run on the fakes of this call (None
+    when it runs, or nothing needs a gradient). The joint graph runs it on fakes the same
+    way; one that needs data (transformers 5.17's ``grouped_mm_fallback`` calls
+    ``offs.tolist()``) fails there, after capture, so it is found here and made a break."""
+    outs = [o for o in (out if isinstance(out, list | tuple) else (out,))
+            if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    inputs = [t for a in [*args, *kwargs.values()] for t in (a if isinstance(a, list | tuple) else (a,))
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not outs or not inputs:
+        return None
+    try:
+        torch.autograd.grad(outs, inputs, [torch.zeros_like(o) for o in outs], allow_unused=True)
+    except Exception as e:  # whatever the library's Python raises on a tensor without data
+        return e
+    return None
