@@ -15,7 +15,9 @@ capture can answer questions eager answers by looking at data:
   memory-efficient kernel or the math fallback (BERT's training step on an H200).
 
 A value is known when the op makes it from no tensors at all (``arange``, ``ones``, ``full``,
-``scalar_tensor``; never ``empty`` or a random draw) or from tensors that are all known, the
+``scalar_tensor``, and ``torch.tensor([...])`` or ``new_tensor([...])`` of Python values, whose
+``lift_fresh`` sees the real tensor torch made from them; never ``empty`` or a random draw) or
+from tensors that are all known, the
 op is deterministic, no size is symbolic, and each fresh result holds at most `MAX_BYTES`
 (floating point) or `MAX_EXACT_BYTES` (boolean and integer: masks, indices). Views of a
 known tensor are views of its real value, so an in-place write through one is seen through
@@ -110,6 +112,15 @@ def _written(func: Any, args: Any, kwargs: dict[str, Any]) -> list[Any]:
     return out
 
 
+_LIFTS = frozenset({"aten.lift_fresh.default", "aten.lift_fresh_copy.default"})
+
+
+def _fresh_literal(args: Any) -> bool:
+    """``args`` of a lift: one real CPU tensor, which torch made from Python values during
+    the call (a tensor from outside the frame is a fake by the time an op sees it)."""
+    return len(args) == 1 and type(args[0]) is torch.Tensor and args[0].device.type == "cpu"
+
+
 def _storage_key(t: torch.Tensor) -> int:
     elem = t._elem if isinstance(t, FakeTensor) else t
     return elem.untyped_storage()._cdata
@@ -162,6 +173,12 @@ class KnownValues:
         every input is known."""
         written = _written(func, args, kwargs)
         name = op_name(func)
+        if name in _LIFTS and isinstance(out, FakeTensor) and _fresh_literal(args):
+            # torch.tensor([...]) / new_tensor([...]): torch made the real tensor from Python
+            # values of the frame, which capture guards; it is the program's constant
+            if args[0].untyped_storage().nbytes() <= _limit(args[0].dtype) and args[0].shape == out.shape:
+                self._values[id(out)] = (out, args[0].clone())
+            return
         real = self._real_args(args, kwargs) if _deterministic(name) else None
         fakes = [o for o in (out if isinstance(out, tuple | list) else [out]) if isinstance(o, torch.Tensor)]
         if real is None and self._by_range(name, args, out):
