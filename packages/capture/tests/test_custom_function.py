@@ -1,8 +1,9 @@
-"""A custom ``torch.autograd.Function`` runs in Python at a graph break when grad mode is on:
-its backward is the user's (called on fake tensors, the forward alone would be recorded and
-the backward lost). Under ``no_grad`` eager records no backward either, and its forward is
-captured into the graph (`torchfuse.capture.custom_function`), with eager's results, object
-identities and errors."""
+"""A custom ``torch.autograd.Function``: with grad mode on, its forward and its backward are
+captured, joined by the format's ``torchfuse.custom_grad`` op
+(`torchfuse.capture.custom_backward`), and what capture cannot model stays a break that runs
+it in Python with its own backward. Under ``no_grad`` eager records no backward either, and
+its forward alone is captured (`torchfuse.capture.custom_function`), with eager's results,
+object identities and errors."""
 
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ def test_custom_function_keeps_its_backward(backend):
     torch.testing.assert_close(got, want)
 
 
-def test_custom_function_is_a_reported_break():
+def test_custom_function_is_captured_with_its_backward():
     e = explain(f)(torch.randn(5, requires_grad=True))
-    assert e.graph_count == 2 and e.graph_break_count == 1, str(e)
-    assert "Twice.apply" in e.break_reasons[0].reason
+    assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
+    ops = [n.op for g in e.graphs for n in g.nodes]
+    assert "torchfuse.custom_grad.default" in ops
 
 
 # ---------------------------------------------------------------- under no_grad: forward captured
@@ -158,8 +160,8 @@ def test_outer_no_grad_captures_forward_and_grad_on_still_breaks():
         out = compile(f, backend="eager")(x)
         torch.testing.assert_close(out, f(x))
         assert not out.requires_grad
-    e = explain(f)(x)
-    assert e.graph_break_count == 1 and "Scale.apply" in e.break_reasons[0].reason
+    e = explain(f)(x)  # grad on: forward and backward both captured
+    assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
 
 
 def test_marked_dirty_input_comes_back_itself():
@@ -193,6 +195,126 @@ def test_a_break_or_an_error_inside_forward_is_a_break_at_apply():
         negative(x)
     with pytest.raises(ValueError, match="must not be negative"):
         compile(negative, backend="eager")(x)
+
+
+# ------------------------------------------------------- grad on: forward and backward captured
+
+
+class Halves(torch.autograd.Function):
+    """Saves a forward result and an input, keeps a constant and a tensor on ctx, returns a
+    non-differentiable index beside two outputs, and gives no gradient to its second input."""
+
+    @staticmethod
+    def forward(ctx, x, w, k):
+        y = torch.tanh(x @ w)
+        idx = y.argmax(-1)
+        ctx.save_for_backward(y, w)
+        ctx.k = k
+        ctx.scale = x.new_full((), 0.5)  # a tensor kept as an attribute
+        ctx.mark_non_differentiable(idx)
+        return y * k, idx, y.sum(-1)
+
+    @staticmethod
+    def backward(ctx, gy, gidx, gsum):
+        y, w = ctx.saved_tensors
+        g = (gy * ctx.k + gsum[..., None]) * (1 - y * y) * ctx.scale  # not the true derivative
+        return g @ w.t(), None, None
+
+
+def halves(x, w):
+    y, idx, s = Halves.apply(x.sin(), w, 3.0)
+    return (y.cos() * s[..., None]).sum(), idx
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_grad_on_captures_forward_and_backward_with_eagers_gradients(backend):
+    x = torch.randn(4, 3, requires_grad=True)
+    w = torch.randn(3, 3, requires_grad=True)
+    e = explain(halves)(x, w)
+    assert e.graph_count == 1 and e.graph_break_count == 0, str(e)
+    got_loss, got_idx = compile(halves, backend=backend)(x, w)
+    gx, gw = torch.autograd.grad(got_loss, [x, w], allow_unused=True)
+    xe, we = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    want_loss, want_idx = halves(xe, we)
+    ex, ew = torch.autograd.grad(want_loss, [xe, we], allow_unused=True)
+    torch.testing.assert_close(got_loss, want_loss)
+    assert torch.equal(got_idx, want_idx) and not got_idx.requires_grad
+    torch.testing.assert_close(gx, ex)
+    assert gw is None and ew is None  # backward gives w no gradient
+
+
+def test_an_input_without_a_gradient_gets_none_as_in_eager():
+    def g(x, w):
+        return Halves.apply(x, w, 2.0)[0].sum()
+
+    x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    for fn in (compile(g, backend="aot_eager"), g):
+        x.grad = w.grad = None
+        fn(x, w).backward()
+        assert x.grad is not None and w.grad is None
+
+
+BACKWARD_CALLS: list[int] = []
+SECRET = torch.full((3,), 2.0)
+
+
+class Logs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        BACKWARD_CALLS.append(1)  # a side effect eager runs on every backward
+        return g * 2
+
+
+class ReadsGlobal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * SECRET  # a tensor forward did not save
+
+
+class TooMany(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g
+
+
+@pytest.mark.parametrize("fn, reason", [
+    (Logs, "backward writes outside itself"),
+    (ReadsGlobal, "backward reads a tensor forward did not save"),
+    (Pass, "forward hands back an input"),
+    (TooMany, "backward returns 2 gradients for 1 inputs"),
+])
+def test_what_capture_cannot_model_is_a_break_that_runs_in_python(fn, reason):
+    def g(x):
+        out = fn.apply(x) if fn is not Pass else fn.apply(x, x)[1]
+        return out.sin().sum()
+
+    x = torch.randn(3, requires_grad=True)
+    e = explain(g)(x)
+    assert e.graph_break_count == 1 and reason in e.break_reasons[0].reason, e.break_reasons
+    if fn is TooMany:  # eager's own error, from its own backward
+        with pytest.raises(RuntimeError, match="incorrect number of gradients"):
+            g(x).backward()
+        with pytest.raises(RuntimeError, match="incorrect number of gradients"):
+            compile(g, backend="eager")(x).backward()
+        return
+    BACKWARD_CALLS.clear()
+    (got,) = torch.autograd.grad(compile(g, backend="aot_eager")(x), x)
+    (want,) = torch.autograd.grad(g(x), x)
+    torch.testing.assert_close(got, want)
+    if fn is Logs:
+        assert BACKWARD_CALLS == [1, 1]
 
 
 # ================================= library operators (torch.library.custom_op) with a backward

@@ -1,8 +1,8 @@
 """``MyFunction.apply(...)`` of a custom ``torch.autograd.Function``, as capture meets it.
 
-With grad mode on, the call is a graph break: traced on fakes, its forward would be recorded
-and its backward lost (DDP's ``_DDPSink`` queues the delayed all-reduce there), so it runs in
-Python, backward included.
+With grad mode on, `torchfuse.capture.custom_backward` captures ``forward`` and ``backward``
+together (joined by the format's ``torchfuse.custom_grad`` op); what it cannot model is a
+graph break at the call, and the Function runs in Python with its own backward.
 
 With grad mode off (``torch.no_grad()`` around the call or the compiled function, which the
 entry's grad-mode guard covers), eager records no backward either: ``apply`` runs ``forward``
@@ -34,13 +34,14 @@ _BASE_SETUP_CONTEXT = torch.autograd.Function.setup_context
 
 class NoGradCtx:
     """The ``ctx`` of a forward inlined with grad mode off: its saving and marking methods keep
-    what a forward may read back and prepare no backward."""
+    what a forward may read back (and, with grad on, what `custom_backward` reads of it)."""
 
     def __init__(self, needs_input_grad):
         self.needs_input_grad = needs_input_grad  # as eager's: the inputs' requires_grad
         self.saved_tensors = ()
         self.dirty = ()
         self.materialize_grads = True
+        self.non_differentiable = ()
 
     def save_for_backward(self, *tensors):
         self.saved_tensors = tensors
@@ -52,7 +53,7 @@ class NoGradCtx:
         self.dirty = tensors
 
     def mark_non_differentiable(self, *tensors):
-        pass
+        self.non_differentiable = tensors
 
     def set_materialize_grads(self, value):
         self.materialize_grads = value
@@ -81,12 +82,23 @@ def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var], interp: Inter
     if owner is None and args and isinstance(args[0], V.ObjVar):  # Function.apply(MyFunction, ...)
         owner, args = args[0].value, args[1:]
     name = owner.__qualname__ if isinstance(owner, type) else "Function"
-    if torch.is_grad_enabled() or not isinstance(owner, type):
-        raise Unsupported(f"{name}.apply: a custom torch.autograd.Function runs in Python (capture "
-                          f"does not trace its backward)", ctx.loc,
-                          "under torch.no_grad() its forward is captured into the graph")
+    if not isinstance(owner, type):
+        raise Unsupported(f"{name}.apply: a custom torch.autograd.Function runs in Python", ctx.loc)
     if kwargs:
         raise Unsupported(f"{name}.apply with keyword arguments", ctx.loc)
+    if torch.is_grad_enabled():
+        from torchfuse.capture import custom_backward
+
+        def make_ctx(needs: tuple[bool, ...]) -> V.Var:
+            return interp.construct(NoGradCtx, [V.ConstVar(needs)], {})
+
+        try:
+            return custom_backward.apply(owner, name, list(args), interp, make_ctx)
+        except (Unsupported, UserException) as e:  # as below: a break at the apply call
+            why = e.reason if isinstance(e, Unsupported) else f"it raises {type(e.exc).__name__}"
+            raise Unsupported(f"{name}.apply: a custom torch.autograd.Function runs in Python "
+                              f"(its forward and backward were not captured: {why})", ctx.loc,
+                              "under torch.no_grad() its forward alone is captured") from None
     try:
         needs = tuple(isinstance(a, V.TensorVar) and a.fake.requires_grad for a in args)
         fctx = interp.construct(NoGradCtx, [V.ConstVar(needs)], {})

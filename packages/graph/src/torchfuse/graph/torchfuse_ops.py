@@ -1,7 +1,7 @@
 """The ``torchfuse`` opset: the few non-ATen ops the format itself defines.
 
 Every Graph may contain them, so every reader needs them registered with torch: importing
-``torchfuse.graph`` does it. Today there is one:
+``torchfuse.graph`` does it:
 
 ``torchfuse.set_grad_enabled.default(bool enabled) -> ()``
     Switches grad mode. Capture writes a pair of them around a ``with torch.no_grad():``
@@ -13,18 +13,24 @@ Every Graph may contain them, so every reader needs them registered with torch: 
     `torchfuse.graph.user_kernels`). Functional: returns a new tensor per index in
     ``mutated`` holding what the kernel wrote there. Not differentiable: its outputs never
     require grad, as a Triton kernel's writes carry no gradient in eager either.
+
+``torchfuse.custom_grad.default(str backward, Tensor[] inputs, Tensor[] outputs, Tensor[] saved) -> Tensor[]``
+    A custom ``torch.autograd.Function``'s derivative: new tensors equal to ``outputs``,
+    whose gradient runs the backward Graph held (as JSON) in ``backward`` and reaches
+    ``inputs`` (see `torchfuse.graph.custom_grad`).
 """
 
 from __future__ import annotations
 
 import torch
-from torchfuse.graph import user_kernels
+from torchfuse.graph import custom_grad, user_kernels
 
 TORCHFUSE_OPSET = 1
 """Opset number written for the ``torchfuse`` namespace."""
 
 SET_GRAD_ENABLED = "torchfuse.set_grad_enabled.default"
 TRITON_KERNEL = "torchfuse.triton_kernel.default"
+CUSTOM_GRAD = "torchfuse.custom_grad.default"
 
 _lib = torch.library.Library("torchfuse", "FRAGMENT")
 _lib.define("set_grad_enabled(bool enabled) -> ()")
@@ -51,6 +57,11 @@ def _triton_kernel_no_grad(kernel: str, tensors: list[torch.Tensor],
 _lib.impl("triton_kernel", user_kernels.launch, "CompositeExplicitAutograd")
 _lib.impl("triton_kernel", user_kernels.meta, "Meta")
 _lib.impl("triton_kernel", _triton_kernel_no_grad, "Autograd")
+
+_lib.define("custom_grad(str backward, Tensor[] inputs, Tensor[] outputs, Tensor[] saved) -> Tensor[]")
+_lib.impl("custom_grad", custom_grad.forward, "CompositeExplicitAutograd")
+_lib.impl("custom_grad", custom_grad.forward, "Meta")
+_lib.impl("custom_grad", custom_grad.with_grad, "Autograd")
 
 
 def records_grad(graph, grad_enabled_at_entry: bool = True) -> bool:

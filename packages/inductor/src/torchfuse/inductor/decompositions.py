@@ -358,6 +358,9 @@ RULES: Mapping[str, Callable[..., Any]] = {
     "aten.max.default": _max_all,
     "aten.min.default": _min_all,
     "aten._native_multi_head_attention.default": native_multi_head_attention,
+    # a custom autograd.Function's outputs below autograd (torchfuse.graph.custom_grad):
+    # copies, which fuse into the kernels that compute them
+    "torchfuse.custom_grad.default": lambda backward, inputs, outputs, saved: [o.clone() for o in outputs],
 }
 """Inductor's own rules: ops autograd's table leaves alone that inductor's primitive set does
 not have. None of them is in autograd's table (a test checks it)."""

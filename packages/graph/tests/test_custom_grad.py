@@ -1,0 +1,91 @@
+"""``torchfuse.custom_grad``: a custom autograd.Function's backward held as a Graph inside the
+graph. Runs with the reference interpreter, survives an archive, and is verified like the
+outer graph (an archive is data from a stranger)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import torch
+from torchfuse.graph import VerificationError, load, run, save, verify
+from torchfuse.graph import custom_grad as CG
+from torchfuse.graph import schema as S
+from torchfuse.graph.torchfuse_ops import CUSTOM_GRAD, SET_GRAD_ENABLED
+from torchfuse.graph.tracing import GraphBuilder, Recorder
+
+
+def _backward() -> S.Graph:
+    """saved x, gradient g -> 3 * g * cos(x): three times sin's derivative, so a test sees
+    that this Graph, not ATen's formula, differentiated the output."""
+    rec = Recorder(GraphBuilder("backward"))
+    with rec:
+        x = rec.input(torch.randn(4), name="saved", requires_grad=False)
+        g = rec.input(torch.randn(4), name="grad", requires_grad=False)
+        out = g * x.cos() * 3
+    rec.output(out, kind="gradient")
+    return rec.builder.build()
+
+
+def _outer(text: str) -> S.Graph:
+    rec = Recorder(GraphBuilder("outer"))
+    with rec:
+        x = rec.input(torch.randn(4), name="x", requires_grad=True)
+        rec.builder.add_node(SET_GRAD_ENABLED, [S.Bool(value=False)], {}, [])
+        with torch.no_grad():
+            y = x.sin()
+        rec.builder.add_node(SET_GRAD_ENABLED, [S.Bool(value=True)], {}, [])
+        (z,) = torch.ops.torchfuse.custom_grad.default(text, [x], [y], [x])
+    rec.output(z)
+    return rec.builder.build()
+
+
+def test_the_op_runs_its_backward_graph():
+    x = torch.randn(4, requires_grad=True)
+    with torch.no_grad():
+        y = x.sin()
+    (z,) = torch.ops.torchfuse.custom_grad.default(CG.dumps(_backward()), [x], [y], [x])
+    torch.testing.assert_close(z, y)
+    assert z.requires_grad and z is not y
+    z.sum().backward()
+    torch.testing.assert_close(x.grad, 3 * x.detach().cos())
+
+
+def test_a_graph_holding_it_survives_an_archive_and_the_interpreter(tmp_path):
+    graph = _outer(CG.dumps(_backward()))
+    assert CUSTOM_GRAD in [n.op for n in graph.nodes]
+    verify(graph)
+    save(graph, tmp_path / "g")
+    loaded = load(tmp_path / "g", kind="graph")
+    assert loaded == graph
+    x = torch.randn(4, requires_grad=True)
+    (z,) = run(loaded, x)
+    torch.testing.assert_close(z, x.detach().sin())
+    z.sum().backward()
+    torch.testing.assert_close(x.grad, 3 * x.detach().cos())
+
+
+def test_under_no_grad_it_is_a_copy():
+    x = torch.randn(4)
+    with torch.no_grad():
+        (z,) = run(_outer(CG.dumps(_backward())), x)
+    torch.testing.assert_close(z, x.sin())
+    assert not z.requires_grad
+
+
+def _with_text(graph: S.Graph, text: str) -> S.Graph:
+    nodes = tuple(msgspec.structs.replace(n, args=(S.Str(value=text), *n.args[1:])) if n.op == CUSTOM_GRAD
+                  else n for n in graph.nodes)
+    return msgspec.structs.replace(graph, nodes=nodes)
+
+
+def test_verify_checks_the_backward_graph_too():
+    good = _backward()
+    with pytest.raises(VerificationError, match="invalid backward graph"):
+        verify(_with_text(_outer(CG.dumps(good)), '{"nodes": 3}'))
+    hostile = msgspec.structs.replace(good, nodes=tuple(
+        msgspec.structs.replace(n, op="builtins.exec.default") if k == 0 else n
+        for k, n in enumerate(good.nodes)))
+    with pytest.raises(VerificationError, match=r"backward graph: .*unknown op"):
+        verify(_with_text(_outer(CG.dumps(good)), CG.dumps(hostile)))
+    with pytest.raises(VerificationError, match="over the"):
+        verify(_with_text(_outer(CG.dumps(good)), " " * (CG._MAX_TEXT + 1)))
