@@ -1,6 +1,7 @@
-"""``torchfuse.custom_grad``: a custom autograd.Function's backward held as a Graph inside the
-graph. Runs with the reference interpreter, survives an archive, and is verified like the
-outer graph (an archive is data from a stranger)."""
+"""Graphs held inside a graph: ``torchfuse.custom_grad`` (a custom autograd.Function's
+backward) and ``torchfuse.checkpoint`` (an activation-checkpointed region). They run with the
+reference interpreter, survive an archive, and are verified like the outer graph (an archive
+is data from a stranger)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from torchfuse.graph import VerificationError, load, run, save, verify
 from torchfuse.graph import custom_grad as CG
 from torchfuse.graph import schema as S
-from torchfuse.graph.torchfuse_ops import CUSTOM_GRAD, SET_GRAD_ENABLED
+from torchfuse.graph.torchfuse_ops import CHECKPOINT, CUSTOM_GRAD, SET_GRAD_ENABLED
 from torchfuse.graph.tracing import GraphBuilder, Recorder
 
 
@@ -80,12 +81,47 @@ def _with_text(graph: S.Graph, text: str) -> S.Graph:
 
 def test_verify_checks_the_backward_graph_too():
     good = _backward()
-    with pytest.raises(VerificationError, match="invalid backward graph"):
+    with pytest.raises(VerificationError, match="backward graph: not a valid Graph"):
         verify(_with_text(_outer(CG.dumps(good)), '{"nodes": 3}'))
     hostile = msgspec.structs.replace(good, nodes=tuple(
         msgspec.structs.replace(n, op="builtins.exec.default") if k == 0 else n
         for k, n in enumerate(good.nodes)))
     with pytest.raises(VerificationError, match=r"backward graph: .*unknown op"):
         verify(_with_text(_outer(CG.dumps(good)), CG.dumps(hostile)))
-    with pytest.raises(VerificationError, match="over the"):
+    with pytest.raises(VerificationError, match=r"backward graph: .* over the"):
         verify(_with_text(_outer(CG.dumps(good)), " " * (CG._MAX_TEXT + 1)))
+
+
+def _region() -> S.Graph:
+    rec = Recorder(GraphBuilder("region"))
+    with rec:
+        x = rec.input(torch.randn(4), name="x", requires_grad=False)
+        w = rec.input(torch.randn(4), name="w", requires_grad=False)
+        out = (x.sin() * w).exp()
+    rec.output(out)
+    return rec.builder.build()
+
+
+def test_a_checkpointed_region_runs_and_is_recomputed_for_its_gradients():
+    from torchfuse.graph import checkpoint_region as CR
+
+    x, w = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    (y,) = torch.ops.torchfuse.checkpoint.default(CR.dumps(_region()), [x, w])
+    want = (x.sin() * w).exp()
+    torch.testing.assert_close(y, want.detach())
+    gx, gw = torch.autograd.grad(y.sum(), [x, w])
+    ex, ew = torch.autograd.grad(want.sum(), [x, w])
+    torch.testing.assert_close(gx, ex)
+    torch.testing.assert_close(gw, ew)
+    rec = Recorder(GraphBuilder("outer"))
+    with rec:
+        a = rec.input(torch.randn(4), name="a")
+        (b,) = torch.ops.torchfuse.checkpoint.default(CR.dumps(_region()), [a, a])
+    rec.output(b)
+    graph = rec.builder.build()
+    verify(graph)
+    broken = msgspec.structs.replace(graph, nodes=tuple(
+        msgspec.structs.replace(n, args=(S.Str(value="[]"), *n.args[1:])) if n.op == CHECKPOINT else n
+        for n in graph.nodes))
+    with pytest.raises(VerificationError, match="region graph: not a valid Graph"):
+        verify(broken)

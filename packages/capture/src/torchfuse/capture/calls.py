@@ -27,7 +27,7 @@ import weakref
 from typing import Any
 
 import torch
-from torchfuse.capture import custom_function, modules_made, pyrandom, scan
+from torchfuse.capture import checkpoint, custom_function, modules_made, pyrandom, scan
 from torchfuse.capture import variables as V
 from torchfuse.capture.attention import SDPA, fused_call, without_noop_mask
 from torchfuse.capture.context import current
@@ -97,6 +97,8 @@ def call(fn: V.Var, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
     applied = custom_function.apply(value, args, kwargs, _INTERPRETER)  # MyFunction.apply(...)
     if applied is None:
         applied = scan.apply(value, args, kwargs, _INTERPRETER)  # associative_scan(combine_fn, ...)
+    if applied is None:
+        applied = checkpoint.apply(value, args, kwargs, _INTERPRETER)  # torch.utils.checkpoint
     if applied is not None:
         return applied
     constant = _marked_constant(value, args, kwargs)
@@ -746,4 +748,5 @@ def _call_method(obj: V.Var, name: str, args: list[V.Var], kwargs: dict[str, V.V
 
 _INTERPRETER = custom_function.Interpreter(inline=inline, construct=construct_instance, getattr=_attr,
                                            call_method=_call_method, call=call)
-"""What `custom_function.apply`, `scan.apply` and `modules_made.construct` call back into."""
+"""What `custom_function.apply`, `scan.apply`, `checkpoint.apply` and `modules_made.construct`
+call back into."""

@@ -79,6 +79,9 @@ class Capture:
     def __init__(self, name: str, f_globals: dict[str, Any], closure: tuple[Any, ...] | None,
                  dynamic: DynamicPolicy | None = None) -> None:
         self.rec = CheckingRecorder(GraphBuilder(name))
+        self.outer_rec: CheckingRecorder | None = None
+        """The graph's own recorder while `rec` records a region into a Graph of its own
+        (`torchfuse.capture.checkpoint`): tensors read from outside become its inputs."""
         self.size_env = SizeEnv(loc_fn=lambda: self.loc)
         """The size symbols of this graph; guards and specialization errors name ``self.loc``."""
         self.rec.builder.size_env = self.size_env
@@ -307,8 +310,9 @@ class Capture:
         check_subclass(type(t), self.loc)
         if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
             self.subclassed = True
+        rec = self.outer_rec or self.rec  # a region lifts the graph's inputs it reads
         if source is None:  # found inside an object we could not trace to a source
-            name = self.rec.name_of(t)
+            name = rec.name_of(t)
             self.inputs.append(InputSlot(name, "constant", None, t))
             var = V.TensorVar(self._fake_for_constant(t), None, type(t))
             self.tensor_vars[id(t)] = var
@@ -324,11 +328,11 @@ class Capture:
         else:
             kind, target, hint = "constant", source.expr(), _arg_hint(source)
         sizes, bindings = self._input_sizes(source, t) if kind == "user_input" and guarded else (None, None)
-        fake = self.rec.input(t, name=hint, kind=kind, target=target, sizes=sizes)  # type: ignore[arg-type]
+        fake = rec.input(t, name=hint, kind=kind, target=target, sizes=sizes)  # type: ignore[arg-type]
         if guarded:
             self.guards.tensor(source, t, fake, bindings)
-        name = self.rec.names[id(fake)]
-        self.rec.bind(t, name)  # torch code that sees the real tensor (nn.Linear) finds it too
+        name = rec.names[id(fake)]
+        rec.bind(t, name)  # torch code that sees the real tensor (nn.Linear) finds it too
         self.inputs.append(InputSlot(name, kind, source))
         if kind == "user_input" and guarded:
             self.input_tensors.append((source, t))
@@ -345,7 +349,7 @@ class Capture:
         dims = symbolic_dims(t, self.dynamic.dims(src, t))
         if not dims:
             return None, None
-        k = len(self.rec.builder.inputs)  # the graph input this tensor is about to become
+        k = len((self.outer_rec or self.rec).builder.inputs)  # the graph input this tensor is about to become
         sizes: list[Any] = []
         bindings: dict[int, SymbolBinding] = {}
         for d, n in enumerate(t.shape):
@@ -363,8 +367,9 @@ class Capture:
         return sizes, bindings
 
     def _fake_for_constant(self, t: torch.Tensor) -> FakeTensor:
+        rec = self.outer_rec or self.rec
         fake = FakeTensor.like(t)
-        self.rec.bind(fake, self.rec.name_of(t))
+        rec.bind(fake, rec.name_of(t))
         return fake
 
     def sync_constants(self) -> None:

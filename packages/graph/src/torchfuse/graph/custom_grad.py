@@ -53,13 +53,14 @@ def dumps(graph: S.Graph) -> str:
 
 @functools.lru_cache(maxsize=256)
 def loads(text: str) -> S.Graph:
-    """The backward Graph of ``text``, validated against the schema."""
+    """The Graph of ``text`` (a backward, or a checkpointed region), validated against the
+    schema."""
     if len(text) > _MAX_TEXT:
-        raise CustomGradError(f"backward graph of {len(text)} bytes is over the {_MAX_TEXT}-byte limit")
+        raise CustomGradError(f"{len(text)} bytes, over the {_MAX_TEXT}-byte limit")
     try:
         return msgspec.json.decode(text, type=S.Graph)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise CustomGradError(f"invalid backward graph: {e}") from e
+        raise CustomGradError(f"not a valid Graph document: {e}") from e
 
 
 def forward(backward: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
@@ -103,17 +104,17 @@ def with_grad(backward: str, inputs: list[torch.Tensor], outputs: list[torch.Ten
     return list(_CustomGrad.apply(backward, len(inputs), len(outputs), *inputs, *outputs, *saved))
 
 
-def check(text: Any, verify_graph: Any) -> str | None:
-    """Why the first argument of a ``custom_grad`` node is not a readable, valid backward
-    Graph (``verify_graph`` checks the Graph as the outer one is checked), or None."""
+def check(text: Any, verify_graph: Any, what: str = "backward graph") -> str | None:
+    """Why the first argument of a ``custom_grad`` (or ``checkpoint``) node is not a readable,
+    valid Graph (``verify_graph`` checks it as the outer one is checked), or None."""
     if not isinstance(text, S.Str):
-        return "the backward graph (first argument) is not a string"
+        return f"{what}: the first argument is not a string"
     try:
         graph = loads(text.value)
     except CustomGradError as e:
-        return str(e)
+        return f"{what}: {e}"
     try:
         verify_graph(graph)
     except Exception as e:  # the verifier's own error, re-raised by the caller with context
-        return f"backward graph: {e}"
+        return f"{what}: {e}"
     return None

@@ -18,12 +18,21 @@ Every Graph may contain them, so every reader needs them registered with torch: 
     A custom ``torch.autograd.Function``'s derivative: new tensors equal to ``outputs``,
     whose gradient runs the backward Graph held (as JSON) in ``backward`` and reaches
     ``inputs`` (see `torchfuse.graph.custom_grad`).
+
+``torchfuse.checkpoint.default(str region, Tensor[] inputs) -> Tensor[]``
+    An activation-checkpointed region: the region Graph held (as JSON) in ``region`` run on
+    ``inputs``, and run again in backward instead of keeping its activations (see
+    `torchfuse.graph.checkpoint_region`).
+
+``torchfuse.after.default(Tensor x, Tensor[] deps) -> Tensor``
+    ``x`` again (a copy; inductor makes it ``x`` itself), read after ``deps``: a checkpoint's
+    recompute reads its inputs through it, so that its ops depend on a gradient.
 """
 
 from __future__ import annotations
 
 import torch
-from torchfuse.graph import custom_grad, user_kernels
+from torchfuse.graph import checkpoint_region, custom_grad, user_kernels
 
 TORCHFUSE_OPSET = 1
 """Opset number written for the ``torchfuse`` namespace."""
@@ -31,6 +40,7 @@ TORCHFUSE_OPSET = 1
 SET_GRAD_ENABLED = "torchfuse.set_grad_enabled.default"
 TRITON_KERNEL = "torchfuse.triton_kernel.default"
 CUSTOM_GRAD = "torchfuse.custom_grad.default"
+CHECKPOINT = "torchfuse.checkpoint.default"
 
 _lib = torch.library.Library("torchfuse", "FRAGMENT")
 _lib.define("set_grad_enabled(bool enabled) -> ()")
@@ -62,6 +72,16 @@ _lib.define("custom_grad(str backward, Tensor[] inputs, Tensor[] outputs, Tensor
 _lib.impl("custom_grad", custom_grad.forward, "CompositeExplicitAutograd")
 _lib.impl("custom_grad", custom_grad.forward, "Meta")
 _lib.impl("custom_grad", custom_grad.with_grad, "Autograd")
+
+_lib.define("checkpoint(str region, Tensor[] inputs) -> Tensor[]")
+_lib.impl("checkpoint", checkpoint_region.run_region, "CompositeExplicitAutograd")
+_lib.impl("checkpoint", checkpoint_region.run_region, "Meta")
+_lib.impl("checkpoint", checkpoint_region.with_grad, "Autograd")
+
+_lib.define("after(Tensor x, Tensor[] deps) -> Tensor")
+_lib.impl("after", checkpoint_region.after_no_grad, "CompositeExplicitAutograd")
+_lib.impl("after", checkpoint_region.after_no_grad, "Meta")
+_lib.impl("after", lambda x, deps: checkpoint_region.after(x, list(deps)), "Autograd")
 
 
 def records_grad(graph, grad_enabled_at_entry: bool = True) -> bool:

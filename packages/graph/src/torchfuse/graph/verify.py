@@ -37,7 +37,7 @@ from torchfuse.graph.ops import (
     to_layout,
     to_memory_format,
 )
-from torchfuse.graph.torchfuse_ops import CUSTOM_GRAD, TRITON_KERNEL
+from torchfuse.graph.torchfuse_ops import CHECKPOINT, CUSTOM_GRAD, TRITON_KERNEL
 from torchfuse.graph.tracing import DataDependentError, FakeTensor, fake_from_meta
 
 SYMBOL_SOURCE = re.compile(r"input:([0-9]{1,9})\.size\(([0-9]{1,9})\)")
@@ -176,11 +176,12 @@ class _GraphChecker:
             self.fail(f"keyword {bad[0]!r} is not an identifier")
         if node.op == TRITON_KERNEL:
             self.user_kernel(node)
-        if node.op == CUSTOM_GRAD:
+        if node.op in (CUSTOM_GRAD, CHECKPOINT):
             from torchfuse.graph.custom_grad import check
 
             why = check(node.args[0] if node.args else None,
-                        lambda g: verify(g, check_meta=self.check_meta))
+                        lambda g: verify(g, check_meta=self.check_meta),
+                        "backward graph" if node.op == CUSTOM_GRAD else "region graph")
             if why is not None:
                 self.fail(why)
         ns = node.op.split(".", 1)[0]

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 from torchfuse.autograd.decompositions import DEFAULT_TABLE
+from torchfuse.graph.checkpoint_region import run_region
 
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
@@ -361,6 +362,10 @@ RULES: Mapping[str, Callable[..., Any]] = {
     # a custom autograd.Function's outputs below autograd (torchfuse.graph.custom_grad):
     # copies, which fuse into the kernels that compute them
     "torchfuse.custom_grad.default": lambda backward, inputs, outputs, saved: [o.clone() for o in outputs],
+    # an activation-checkpointed region below autograd (torchfuse.graph.checkpoint_region):
+    # its own ops, inlined
+    "torchfuse.checkpoint.default": lambda region, inputs: run_region(region, inputs),
+    "torchfuse.after.default": lambda x, deps: torch.ops.aten.alias.default(x),
 }
 """Inductor's own rules: ops autograd's table leaves alone that inductor's primitive set does
 not have. None of them is in autograd's table (a test checks it)."""

@@ -1,0 +1,140 @@
+"""``torch.utils.checkpoint.checkpoint`` is captured as a ``torchfuse.checkpoint`` node that
+runs the region as a Graph of its own (`torchfuse.capture.checkpoint`): values and gradients
+as eager's, the region's activations recomputed in backward instead of saved, and a break,
+with torch's own behaviour, for what capture does not model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torchfuse.capture import compile, explain
+
+
+class Block(nn.Module):
+    def __init__(self, width=32, p=0.0):
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        self.p = p
+
+    def forward(self, x, scale=1.0):
+        h = torch.nn.functional.gelu(self.up(x))
+        h = torch.nn.functional.dropout(h, self.p, self.training)
+        return x + self.down(h) * scale
+
+
+class Net(nn.Module):
+    def __init__(self, reentrant=False, use_checkpoint=True, p=0.0, **kwargs):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(Block(p=p) for _ in range(3))
+        self.reentrant, self.use_checkpoint, self.kwargs = reentrant, use_checkpoint, kwargs
+
+    def forward(self, x):
+        for block in self.blocks:
+            if self.use_checkpoint:
+                x = checkpoint(block, x, use_reentrant=self.reentrant, **self.kwargs)
+            else:
+                x = block(x)
+        return x.square().mean()
+
+
+def _grads(model, x, fn):
+    model.zero_grad(set_to_none=True)
+    loss = fn(x)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_checkpointed_blocks_are_one_graph_with_eagers_gradients(backend, reentrant):
+    model = Net(reentrant=reentrant).train()
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    e = explain(model)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    assert sum(n.op == "torchfuse.checkpoint.default" for g in e.graphs for n in g.nodes) == 3
+    got_loss, got = _grads(model, x, compile(model, backend=backend))
+    want_loss, want = _grads(model, x, model)
+    torch.testing.assert_close(got_loss, want_loss)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def _saved_activation_bytes(model, fn, x):
+    """Bytes autograd keeps for the backward, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        if t.untyped_storage().data_ptr() not in params:
+            total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn(x)
+    loss.backward()
+    return total
+
+
+def test_the_region_is_recomputed_not_saved():
+    x = torch.randn(16, 8, 32)
+    saved = {}
+    for use in (False, True):
+        model = Net(use_checkpoint=use).train()
+        compiled = compile(model, backend="aot_eager")
+        compiled(x).backward()  # compile first: the hooks below see the compiled step only
+        saved[use] = _saved_activation_bytes(model, compiled, x)
+    # with checkpointing only (16, 8, 32) tensors are kept: the three blocks' inputs and the
+    # loss's input; without, each block keeps a (16, 8, 128) activation as well
+    width = 16 * 8 * 32 * 4
+    assert saved[True] <= 4 * width < saved[False], saved
+
+
+def test_under_no_grad_the_function_is_called_inline():
+    model = Net().eval()
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad():
+        e = explain(model)(x)
+        assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+        assert not any(n.op == "torchfuse.checkpoint.default" for g in e.graphs for n in g.nodes)
+        torch.testing.assert_close(compile(model, backend="eager")(x), model(x))
+
+
+WRITES: list[int] = []
+
+
+def _writes(x):
+    WRITES.append(1)
+    return x.sin()  # its backward reads x: eager's checkpoint recomputes the function
+
+
+@pytest.mark.filterwarnings("ignore:torch.utils.checkpoint")
+@pytest.mark.parametrize("make, reason", [
+    (lambda: Net(p=0.5), "draws random numbers"),
+    (lambda: Net(reentrant=None), "without a constant use_reentrant"),
+    (lambda: Net(reentrant=True, scale=2.0), "use_reentrant=True) with keyword arguments"),
+    (lambda: Net(context_fn=lambda: (torch.no_grad(), torch.no_grad())), "with a context_fn"),
+])
+def test_what_capture_does_not_model_is_a_break(make, reason):
+    model = make().train()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    e = explain(model)(x)
+    assert e.graph_break_count >= 1 and any(reason in r.reason for r in e.break_reasons), e.break_reasons
+
+
+def test_a_region_that_writes_outside_itself_is_a_break_and_writes_as_eager():
+    def f(x):
+        return checkpoint(_writes, x, use_reentrant=False).sum()
+
+    x = torch.randn(3, requires_grad=True)
+    e = explain(f)(x)
+    assert any("writes outside itself" in r.reason for r in e.break_reasons), e.break_reasons
+    WRITES.clear()
+    compile(f, backend="eager")(x).backward()
+    compiled = len(WRITES)
+    WRITES.clear()
+    f(x).backward()
+    assert compiled == len(WRITES) == 2  # forward, then the recompute: Python ran it as eager
