@@ -138,3 +138,25 @@ def test_a_region_that_writes_outside_itself_is_a_break_and_writes_as_eager():
     WRITES.clear()
     f(x).backward()
     assert compiled == len(WRITES) == 2  # forward, then the recompute: Python ran it as eager
+
+
+def _clamped(x, w):
+    h = x @ w
+    causal = torch.arange(h.shape[0], device=x.device)[:, None] >= torch.arange(h.shape[1], device=x.device)
+    return torch.where(causal, h, -1.0).exp()  # a factory naming the input's device: the CPU here
+
+
+def test_a_region_with_a_factory_naming_a_device_is_captured():
+    # the op's meta kernel once ran the region on meta tensors, where `arange(device=cpu)`
+    # made a real CPU tensor beside meta ones: "Tensor on device meta is not on the
+    # expected device cpu" (T5's causal position-bias mask), a break at every layer
+    def f(x, w):
+        return checkpoint(_clamped, x, w, use_reentrant=False).sum()
+
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    e = explain(f)(x, w)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    got = torch.autograd.grad(compile(f, backend="aot_eager")(x, w), [x, w])
+    want = torch.autograd.grad(f(x, w), [x, w])
+    for g, wt in zip(got, want, strict=True):
+        torch.testing.assert_close(g, wt)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torchfuse.graph.custom_grad import dumps, loads
 
-__all__ = ["after", "dumps", "loads", "run_region", "with_grad"]
+__all__ = ["after", "dumps", "loads", "region_meta", "run_region", "with_grad"]
 
 
 def run_region(region: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -36,6 +36,25 @@ def run_region(region: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     from torchfuse.graph.interpreter import run
 
     return list(run(loads(region), *inputs))
+
+
+def region_meta(region: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The op's meta kernel: empty tensors laid out as the region Graph's outputs were
+    recorded (running the Graph on meta tensors would not do: a factory op in it that names
+    the CPU, a 0-d constant, makes a real tensor beside the meta ones)."""
+    from torchfuse.graph.expr import evaluate
+    from torchfuse.graph.interpreter import bind_symbols
+    from torchfuse.graph.ops import to_dtype
+
+    graph = loads(region)
+    env = bind_symbols(graph.symbols, inputs)
+    outs = []
+    for o in graph.outputs:
+        meta = graph.values[o.value.name]  # type: ignore[union-attr]
+        outs.append(torch.empty_strided([evaluate(n, env) for n in meta.sizes],
+                                        [evaluate(n, env) for n in meta.strides],
+                                        dtype=to_dtype(meta.dtype), device="meta"))
+    return outs
 
 
 class _Checkpoint(torch.autograd.Function):

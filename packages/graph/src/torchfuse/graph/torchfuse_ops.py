@@ -75,7 +75,7 @@ _lib.impl("custom_grad", custom_grad.with_grad, "Autograd")
 
 _lib.define("checkpoint(str region, Tensor[] inputs) -> Tensor[]")
 _lib.impl("checkpoint", checkpoint_region.run_region, "CompositeExplicitAutograd")
-_lib.impl("checkpoint", checkpoint_region.run_region, "Meta")
+_lib.impl("checkpoint", checkpoint_region.region_meta, "Meta")
 _lib.impl("checkpoint", checkpoint_region.with_grad, "Autograd")
 
 _lib.define("after(Tensor x, Tensor[] deps) -> Tensor")
