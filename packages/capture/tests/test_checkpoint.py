@@ -160,3 +160,18 @@ def test_a_region_with_a_factory_naming_a_device_is_captured():
     want = torch.autograd.grad(f(x, w), [x, w])
     for g, wt in zip(got, want, strict=True):
         torch.testing.assert_close(g, wt)
+
+
+def test_a_size_that_changes_keeps_the_region_in_the_graph():
+    # the second length makes the sequence size a symbol: the region Graph takes the
+    # symbol from its own inputs instead of being a break
+    model = Net().train()
+    compiled = compile(model, backend="aot_eager")
+    for n in (8, 12, 5):
+        x = torch.randn(2, n, 32, requires_grad=True)
+        got_loss, got = _grads(model, x, compiled)
+        want_loss, want = _grads(model, x, model)
+        torch.testing.assert_close(got_loss, want_loss)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert compiled.graph_count() == 2  # the first length, then the symbolic entry

@@ -404,3 +404,18 @@ def test_library_op_with_a_traceable_backward_stays_in_the_graph():
     we = w.detach().clone().requires_grad_()
     (want,) = torch.autograd.grad(twice(x, we), we)
     torch.testing.assert_close(got, want)
+
+
+def test_a_size_that_changes_keeps_the_function_in_the_graph():
+    def g(x, w):
+        return halves(x, w)[0]
+
+    compiled = compile(g, backend="aot_eager")
+    w = torch.randn(3, 3, requires_grad=True)
+    for n in (4, 6, 9):
+        x = torch.randn(n, 3, requires_grad=True)
+        (got,) = torch.autograd.grad(compiled(x, w), [x])
+        xe = x.detach().clone().requires_grad_()
+        (want,) = torch.autograd.grad(g(xe, w), [xe])
+        torch.testing.assert_close(got, want)
+    assert compiled.graph_count() == 2  # the first size, then the symbolic entry

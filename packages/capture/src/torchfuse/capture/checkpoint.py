@@ -19,7 +19,7 @@ What stays a break (torch runs the call, with its own checks and warnings): ``us
 not given (torch warns, then picks the reentrant variant) or not a constant; the reentrant
 variant with keyword arguments (torch raises) or with no tensor argument that requires grad
 (its outputs then require no grad, and the region's parameters get no gradient); a
-``context_fn`` (selective checkpointing policies); symbolic sizes; a region that draws random
+``context_fn`` (selective checkpointing policies); a region that draws random
 numbers (eager replays the generator's state to draw the same numbers when it recomputes);
 one that writes outside itself (eager runs the write twice); results other than tensors and
 constants, flat or in one tuple or list.
@@ -39,7 +39,7 @@ from torchfuse.capture.custom_function import Interpreter
 from torchfuse.capture.dtype_rules import CheckingRecorder
 from torchfuse.capture.errors import Unsupported
 from torchfuse.capture.values import from_py
-from torchfuse.graph import checkpoint_region
+from torchfuse.graph import checkpoint_region, custom_grad
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import meta_of, resolve_op
 from torchfuse.graph.tracing import GraphBuilder
@@ -97,10 +97,9 @@ def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var], interp: Inter
 
 def _region(function: V.Var, args: list[V.Var], kwargs: dict[str, V.Var], interp: Interpreter) -> V.Var:
     ctx = current()
-    if ctx.size_env.symbols:
-        raise Unsupported("torch.utils.checkpoint with symbolic sizes", ctx.loc)
     main, effects = ctx.rec, len(ctx.side_effects)
     sub = RegionRecorder(GraphBuilder("checkpoint"), main)
+    sub.builder.size_env = ctx.size_env  # the outer graph's size symbols, bound below to its own inputs
     ctx.rec, ctx.outer_rec = sub, main
     try:
         out = interp.call(function, args, kwargs)
@@ -113,7 +112,9 @@ def _region(function: V.Var, args: list[V.Var], kwargs: dict[str, V.Var], interp
         tensors = [v for v in items if isinstance(v, V.TensorVar)]
         for v in tensors:
             sub.output(v.fake)
-        graph = sub.builder.build()
+        graph = custom_grad.bound_to_inputs(sub.builder.build())
+        if graph is None:
+            raise Unsupported("a checkpointed function using a size symbol none of its inputs has", ctx.loc)
     finally:
         ctx.rec, ctx.outer_rec = main, None
     if any(_draws(n) for n in graph.nodes):

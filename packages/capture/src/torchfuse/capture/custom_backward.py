@@ -18,13 +18,16 @@ What eager does, and capture with it:
   differentiates it by running that Graph (``torchfuse.autograd``'s joint graph records its
   ops as it records ATen's derivative formulas).
 
-What stays a graph break (the Function runs in Python with its own backward, as before):
-sizes that are symbolic; ``mark_dirty`` or ``set_materialize_grads(False)``; an input handed
-back as an output; keyword arguments; a ``backward`` that writes outside itself (a side
-effect: DDP's ``_DDPSink`` queues the delayed all-reduce there), reads a tensor that
-``forward`` did not save, breaks, raises, or returns gradients whose number, sizes or dtypes
-differ from what eager accepts without converting. Higher-order gradients through the
-Function differentiate the backward Graph's ops, not a ``backward`` of ``backward``.
+Size symbols of the outer graph are the backward Graph's too, bound from its own inputs.
+
+What stays a graph break (the Function runs in Python with its own backward, as before): a
+saved tensor with symbolic sizes that is not dense; ``mark_dirty`` or
+``set_materialize_grads(False)``; an input handed back as an output; keyword arguments; a
+``backward`` that writes outside itself (a side effect: DDP's ``_DDPSink`` queues the delayed
+all-reduce there), reads a tensor that ``forward`` did not save, breaks, raises, or returns
+gradients whose number, sizes or dtypes differ from what eager accepts without converting.
+Higher-order gradients through the Function differentiate the backward Graph's ops, not a
+``backward`` of ``backward``.
 """
 
 from __future__ import annotations
@@ -50,8 +53,6 @@ def apply(owner: type, name: str, args: list[V.Var], interp: Any, make_ctx: Any)
     run in Python."""
     ctx = current()
     tensors = [a for a in args if isinstance(a, V.TensorVar)]
-    if any(is_symbolic(t.fake) for t in tensors):
-        raise Unsupported("symbolic sizes", ctx.loc)
     needs = tuple(isinstance(a, V.TensorVar) and a.fake.requires_grad for a in args)
     fctx = make_ctx(needs)
     setup = getattr(owner.setup_context, "__func__", owner.setup_context)
@@ -126,12 +127,12 @@ def _trace_backward(owner: type, state: dict[str, V.Var], saved: list[V.TensorVa
     ctx = current()
     main, effects, grad_mode = ctx.rec, len(ctx.side_effects), torch.is_grad_enabled()
     sub = CheckingRecorder(GraphBuilder(f"{owner.__qualname__}.backward"))
+    sub.builder.size_env = ctx.size_env  # the outer graph's size symbols, bound below to its own inputs
     ctx.rec = sub
     try:
         torch.set_grad_enabled(False)  # eager's backward runs without recording (no create_graph)
-        mapped = {id(s): _fresh(sub.input(s.fake, name="saved", requires_grad=False)) for s in saved}
-        grads = {id(o): _fresh(sub.input(o.fake.contiguous(), name="grad", requires_grad=False))
-                 for o in outs}
+        mapped = {id(s): _fresh(_input(sub, s.fake, "saved")) for s in saved}
+        grads = {id(o): _fresh(_input(sub, o.fake, "grad", dense=True)) for o in outs}
         n_inputs = len(sub.builder.inputs)
         zeros = ctx.wrap(torch.zeros, None)
         per_output = [grads[id(v)] if id(v) in grads else
@@ -166,10 +167,24 @@ def _trace_backward(owner: type, state: dict[str, V.Var], saved: list[V.TensorVa
                 sub.output(g.fake, kind="gradient")
             except RuntimeError as e:  # a tensor of the outer graph: not saved
                 raise Unsupported("backward returns a tensor forward did not save", ctx.loc) from e
-        return sub.builder.build()
+        graph = custom_grad.bound_to_inputs(sub.builder.build())
+        if graph is None:
+            raise Unsupported("backward uses a size symbol none of its inputs has", ctx.loc)
+        return graph
     finally:
         ctx.rec = main
         torch.set_grad_enabled(grad_mode)
+
+
+def _input(sub: CheckingRecorder, fake: torch.Tensor, name: str, dense: bool = False) -> torch.Tensor:
+    """A new input of ``sub`` like ``fake`` (contiguous when ``dense``), its symbolic sizes
+    kept symbolic."""
+    if not is_symbolic(fake):
+        return sub.input(fake.contiguous() if dense else fake, name=name, requires_grad=False)
+    try:  # a symbolic input is made dense
+        return sub.input(fake, name=name, requires_grad=False, sizes=list(fake.shape))
+    except ValueError as e:
+        raise Unsupported(f"a {name} tensor with symbolic sizes that is not dense", current().loc) from e
 
 
 def _fresh(fake: torch.Tensor) -> V.Var:

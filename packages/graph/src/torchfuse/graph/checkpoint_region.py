@@ -26,16 +26,14 @@ random generator's state to draw the same numbers twice, which a Graph run twice
 from __future__ import annotations
 
 import torch
-from torchfuse.graph.custom_grad import dumps, loads
+from torchfuse.graph.custom_grad import dumps, loads, run_held
 
 __all__ = ["after", "dumps", "loads", "region_meta", "run_region", "with_grad"]
 
 
 def run_region(region: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The op below autograd: the region Graph run on ``inputs``."""
-    from torchfuse.graph.interpreter import run
-
-    return list(run(loads(region), *inputs))
+    return run_held(loads(region), inputs)
 
 
 def region_meta(region: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -43,11 +41,13 @@ def region_meta(region: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     recorded (running the Graph on meta tensors would not do: a factory op in it that names
     the CPU, a 0-d constant, makes a real tensor beside the meta ones)."""
     from torchfuse.graph.expr import evaluate
-    from torchfuse.graph.interpreter import bind_symbols
     from torchfuse.graph.ops import to_dtype
 
     graph = loads(region)
-    env = bind_symbols(graph.symbols, inputs)
+    env = {}
+    for sym in graph.symbols:  # the sizes as they are (symbolic ones stay symbolic)
+        k, d = (int(x) for x in sym.source.removeprefix("input:").removesuffix(")").split(".size("))
+        env[sym.name] = inputs[k].shape[d]
     outs = []
     for o in graph.outputs:
         meta = graph.values[o.value.name]  # type: ignore[union-attr]
@@ -73,8 +73,6 @@ class _Checkpoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None):  # type: ignore[override]
-        from torchfuse.graph.interpreter import run
-
         inputs = [t.detach().requires_grad_(need) for t, need in
                   zip(ctx.saved_tensors, ctx.needs_input_grad[1:], strict=True)]
         # the recompute reads the inputs through `after` a gradient: traced into a joint graph,
@@ -82,7 +80,7 @@ class _Checkpoint(torch.autograd.Function):
         # (ops that depend on primals alone it may move to the forward and save)
         anchor = [g for g in grads if g is not None][:1]
         with torch.enable_grad():
-            outs = run(loads(ctx.region), *[after(t, anchor) if anchor else t for t in inputs])
+            outs = run_held(loads(ctx.region), [after(t, anchor) if anchor else t for t in inputs])
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
         wanted = [t for t in inputs if t.requires_grad]
         got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],

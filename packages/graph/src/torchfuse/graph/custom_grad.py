@@ -63,6 +63,51 @@ def loads(text: str) -> S.Graph:
         raise CustomGradError(f"not a valid Graph document: {e}") from e
 
 
+def bound_to_inputs(graph: S.Graph) -> S.Graph | None:
+    """``graph`` (recorded with the outer graph's size symbols) with only the symbols it uses,
+    each bound from its own inputs (``input:<k>.size(<d>)`` of the first input with that
+    symbol as a size) and none of the outer graph's guards; None when a symbol it uses is
+    no input's size."""
+    from torchfuse.graph.expr import free_symbols
+
+    used: set[str] = set()
+    for meta in graph.values.values():
+        for e in (*meta.sizes, *meta.strides, meta.storage_offset):
+            if isinstance(e, str):
+                used |= free_symbols(e)
+    for node in graph.nodes:
+        for a in (*node.args, *node.kwargs.values()):
+            if isinstance(a, S.SymRef):
+                used |= free_symbols(a.expr)
+    carriers: dict[str, str] = {}
+    for k, inp in enumerate(graph.inputs):
+        for d, n in enumerate(graph.values[inp.name].sizes):
+            if isinstance(n, str) and n in used:
+                carriers.setdefault(n, f"input:{k}.size({d})")
+    if used - carriers.keys():
+        return None
+    symbols = tuple(msgspec.structs.replace(sym, source=carriers[sym.name])
+                    for sym in graph.symbols if sym.name in used)
+    return msgspec.structs.replace(graph, symbols=symbols, guards=())
+
+
+def run_held(graph: S.Graph, inputs: list[torch.Tensor]) -> list[Any]:
+    """Run a held Graph on ``inputs``. With sizes that are symbols (fakes of a symbolic joint
+    graph), its symbols are bound to those symbolic sizes as they are, not made ints (which
+    would specialize them); otherwise the reference interpreter's `run`, inputs checked."""
+    from torchfuse.graph.interpreter import Interpreter, no_autocast, run
+
+    if not any(isinstance(n, torch.SymInt) for t in inputs for n in t.shape):
+        return list(run(graph, *inputs))
+    interp = Interpreter(graph)
+    interp.symbols = {}
+    for sym in graph.symbols:
+        k, d = (int(x) for x in sym.source.removeprefix("input:").removesuffix(")").split(".size("))
+        interp.symbols[sym.name] = inputs[k].shape[d]
+    with no_autocast():
+        return interp._run_nodes({inp.name: v for inp, v in zip(graph.inputs, inputs, strict=True)})
+
+
 def forward(backward: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
             saved: list[torch.Tensor]) -> list[torch.Tensor]:
     """The op below autograd: new tensors equal to ``outputs``."""
@@ -86,12 +131,10 @@ class _CustomGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None):  # type: ignore[override]
-        from torchfuse.graph.interpreter import run
-
         graph = loads(ctx.backward_text)
         filled = [g.contiguous() if g is not None else torch.zeros(shape, dtype=dtype, device=device)
                   for g, (shape, dtype, device) in zip(grads, ctx.output_metas, strict=True)]
-        result = run(graph, *ctx.saved_tensors, *filled)
+        result = run_held(graph, [*ctx.saved_tensors, *filled])
         if len(result) != ctx.n_inputs:
             raise CustomGradError(f"backward graph gives {len(result)} gradients for {ctx.n_inputs} inputs")
         saved = len(ctx.saved_tensors)
