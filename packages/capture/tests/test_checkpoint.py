@@ -175,3 +175,20 @@ def test_a_size_that_changes_keeps_the_region_in_the_graph():
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w)
     assert compiled.graph_count() == 2  # the first length, then the symbolic entry
+
+
+def test_a_checkpoint_inside_a_checkpointed_function_is_a_break_with_eagers_gradients():
+    inner = Block()
+
+    def outer_fn(x):
+        return checkpoint(inner, x, use_reentrant=False) * 2
+
+    def f(x):
+        return checkpoint(outer_fn, x, use_reentrant=False).square().mean()
+
+    x = torch.randn(2, 4, 32, requires_grad=True)
+    e = explain(f)(x)
+    assert any("inside a checkpointed function" in r.reason for r in e.break_reasons), e.break_reasons
+    (got,) = torch.autograd.grad(compile(f, backend="aot_eager")(x), x)
+    (want,) = torch.autograd.grad(f(x), x)
+    torch.testing.assert_close(got, want)

@@ -22,7 +22,7 @@ variant with keyword arguments (torch raises) or with no tensor argument that re
 ``context_fn`` (selective checkpointing policies); a region that draws random
 numbers (eager replays the generator's state to draw the same numbers when it recomputes);
 one that writes outside itself (eager runs the write twice); results other than tensors and
-constants, flat or in one tuple or list.
+constants, flat or in one tuple or list; a checkpoint inside a checkpointed function.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ def apply(value: Any, args: list[V.Var], kwargs: dict[str, V.Var], interp: Inter
 
 def _region(function: V.Var, args: list[V.Var], kwargs: dict[str, V.Var], interp: Interpreter) -> V.Var:
     ctx = current()
+    if ctx.outer_rec is not None:  # the inner region would lift from the outer region's inputs
+        raise Unsupported("torch.utils.checkpoint inside a checkpointed function", ctx.loc)
     main, effects = ctx.rec, len(ctx.side_effects)
     sub = RegionRecorder(GraphBuilder("checkpoint"), main)
     sub.builder.size_env = ctx.size_env  # the outer graph's size symbols, bound below to its own inputs

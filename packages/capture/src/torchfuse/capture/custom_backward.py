@@ -109,6 +109,8 @@ def _saved_tensors(state: dict[str, V.Var]) -> list[V.TensorVar]:
     once."""
     found: dict[int, V.TensorVar] = {}
     for key, var in state.items():
+        if key in _CTX_FIELDS and key != "saved_tensors":
+            continue  # the ctx's own bookkeeping (marked outputs), not read by backward
         values = _items(var) if key == "saved_tensors" or type(var) is V.ListVar else [var]
         for v in values:
             if isinstance(v, V.TensorVar):
