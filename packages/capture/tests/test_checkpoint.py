@@ -192,3 +192,14 @@ def test_a_checkpoint_inside_a_checkpointed_function_is_a_break_with_eagers_grad
     (got,) = torch.autograd.grad(compile(f, backend="aot_eager")(x), x)
     (want,) = torch.autograd.grad(f(x), x)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_checkpointed_blocks_on_the_gpu_with_triton_kernels():
+    model = Net().cuda().train()
+    x = torch.randn(4, 8, 32, device="cuda", requires_grad=True)
+    got_loss, got = _grads(model, x, compile(model))
+    want_loss, want = _grads(model, x, model)
+    torch.testing.assert_close(got_loss, want_loss)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)

@@ -419,3 +419,16 @@ def test_a_size_that_changes_keeps_the_function_in_the_graph():
         (want,) = torch.autograd.grad(g(xe, w), [xe])
         torch.testing.assert_close(got, want)
     assert compiled.graph_count() == 2  # the first size, then the symbolic entry
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_custom_function_on_the_gpu_with_triton_kernels():
+    x = torch.randn(4, 3, device="cuda", requires_grad=True)
+    w = torch.randn(3, 3, device="cuda", requires_grad=True)
+    got_loss, _ = compile(halves)(x, w)
+    (gx,) = torch.autograd.grad(got_loss, [x])
+    xe = x.detach().clone().requires_grad_()
+    want_loss, _ = halves(xe, w)
+    (ex,) = torch.autograd.grad(want_loss, [xe])
+    torch.testing.assert_close(got_loss, want_loss, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(gx, ex, atol=1e-5, rtol=1e-4)
