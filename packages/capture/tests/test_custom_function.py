@@ -258,32 +258,28 @@ BACKWARD_CALLS: list[int] = []
 SECRET = torch.full((3,), 2.0)
 
 
-class Logs(torch.autograd.Function):
+class Doubles(torch.autograd.Function):
+    """The forward of the Functions below, which differ in their backward."""
+
     @staticmethod
     def forward(ctx, x):
         return x * 2
 
+
+class Logs(Doubles):
     @staticmethod
     def backward(ctx, g):
         BACKWARD_CALLS.append(1)  # a side effect eager runs on every backward
         return g * 2
 
 
-class ReadsGlobal(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
+class ReadsGlobal(Doubles):
     @staticmethod
     def backward(ctx, g):
         return g * SECRET  # a tensor forward did not save
 
 
-class TooMany(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
+class TooMany(Doubles):
     @staticmethod
     def backward(ctx, g):
         return g, g

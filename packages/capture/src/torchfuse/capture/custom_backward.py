@@ -90,6 +90,8 @@ def apply(owner: type, name: str, args: list[V.Var], interp: Any, make_ctx: Any)
 
 
 def _set_grad(enabled: bool) -> None:
+    """``builtins.set_grad``'s switch, written here: importing builtins (even inside a
+    function) would put this module in the interpreter's import cycle."""
     ctx = current()
     if torch.is_grad_enabled() != enabled:
         torch.set_grad_enabled(enabled)

@@ -41,13 +41,11 @@ def region_meta(region: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     recorded (running the Graph on meta tensors would not do: a factory op in it that names
     the CPU, a 0-d constant, makes a real tensor beside the meta ones)."""
     from torchfuse.graph.expr import evaluate
+    from torchfuse.graph.interpreter import bind_symbols
     from torchfuse.graph.ops import to_dtype
 
     graph = loads(region)
-    env = {}
-    for sym in graph.symbols:  # the sizes as they are (symbolic ones stay symbolic)
-        k, d = (int(x) for x in sym.source.removeprefix("input:").removesuffix(")").split(".size("))
-        env[sym.name] = inputs[k].shape[d]
+    env = bind_symbols(graph.symbols, inputs, symbolic=True)  # symbolic sizes stay symbolic
     outs = []
     for o in graph.outputs:
         meta = graph.values[o.value.name]  # type: ignore[union-attr]

@@ -95,15 +95,12 @@ def run_held(graph: S.Graph, inputs: list[torch.Tensor]) -> list[Any]:
     """Run a held Graph on ``inputs``. With sizes that are symbols (fakes of a symbolic joint
     graph), its symbols are bound to those symbolic sizes as they are, not made ints (which
     would specialize them); otherwise the reference interpreter's `run`, inputs checked."""
-    from torchfuse.graph.interpreter import Interpreter, no_autocast, run
+    from torchfuse.graph.interpreter import Interpreter, bind_symbols, no_autocast, run
 
     if not any(isinstance(n, torch.SymInt) for t in inputs for n in t.shape):
         return list(run(graph, *inputs))
     interp = Interpreter(graph)
-    interp.symbols = {}
-    for sym in graph.symbols:
-        k, d = (int(x) for x in sym.source.removeprefix("input:").removesuffix(")").split(".size("))
-        interp.symbols[sym.name] = inputs[k].shape[d]
+    interp.symbols = bind_symbols(graph.symbols, inputs, symbolic=True)
     with no_autocast():
         return interp._run_nodes({inp.name: v for inp, v in zip(graph.inputs, inputs, strict=True)})
 

@@ -54,14 +54,17 @@ def _source(sym: S.Symbol, n_inputs: int) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m and int(m.group(1)) < n_inputs else None
 
 
-def bind_symbols(symbols: Sequence[S.Symbol], inputs: Sequence[Any]) -> dict[str, int]:
-    """Values of size symbols whose ``source`` is ``input:<i>.size(<d>)``, else their hints."""
-    env: dict[str, int] = {}
+def bind_symbols(symbols: Sequence[S.Symbol], inputs: Sequence[Any], *,
+                 symbolic: bool = False) -> dict[str, Any]:
+    """Values of size symbols whose ``source`` is ``input:<i>.size(<d>)``, else their hints.
+    ``symbolic``: a size that is a ``SymInt`` (a fake's) is bound as it is, not made an int
+    (which would specialize it)."""
+    env: dict[str, Any] = {}
     for sym in symbols:
         src = _source(sym, len(inputs))
         shape = getattr(inputs[src[0]], "shape", ()) if src else ()
         if src and src[1] < len(shape):
-            env[sym.name] = int(shape[src[1]])
+            env[sym.name] = shape[src[1]] if symbolic else int(shape[src[1]])
         elif sym.hint is not None:
             env[sym.name] = sym.hint
     return env
