@@ -52,3 +52,37 @@ def test_a_traced_convolution_records_eagers_strides():
     relu = next(n for n in graph.nodes if n.op == "aten.relu.default")
     assert tuple(graph.values[conv.outputs[0]].strides) == want.stride() == channels_last_strides((2, 8, 6, 6))
     assert tuple(graph.values[relu.outputs[0]].strides) == want.relu().stride()
+
+
+VIEWS = [((3, 4), (4, 1), 0), ((3, 4), (1, 3), 2), ((2, 3), (0, 1), 5), ((0,), (10,), 5), ((4, 0, 3), (7, 9, 1), 3),
+         ((), (), 6), ((5, 1), (1, 100), 0)]
+
+
+@pytest.mark.parametrize(("sizes", "strides", "offset"), VIEWS)
+def test_storage_extent_is_the_storage_a_real_view_needs(sizes, strides, offset):
+    from torchfuse.graph.layouts import storage_extent
+
+    n = storage_extent(sizes, strides, offset)
+    base = torch.arange(max(n, 1), dtype=torch.float32)
+    view = base[:n].as_strided(sizes, strides, offset)  # raises when n is too small
+    if view.numel():  # and n is no larger than the furthest element it reaches, plus one
+        assert n == int(torch.as_strided(torch.arange(n), sizes, strides, offset).max()) + 1
+
+
+def test_storage_extent_keeps_symbols():
+    import sympy
+    from torchfuse.graph.layouts import storage_extent
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert sympy.expand(storage_extent([s, 4], [4, 1], 2) - (4 * s + 2)) == 0
+    assert storage_extent([s, sympy.Integer(0)], [4, 1], 2) == 2
+
+
+@pytest.mark.parametrize(("sizes", "strides", "offset"), VIEWS)
+def test_fake_from_meta_takes_any_view_with_an_offset(sizes, strides, offset):
+    from torchfuse.graph import schema as S
+    from torchfuse.graph.tracing import fake_from_meta
+
+    meta = S.TensorMeta(dtype="float32", sizes=list(sizes), strides=list(strides), storage_offset=offset)
+    fake = fake_from_meta(meta)
+    assert (tuple(fake.shape), fake.stride(), fake.storage_offset()) == (sizes, strides, offset)

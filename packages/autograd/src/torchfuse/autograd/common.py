@@ -13,6 +13,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.collector import gc_paused
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import no_autocast
+from torchfuse.graph.layouts import storage_extent
 from torchfuse.graph.meta_memo import MEMO, Entry
 from torchfuse.graph.ops import (
     decode_arg,
@@ -239,10 +240,7 @@ def fake_from_meta(meta: S.TensorMeta, env: SizeEnv | None, requires_grad: bool 
         if offset == 0:
             elem = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
         else:
-            extent = offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True) if n > 0)
-            if 0 in sizes:
-                extent = offset
-            storage = torch.empty(max(extent, 0), dtype=dtype, device="meta")
+            storage = torch.empty(storage_extent(sizes, strides, offset), dtype=dtype, device="meta")
             elem = storage.as_strided(sizes, strides, offset)
     return FakeTensor(elem, meta.device, requires_grad=rg)
 

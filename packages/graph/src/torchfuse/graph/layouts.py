@@ -11,6 +11,9 @@ oneDNN on the CPU) return a channels-last one when the input or the weight is ch
 `restride` puts such outputs in eager's memory format; tracing (`torchfuse.graph.tracing`)
 applies it to every op it runs on meta tensors, so capture, the joint graph and every retrace
 agree with eager. Symbolic sizes or strides are left to the meta kernel.
+
+It also holds the small layout arithmetic the stages share: `dense_strides`, `is_dense`,
+`channels_last_strides`, and `storage_extent` (how much storage a view reaches).
 """
 
 from __future__ import annotations
@@ -41,6 +44,24 @@ def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
             return False
         step *= n
     return True
+
+
+def storage_extent(sizes: Sequence[Any], strides: Sequence[Any], offset: Any = 0) -> Any:
+    """Elements of storage a view reaches, counted from the storage's start: ``offset + 1 +
+    sum((n - 1) * stride)``, or ``offset`` for an empty view (a size of 0 reaches no element,
+    whatever its stride). Strides are non-negative, as everywhere in a Graph.
+
+    Works on ints, ``SymInt``s and sympy expressions alike. A size that is not a concrete int
+    is taken to be non-empty: size symbols are at least 2."""
+    if any(_is_zero(n) for n in sizes):
+        return offset
+    return offset + 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
+
+
+def _is_zero(n: Any) -> bool:
+    if isinstance(n, int):
+        return n == 0
+    return getattr(n, "is_zero", None) is True  # a sympy number; a symbol or SymInt is not zero
 
 
 def channels_last_strides(sizes: Sequence[int]) -> tuple[int, ...] | None:

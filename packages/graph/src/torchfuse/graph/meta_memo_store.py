@@ -58,6 +58,7 @@ import torch
 from torchfuse.graph import schema as S
 from torchfuse.graph.__about__ import __version__
 from torchfuse.graph.caches import cache_root, source_hash, write_atomic
+from torchfuse.graph.layouts import storage_extent
 from torchfuse.graph.ops import op_name, to_dtype, to_layout, to_memory_format
 
 log = logging.getLogger(__name__)
@@ -275,7 +276,7 @@ def _answer(record: _Record) -> Answer:
             raise _NotKept("sizes and strides of different lengths")
         if any(n < 0 for n in (*out.sizes, *out.strides)):
             raise _NotKept("a negative size or stride")
-        extent = 0 if 0 in out.sizes else 1 + sum((n - 1) * s for n, s in zip(out.sizes, out.strides))
+        extent = storage_extent(out.sizes, out.strides)
         if extent * itemsize >= _MAX_EXTENT or any(n >= _MAX_EXTENT for n in out.sizes):
             raise _NotKept("a tensor too large to describe")
         devices.append(_device(out.device))

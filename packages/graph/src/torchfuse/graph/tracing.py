@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torchfuse.graph import schema as S
-from torchfuse.graph.layouts import restride
+from torchfuse.graph.layouts import restride, storage_extent
 from torchfuse.graph.ops import device_name, encode_arg, meta_of, op_name
 
 ATEN_OPSET = 1
@@ -108,7 +108,8 @@ class FakeTensor(torch.Tensor):
     def _like(t: torch.Tensor, requires_grad: bool | None) -> FakeTensor:
         elem = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
         if t.storage_offset():
-            base = torch.empty(t.storage_offset() + _extent(t), dtype=t.dtype, device="meta")
+            base = torch.empty(storage_extent(t.shape, t.stride(), t.storage_offset()), dtype=t.dtype,
+                               device="meta")
             elem = base.as_strided(t.shape, t.stride(), t.storage_offset())
         rg = t.requires_grad if requires_grad is None else requires_grad
         return FakeTensor(elem, _fake_device(t), requires_grad=rg)
@@ -134,8 +135,7 @@ def fake_from_meta(meta: S.TensorMeta, symbols: dict[str, int] | None = None, *,
     quiet = _disable_current_modes() if env is not None else outside_dispatch()
     with quiet, _python_dispatcher(env is not None):
         if offset is not None and not (isinstance(offset, int) and offset == 0):
-            extent = 1 + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
-            base = torch.empty(offset + extent, dtype=dtype, device="meta")
+            base = torch.empty(storage_extent(sizes, strides, offset), dtype=dtype, device="meta")
             elem = base.as_strided(sizes, strides, offset)
         else:
             elem = torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
@@ -173,10 +173,6 @@ def is_symbolic(t: torch.Tensor) -> bool:
     """True when some size, stride or the offset of ``t`` is a ``SymInt``."""
     return any(isinstance(s, torch.SymInt) for s in t.shape) or any(
         isinstance(s, torch.SymInt) for s in t.stride()) or isinstance(t.storage_offset(), torch.SymInt)
-
-
-def _extent(t: torch.Tensor) -> int:
-    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
 
 
 def _fake_device(t: torch.Tensor) -> torch.device:

@@ -47,6 +47,7 @@ import re
 
 import sympy
 from torchfuse.graph import schema as S
+from torchfuse.graph.layouts import storage_extent
 from torchfuse.inductor import ir
 from torchfuse.inductor.config import InductorConfig
 from torchfuse.inductor.cpp_ops import (
@@ -615,8 +616,7 @@ class CppKernelWriter(KernelWriterBase):
         for buf in self.params:
             spec = self.prog.buffers[buf]
             extents.append(ir.product(spec.sizes))
-            extents.append(spec.offset + 1 + sum((sz - 1) * st for sz, st in zip(spec.sizes, spec.strides,
-                                                                                 strict=True)))
+            extents.append(storage_extent(spec.sizes, spec.strides, spec.offset))
         return "int32_t" if all(self.sizes.fits_int32(sympy.sympify(e)) for e in extents) else "int64_t"
 
     def write(self) -> S.Kernel:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import msgspec
 import sympy
 from torchfuse.graph import schema as S
+from torchfuse.graph.layouts import storage_extent
 from torchfuse.graph.ops import to_dtype
 from torchfuse.inductor import ir
 from torchfuse.inductor.codegen import format_expr
@@ -42,24 +43,8 @@ def _scalar(e: sympy.Expr) -> S.Argument:
 def _nbytes(spec: ir.BufferSpec) -> int | sympy.Expr | None:
     """The bytes a buffer spans: an int, or a sympy expression when sizes are symbols (two
     buffers can share storage when their expressions are equal: equal at every size)."""
-    n = ir.product(spec.sizes)
-    if n.is_Integer:
-        extent = (
-            1
-            + sum(
-                (int(s) - 1) * int(st)
-                for s, st in zip(spec.sizes, spec.strides, strict=True)
-                if sympy.sympify(st).is_Integer and int(s) > 0
-            )
-            if int(n)
-            else 0
-        )
-        return extent * to_dtype(spec.dtype).itemsize
-    if any(sympy.sympify(s).is_Integer and int(s) == 0 for s in spec.sizes):
-        return 0
-    # symbols are >= 2, so every symbolic dim is non-empty; size-1 dims add nothing
-    extent = 1 + sum(((s - 1) * st for s, st in zip(spec.sizes, spec.strides, strict=True)), sympy.S.Zero)
-    return sympy.expand(extent * to_dtype(spec.dtype).itemsize)
+    nbytes = sympy.sympify(storage_extent(spec.sizes, spec.strides)) * to_dtype(spec.dtype).itemsize
+    return int(nbytes) if nbytes.is_Integer else sympy.expand(nbytes)
 
 
 def _code_key(kernel: S.Kernel) -> bytes:

@@ -45,6 +45,7 @@ import torch
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.caches import write_atomic
+from torchfuse.graph.layouts import storage_extent
 from torchfuse.graph.ops import to_dtype
 from torchfuse.graph.verify import verify
 from torchfuse.inductor.templates.matmul import DEFAULT_CONFIGS, Matmul, MMConfig, fit_configs
@@ -205,8 +206,7 @@ def random_like(meta: S.TensorMeta, device: str) -> torch.Tensor:
     """A tensor with ``meta``'s sizes, strides, offset and dtype, filled with N(0, 1)."""
     sizes, strides = tuple(meta.sizes), tuple(meta.strides)
     offset = int(meta.storage_offset)
-    extent = offset + 1 + sum((s - 1) * st for s, st in zip(sizes, strides, strict=True))  # type: ignore[operator]
-    base = torch.randn(extent, dtype=to_dtype(meta.dtype), device=device)
+    base = torch.randn(storage_extent(sizes, strides, offset), dtype=to_dtype(meta.dtype), device=device)
     return base.as_strided(sizes, strides, offset)  # type: ignore[arg-type]
 
 
