@@ -472,6 +472,12 @@ def setattr_var(obj: V.Var, name: str, value: V.Var, plain: bool = False) -> Non
                 raise Unsupported("attribute write on a module capture cannot name", ctx.loc)
             ctx.side_effects.append(("setattr", obj, name, value, ctx.loc))
         return
+    if isinstance(obj, V.TensorVar) and name == "requires_grad":
+        # as eager: the setter is ``requires_grad_`` (a non-leaf raises the same RuntimeError)
+        from torchfuse.capture.calls import call
+
+        call(getattr_var(obj, "requires_grad_"), [value], {})
+        return
     if isinstance(obj, V.FunctionVar) and name not in ("__code__", "__defaults__", "__kwdefaults__",
                                                        "__dict__", "__closure__", "__globals__"):
         obj.attr_dict().items[name] = value  # made in the frame: nothing outside sees it

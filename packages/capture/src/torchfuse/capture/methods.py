@@ -139,12 +139,30 @@ def tensor_method(obj: V.TensorVar, name: str, args: list[V.Var], kwargs: dict[s
         return V.ConstVar(obj.fake.type())
     if name == "as_subclass" and len(args) == 1 and not kwargs:
         return _as_subclass(obj, to_py(args[0]))
+    if name == "requires_grad_":
+        return _requires_grad_(obj, args, kwargs)
     method = getattr(obj.fake, name, None)
     if method is None:
         raise Unsupported(f"tensor has no method {name!r}", ctx.loc)
     pargs = [to_py(a) for a in args]
     pkwargs = {k: to_py(v) for k, v in kwargs.items()}
     return from_py(ctx.call_torch(method, pargs, pkwargs, f"Tensor.{name}"))
+
+
+def _requires_grad_(obj: V.TensorVar, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:
+    """``t.requires_grad_(flag)`` (also ``t.requires_grad = flag``). The graph has no op for
+    it: the fake's flag changes, and autograd then tracks it as a leaf. A tensor from outside
+    the function would change for the caller, so that is a break; a tensor made here is
+    noted (`Capture.made_leaves`)."""
+    ctx = current()
+    flag = bool(to_py(args[0]) if args else to_py(kwargs.get("requires_grad", V.ConstVar(True))))
+    if obj.source is not None and flag != obj.fake.requires_grad:
+        raise Unsupported("requires_grad_ changes a tensor from outside the function", ctx.loc)
+    made = flag and obj.source is None and not obj.fake.requires_grad
+    ctx.call_torch(obj.fake.requires_grad_, [flag], {}, "Tensor.requires_grad_")  # a non-leaf: a break
+    if made:
+        ctx.made_leaves.add(id(obj.fake))
+    return obj
 
 
 def list_method(obj: V.ListVar, name: str, args: list[V.Var], kwargs: dict[str, V.Var]) -> V.Var:

@@ -67,6 +67,10 @@ class OutputBuilder:
         if isinstance(var, V.TensorVar):
             key = id(var.fake)
             if key not in self.index:
+                if self.ctx.made_leaves and var.fake.requires_grad and _grad_only_from_made_leaves(
+                        var.fake, self.ctx.made_leaves):
+                    raise Unsupported("a result requires grad only through a tensor the function made "
+                                      "require grad (eager gives it a gradient; the graph cannot)", self.ctx.loc)
                 self.ctx.rec.output(var.fake)
                 self.index[key] = self.count
                 self.count += 1
@@ -176,6 +180,24 @@ class OutputBuilder:
                 return ("c", value.python())
             return ("s", value.source.expr())
         return self.spec(value)
+
+
+def _grad_only_from_made_leaves(fake: torch.Tensor, made: set[int]) -> bool:
+    """Whether every leaf ``fake``'s gradient reaches is a tensor made to require grad inside
+    the function (or ``fake`` is one): autograd recorded the fakes' history, so walk it."""
+    if fake.grad_fn is None:
+        return id(fake) in made
+    todo, seen = [fake.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        leaf = getattr(node, "variable", None)  # AccumulateGrad
+        if leaf is not None and id(leaf) not in made:
+            return False
+        todo.extend(n for n, _ in node.next_functions)
+    return True
 
 
 def _targets(effects: list[tuple]) -> set[str]:
