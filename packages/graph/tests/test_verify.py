@@ -192,3 +192,35 @@ def test_program_kernel_source_and_scalar_args():
 
 def test_graph_and_program_are_distinct_documents():
     assert isinstance(_program(), Program) and not isinstance(_program(), Graph)
+
+
+def test_a_graph_declares_the_smallest_opsets_its_ops_need():
+    from torchfuse.graph.compat import OPSETS, opsets_for
+    from torchfuse.graph.tracing import GraphBuilder
+
+    b = GraphBuilder("g")
+    b.add_node("torchfuse.set_grad_enabled.default", [S.Bool(value=False)], {}, [None])
+    assert b.opsets == {"torchfuse": 1}  # an older reader can still read it
+    b.add_node("torchfuse.after.default", [], {}, [None])
+    assert b.opsets == {"torchfuse": 2} == {"torchfuse": OPSETS["torchfuse"]}
+    assert opsets_for(["aten.mm.default", "mylib.op.default", "torchfuse.checkpoint.default"], {"aten": 1}) == {
+        "aten": 1, "mylib": 1, "torchfuse": 2}
+
+
+def _with_torchfuse_op(op: str, opset: int) -> S.Graph:
+    g = _graph()
+    node = S.Node(name="flag", op=op, args=(S.Bool(value=True),), kwargs={}, outputs=("",))
+    return replace(g, nodes=(node, *g.nodes), opsets={**g.opsets, "torchfuse": opset})
+
+
+def test_an_op_newer_than_the_declared_opset_is_rejected():
+    verify(_with_torchfuse_op("torchfuse.set_grad_enabled.default", 1))
+    with pytest.raises(VerificationError, match=r"'torchfuse.checkpoint.default' is in torchfuse opset 2, "
+                                                r"but the document declares torchfuse opset 1"):
+        verify(_with_torchfuse_op("torchfuse.checkpoint.default", 1), check_meta=False)
+
+
+@pytest.mark.parametrize("opset", [99, "2"])
+def test_an_opset_newer_than_this_reader_is_a_clear_error(opset):
+    with pytest.raises(VerificationError, match="knows torchfuse opsets up to 2; upgrade torchfuse-graph"):
+        verify(_with_torchfuse_op("torchfuse.set_grad_enabled.default", opset))

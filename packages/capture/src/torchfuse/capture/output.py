@@ -70,7 +70,8 @@ class OutputBuilder:
                 if self.ctx.made_leaves and var.fake.requires_grad and _grad_only_from_made_leaves(
                         var.fake, self.ctx.made_leaves):
                     raise Unsupported("a result requires grad only through a tensor the function made "
-                                      "require grad (eager gives it a gradient; the graph cannot)", self.ctx.loc)
+                                      "require grad (eager gives it a gradient; the graph cannot)",
+                                      self.ctx.loc)
                 self.ctx.rec.output(var.fake)
                 self.index[key] = self.count
                 self.count += 1

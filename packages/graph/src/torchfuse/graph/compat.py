@@ -12,12 +12,60 @@ schema gate.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 FORMAT_NAME = "torchfuse.graph"
 FORMAT_VERSION: tuple[int, int] = (1, 1)
 """The (major, minor) format version this package writes; it reads any minor of its major."""
+
+OPSETS: dict[str, int] = {"aten": 1, "torchfuse": 2}
+"""The newest opset of each namespace the format defines, as this reader knows them. A
+document's ``opsets`` names, per namespace, the opset its ops need; custom namespaces (a
+library's own ops) are written as 1 and not versioned by the format."""
+
+OP_SINCE: dict[str, int] = {
+    "torchfuse.set_grad_enabled": 1,
+    "torchfuse.triton_kernel": 1,
+    "torchfuse.custom_grad": 2,
+    "torchfuse.checkpoint": 2,
+    "torchfuse.after": 2,
+}
+"""The opset that introduced each op of the format's own ``torchfuse`` namespace (an op
+missing here is from opset 1). Add a row, and bump `OPSETS`, when an op joins."""
+
+
+def opset_needed(op: str) -> int:
+    """The opset of its namespace that ``op`` (``ns.name.overload``) needs."""
+    return OP_SINCE.get(".".join(op.split(".", 2)[:2]), 1)
+
+
+def opsets_for(ops: Iterable[str], base: Mapping[str, int] | None = None) -> dict[str, int]:
+    """``base`` with every namespace of ``ops`` raised to the opset its ops need: the smallest
+    opsets a document holding ``ops`` can declare, so an older reader can still read it when
+    it holds no newer op."""
+    out = dict(base or {})
+    for op in ops:
+        ns = op.split(".", 1)[0]
+        out[ns] = max(out.get(ns, 1), opset_needed(op))
+    return out
+
+
+def opset_problem(op: str, opsets: Mapping[str, int]) -> str | None:
+    """Why ``op`` cannot be read under a document's ``opsets``, or None: its namespace is
+    missing, declared newer than this reader knows, or declared older than the op."""
+    ns = op.split(".", 1)[0]
+    if ns not in opsets:
+        return f"op namespace {ns!r} is not in the opsets {dict(opsets)}"
+    declared = opsets[ns]
+    if ns in OPSETS and (not isinstance(declared, int) or declared > OPSETS[ns]):
+        return (f"the document declares {ns} opset {declared!r}, and this reader (torchfuse-graph) "
+                f"knows {ns} opsets up to {OPSETS[ns]}; upgrade torchfuse-graph")
+    if opset_needed(op) > declared:
+        return (f"op {op!r} is in {ns} opset {opset_needed(op)}, but the document declares "
+                f"{ns} opset {declared}")
+    return None
+
 
 RawDocument = dict[str, Any]
 Upgrader = Callable[[RawDocument, str], RawDocument]

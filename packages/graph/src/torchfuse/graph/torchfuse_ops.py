@@ -3,6 +3,9 @@
 Every Graph may contain them, so every reader needs them registered with torch: importing
 ``torchfuse.graph`` does it:
 
+Each op came in an opset (1, unless said): a graph declares ``"torchfuse": n`` for the
+newest it uses, and a reader that knows fewer rejects it with a clear error.
+
 ``torchfuse.set_grad_enabled.default(bool enabled) -> ()``
     Switches grad mode. Capture writes a pair of them around a ``with torch.no_grad():``
     region inside a compiled function, so that the reference interpreter and every backend
@@ -15,16 +18,16 @@ Every Graph may contain them, so every reader needs them registered with torch: 
     require grad, as a Triton kernel's writes carry no gradient in eager either.
 
 ``torchfuse.custom_grad.default(str backward, Tensor[] inputs, Tensor[] outputs, Tensor[] saved) -> Tensor[]``
-    A custom ``torch.autograd.Function``'s derivative: new tensors equal to ``outputs``,
+    (opset 2) A custom ``torch.autograd.Function``'s derivative: new tensors equal to ``outputs``,
     whose gradient runs the backward Graph held (as JSON) in ``backward`` and reaches
     ``inputs`` (see `torchfuse.graph.custom_grad`).
 
-``torchfuse.checkpoint.default(str region, Tensor[] inputs) -> Tensor[]``
+``torchfuse.checkpoint.default(str region, Tensor[] inputs) -> Tensor[]`` (opset 2)
     An activation-checkpointed region: the region Graph held (as JSON) in ``region`` run on
     ``inputs``, and run again in backward instead of keeping its activations (see
     `torchfuse.graph.checkpoint_region`).
 
-``torchfuse.after.default(Tensor x, Tensor[] deps) -> Tensor``
+``torchfuse.after.default(Tensor x, Tensor[] deps) -> Tensor`` (opset 2)
     ``x`` again (a copy; inductor makes it ``x`` itself), read after ``deps``: a checkpoint's
     recompute reads its inputs through it, so that its ops depend on a gradient.
 """
@@ -33,9 +36,11 @@ from __future__ import annotations
 
 import torch
 from torchfuse.graph import checkpoint_region, custom_grad, user_kernels
+from torchfuse.graph.compat import OPSETS
 
-TORCHFUSE_OPSET = 1
-"""Opset number written for the ``torchfuse`` namespace."""
+TORCHFUSE_OPSET = OPSETS["torchfuse"]
+"""The newest ``torchfuse`` opset (`torchfuse.graph.compat.OP_SINCE` says which op came in
+which; a document declares the smallest opset its ops need)."""
 
 SET_GRAD_ENABLED = "torchfuse.set_grad_enabled.default"
 TRITON_KERNEL = "torchfuse.triton_kernel.default"

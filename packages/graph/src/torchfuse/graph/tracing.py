@@ -35,10 +35,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torchfuse.graph import schema as S
+from torchfuse.graph.compat import OPSETS, opset_needed
 from torchfuse.graph.layouts import restride, storage_extent
 from torchfuse.graph.ops import device_name, encode_arg, meta_of, op_name
 
-ATEN_OPSET = 1
+ATEN_OPSET = OPSETS["aten"]
 """Opset number written for ``aten`` in graphs this version produces."""
 
 
@@ -392,7 +393,7 @@ class GraphBuilder:
                  out_metas: Sequence[S.TensorMeta | None], *, loc: S.SourceLoc | None = None,
                  module_path: str | None = None, hint: str | None = None) -> list[str]:
         ns = op.split(".", 1)[0]
-        self.opsets.setdefault(ns, ATEN_OPSET if ns == "aten" else 1)
+        self.opsets[ns] = max(self.opsets.get(ns, 1), opset_needed(op))
         base = hint or op.split(".")[1]
         outs: list[str] = []
         for meta in out_metas:

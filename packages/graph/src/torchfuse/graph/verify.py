@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torchfuse.graph import schema as S
+from torchfuse.graph.compat import opset_problem
 from torchfuse.graph.expr import ExprError, evaluate, free_symbols
 from torchfuse.graph.kernel_source import KernelSourceError, check_kernel_source
 from torchfuse.graph.ops import (
@@ -174,6 +175,9 @@ class _GraphChecker:
         bad = [k for k in node.kwargs if not is_identifier(k)]
         if bad:
             self.fail(f"keyword {bad[0]!r} is not an identifier")
+        problem = opset_problem(node.op, self.g.opsets)
+        if problem is not None:
+            self.fail(problem)
         if node.op == TRITON_KERNEL:
             self.user_kernel(node)
         if node.op in (CUSTOM_GRAD, CHECKPOINT):
@@ -184,9 +188,6 @@ class _GraphChecker:
                         "backward graph" if node.op == CUSTOM_GRAD else "region graph")
             if why is not None:
                 self.fail(why)
-        ns = node.op.split(".", 1)[0]
-        if ns not in self.g.opsets:
-            self.fail(f"op namespace {ns!r} is not in the graph's opsets {dict(self.g.opsets)}")
         self.args(node.args)
         self.args(node.kwargs.values())
         for out in node.outputs:
@@ -447,8 +448,9 @@ class _ProgramChecker:
                 resolve_op(step.op)
             except UnknownOpError as e:
                 self.fail(f"unknown op: {e}")
-            if step.op.split(".", 1)[0] not in self.p.opsets:
-                self.fail(f"op namespace of {step.op!r} is not in the program's opsets {dict(self.p.opsets)}")
+            problem = opset_problem(step.op, self.p.opsets)
+            if problem is not None:
+                self.fail(problem)
             self.args(step.args)
             self.args(step.kwargs.values())
             for out in step.outputs:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import msgspec
 import sympy
 from torchfuse.graph import schema as S
+from torchfuse.graph.compat import opsets_for
 from torchfuse.graph.layouts import storage_extent
 from torchfuse.graph.ops import to_dtype
 from torchfuse.inductor import ir
@@ -227,6 +228,6 @@ def build_program(prog: ir.LoopProgram, sched: Schedule, kernels: dict[int, S.Ke
         steps=tuple(steps),
         symbols=tuple(prog.symbols),
         device=prog.device.split(":")[0],
-        opsets={"aten": 1, "torchfuse": 1},
+        opsets=opsets_for((s.op for s in steps if isinstance(s, S.ExternStep)), {"aten": 1, "torchfuse": 1}),
         meta={"producer": "torchfuse-inductor", "fallbacks": prog.meta.get("fallbacks", "")},
     )

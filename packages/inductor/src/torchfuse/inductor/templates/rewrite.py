@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 from torchfuse.graph import schema as S
-from torchfuse.graph.torchfuse_ops import TORCHFUSE_OPSET, TRITON_KERNEL
+from torchfuse.graph.compat import opsets_for
+from torchfuse.graph.torchfuse_ops import TRITON_KERNEL
 from torchfuse.graph.user_kernels import dumps
 from torchfuse.inductor.templates.epilogue import grow_epilogue, value_uses
 from torchfuse.inductor.templates.matmul import (
@@ -120,7 +121,7 @@ def rewrite(graph: S.Graph, chosen: Sequence[tuple[Matmul, MMConfig]], *,
             nodes.extend(placed[j])
         elif j not in dropped:
             nodes.append(node)
-    opsets = {**graph.opsets, "torchfuse": graph.opsets.get("torchfuse", TORCHFUSE_OPSET)}
+    opsets = opsets_for((n.op for n in nodes), graph.opsets)
     return msgspec.structs.replace(graph, nodes=tuple(nodes), values=values, opsets=opsets)
 
 
