@@ -125,3 +125,24 @@ def test_a_checkpointed_region_runs_and_is_recomputed_for_its_gradients():
         for n in graph.nodes))
     with pytest.raises(VerificationError, match="region graph: not a valid Graph"):
         verify(broken)
+
+
+def test_a_symbol_used_only_in_a_list_argument_counts_as_used():
+    """A symbol a held graph mentions only inside a list argument (a view's sizes) is used:
+    with no input to bind it from, the graph cannot be held (it was dropped, leaving the
+    view's size unbound)."""
+    from torchfuse.graph.graph_symbols import carrier, used_symbols
+
+    flat = S.TensorMeta(dtype="float32", sizes=[32], strides=[1])
+    view = S.Node(name="v", op="aten.view.default", kwargs={}, outputs=("v",),
+                  args=(S.TensorRef(name="y"), S.ListArg(items=(S.SymRef(expr="s0"), S.Int(value=4)))))
+    g = S.Graph(name="g", inputs=(S.GraphInput(name="y"),), nodes=(view,),
+                outputs=(S.GraphOutput(value=S.TensorRef(name="v")),),
+                values={"y": flat, "v": S.TensorMeta(dtype="float32", sizes=[8, 4], strides=[4, 1])},
+                symbols=(S.Symbol(name="s0", source="input:3.size(0)"),), opsets={"aten": 1})
+    assert used_symbols(g) == {"s0"} and carrier(g, "s0") is None
+    assert CG.bound_to_inputs(g) is None
+    carried = msgspec.structs.replace(g, values={**g.values, "y": S.TensorMeta(
+        dtype="float32", sizes=["s0", 4], strides=[4, 1])})
+    assert carrier(carried, "s0") == "input:0.size(0)"
+    assert CG.bound_to_inputs(carried).symbols[0].source == "input:0.size(0)"

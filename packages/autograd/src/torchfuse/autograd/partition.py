@@ -43,7 +43,7 @@ from torchfuse.autograd.joint import num_fwd_outputs as _num_fwd_outputs
 from torchfuse.autograd.opclass import CHEAP, RECOMPUTE_TIERS, OpClass, classify, recomputable
 from torchfuse.graph import schema as S
 from torchfuse.graph.collector import gc_paused
-from torchfuse.graph.expr import free_symbols
+from torchfuse.graph.graph_symbols import carrier, used_symbols
 from torchfuse.graph.ops import node_inputs, tensor_refs
 from torchfuse.graph.verify import SYMBOL_SOURCE
 
@@ -267,7 +267,7 @@ def _build(info: _Joint, saved: list[str], size: dict[str, int], strategy: str) 
     backward = _with_values(backward, g, bwd_values)
     used = used_symbols(backward)
     uncarried = [sym for sym in backward.symbols if sym.name in used and _from_input(sym)
-                 and _carrier(backward, sym.name) is None]
+                 and carrier(backward, sym.name) is None]
     if uncarried:
         # no saved value or tangent has the symbol as a size: save the primal it comes from
         extra = [v for v in dict.fromkeys(_source_primal(info, sym) for sym in uncarried)
@@ -279,34 +279,6 @@ def _build(info: _Joint, saved: list[str], size: dict[str, int], strategy: str) 
     backward = _bind_symbols(backward)
     recomputed_names = tuple(n.name for n in g.nodes if n.name in recomputed)
     return Partition(forward, backward, tuple((v, size[v]) for v in saved), recomputed_names, strategy)
-
-
-def used_symbols(graph: S.Graph) -> set[str]:
-    """Names of the size symbols that ``graph``'s values, node arguments and outputs mention."""
-    exprs: list[S.Expr] = []
-    for m in graph.values.values():
-        exprs += [*m.sizes, *m.strides, m.storage_offset]
-
-    def walk(args: Iterable[S.Argument]) -> None:
-        for a in args:
-            if isinstance(a, S.SymRef):
-                exprs.append(a.expr)
-            elif isinstance(a, S.ListArg):
-                walk(a.items)
-
-    for n in graph.nodes:
-        walk([*n.args, *n.kwargs.values()])
-    walk([o.value for o in graph.outputs])
-    return set().union(*(free_symbols(e) for e in exprs if isinstance(e, str)))
-
-
-def _carrier(graph: S.Graph, symbol: str) -> str | None:
-    """``input:<k>.size(<d>)`` of the first input whose size at ``d`` is exactly ``symbol``."""
-    for k, inp in enumerate(graph.inputs):
-        for d, n in enumerate(graph.values[inp.name].sizes):
-            if n == symbol:
-                return f"input:{k}.size({d})"
-    return None
 
 
 def _from_input(sym: S.Symbol) -> bool:
@@ -330,7 +302,7 @@ def _bind_symbols(backward: S.Graph) -> S.Graph:
     primals, which the backward does not receive)."""
     used = used_symbols(backward)
     # a symbol bound some other way (a hint, no input source) keeps its source
-    symbols = tuple(msgspec.structs.replace(sym, source=_carrier(backward, sym.name))
+    symbols = tuple(msgspec.structs.replace(sym, source=carrier(backward, sym.name))
                     if _from_input(sym) else sym
                     for sym in backward.symbols if sym.name in used)
     return msgspec.structs.replace(backward, symbols=symbols)

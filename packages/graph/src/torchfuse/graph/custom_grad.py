@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import torch
 from torchfuse.graph import schema as S
+from torchfuse.graph.graph_symbols import carrier, used_symbols
 
 _MAX_TEXT = 8 << 20
 """The largest backward Graph text accepted (bytes): a Function's backward is small."""
@@ -68,23 +69,9 @@ def bound_to_inputs(graph: S.Graph) -> S.Graph | None:
     each bound from its own inputs (``input:<k>.size(<d>)`` of the first input with that
     symbol as a size) and none of the outer graph's guards; None when a symbol it uses is
     no input's size."""
-    from torchfuse.graph.expr import free_symbols
-
-    used: set[str] = set()
-    for meta in graph.values.values():
-        for e in (*meta.sizes, *meta.strides, meta.storage_offset):
-            if isinstance(e, str):
-                used |= free_symbols(e)
-    for node in graph.nodes:
-        for a in (*node.args, *node.kwargs.values()):
-            if isinstance(a, S.SymRef):
-                used |= free_symbols(a.expr)
-    carriers: dict[str, str] = {}
-    for k, inp in enumerate(graph.inputs):
-        for d, n in enumerate(graph.values[inp.name].sizes):
-            if isinstance(n, str) and n in used:
-                carriers.setdefault(n, f"input:{k}.size({d})")
-    if used - carriers.keys():
+    used = used_symbols(graph)
+    carriers = {name: carrier(graph, name) for name in used}
+    if None in carriers.values():
         return None
     symbols = tuple(msgspec.structs.replace(sym, source=carriers[sym.name])
                     for sym in graph.symbols if sym.name in used)
