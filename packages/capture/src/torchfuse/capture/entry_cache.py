@@ -53,7 +53,7 @@ import time
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import torch
@@ -116,6 +116,33 @@ class Kept(msgspec.Struct, frozen=True):
 
 # ----------------------------------------------------------------------------- guards
 
+class TensorRecord(NamedTuple):
+    """The one layout of a tensor guard's record, ``["tensor", *fields]``: its source's row,
+    then the class, dtype and device as `Describer` writes them, sizes, strides and
+    ``requires_grad``. `write_guards` writes it, `replay_guards` and `_inputs_differ` read it."""
+
+    source: int
+    cls: Any
+    dtype: Any
+    device: Any
+    shape: list[int]
+    strides: list[int]
+    requires_grad: bool
+
+    def record(self) -> list[Any]:
+        return ["tensor", *self]
+
+    @staticmethod
+    def read(r: Any) -> TensorRecord | None:
+        """The fields of ``r`` when it has the layout (nothing resolved yet), else None."""
+        if not (isinstance(r, list) and len(r) == 1 + len(TensorRecord._fields) and r[0] == "tensor"):
+            return None
+        t = TensorRecord(*r[1:])
+        if type(t.source) is not int or not isinstance(t.shape, list) or not isinstance(t.strides, list):
+            return None
+        return t
+
+
 def write_guards(log_: list[tuple[Any, ...]], d: Describer, table: SourceTable) -> list[Any]:
     out: list[Any] = []
     for call in log_:
@@ -124,8 +151,9 @@ def write_guards(log_: list[tuple[Any, ...]], d: Describer, table: SourceTable) 
             raise NotPortable("guards over size symbols (dynamic shapes)")
         if kind == "tensor":
             src, m = args
-            out.append([kind, table.add(src), d.describe(m.cls), d.describe(m.dtype),
-                        d.describe(m.device), list(m.shape), list(m.strides), m.requires_grad])
+            out.append(TensorRecord(table.add(src), d.describe(m.cls), d.describe(m.dtype),
+                                    d.describe(m.device), list(m.shape), list(m.strides),
+                                    m.requires_grad).record())
         elif kind in ("constant", "keys"):
             out.append([kind, table.add(args[0]), d.describe(args[1])])
         elif kind in ("type_", "identity"):
@@ -177,18 +205,20 @@ def replay_guards(records: Any, d: Describer, sources: list[SRC.Source], read: C
         if not isinstance(r, list) or not r or not isinstance(r[0], str):
             raise NotPortable("not a guard record")
         kind, a = r[0], r[1:]
-        n = {"tensor": 7, "constant": 2, "keys": 2, "type_": 2, "identity": 2, "alias": 2,
+        n = {"tensor": len(TensorRecord._fields),
+             "constant": 2, "keys": 2, "type_": 2, "identity": 2, "alias": 2,
              "distinct": 1, "storage": 2, "length": 2, "defaults": 2, "grad_mode": 1,
              "autocast": 1, "default_dtype": 1}.get(kind)
         if n is None or len(a) != n:
             raise NotPortable(f"a bad guard record {kind!r}")
         if kind == "tensor":
-            src = at(a[0])
-            cls, dtype, dev = d.resolve(a[1]), d.resolve(a[2]), d.resolve(a[3])
+            t = TensorRecord(*a)
+            src = at(t.source)
+            cls, dtype, dev = d.resolve(t.cls), d.resolve(t.dtype), d.resolve(t.device)
             if not (isinstance(cls, type) and issubclass(cls, torch.Tensor) and isinstance(dtype, torch.dtype)
-                    and isinstance(dev, torch.device) and type(a[6]) is bool):
+                    and isinstance(dev, torch.device) and type(t.requires_grad) is bool):
                 raise NotPortable("a bad tensor guard")
-            m = TensorMeta(cls, dtype, dev, _ints(a[4]), _ints(a[5]), a[6])
+            m = TensorMeta(cls, dtype, dev, _ints(t.shape), _ints(t.strides), t.requires_grad)
             if len(m.shape) != len(m.strides):
                 raise NotPortable("a tensor guard's sizes and strides differ in length")
             gs.tensor(src, m)
@@ -570,11 +600,11 @@ def _inputs_differ(records: Any, sources: list[SRC.Source], read: Callable[[SRC.
     if not isinstance(records, list):
         return False
     for r in records:
-        if not (isinstance(r, list) and len(r) == 8 and r[0] == "tensor" and type(r[1]) is int
-                and isinstance(r[3], list) and isinstance(r[5], list)):
+        t = TensorRecord.read(r)
+        if t is None:
             continue
         try:
-            src = source_at(sources, r[1])
+            src = source_at(sources, t.source)
             if src.is_module_state:
                 continue
             value = read(src)
@@ -582,7 +612,7 @@ def _inputs_differ(records: Any, sources: list[SRC.Source], read: Callable[[SRC.
             continue
         if not isinstance(value, torch.Tensor):
             return True
-        if list(value.shape) != r[5] or r[3] != ["dtype", dtype_name(value.dtype)]:
+        if list(value.shape) != t.shape or t.dtype != ["dtype", dtype_name(value.dtype)]:
             return True
     return False
 
