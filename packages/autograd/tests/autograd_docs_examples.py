@@ -41,7 +41,7 @@ def _partition_example() -> dict[str, str]:
     graph, _ = trace(block, x, w, name="block")
     fn = aot(graph, interpreter_compiler)
     fn(x, w)[0].backward()
-    stages = {s.name: s.graph for s in fn.stages}
+    stages = {s.name: s.value for s in fn.stages}
     cut = fn.plan((False, True), training=True).partition
     every = partition(stages["cse"], strategy="save_all")
     return {

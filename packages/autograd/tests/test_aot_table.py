@@ -48,8 +48,8 @@ def test_values_and_gradients_match_eager(c: Case, tmp_path):
     got = _flat(fn(*aot_in, *constants))[: len(expected)]
     assert len(got) == len(expected)
     for stage in fn.stages:  # every intermediate graph is functional and well formed
-        assert not [n.op for n in stage.graph.nodes if mutated_arguments(resolve_op(n.op))], stage.name
-        verify(stage.graph)
+        assert not [n.op for n in stage.value.nodes if mutated_arguments(resolve_op(n.op))], stage.name
+        verify(stage.value)
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, msg=lambda m: f"{c.name} forward: {m}")
     if c.mutates_inputs:

@@ -70,6 +70,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.collector import gc_paused
 from torchfuse.graph.expr import evaluate
 from torchfuse.graph.interpreter import bind_symbols, device_types, no_autocast
+from torchfuse.graph.observe import Stage
 from torchfuse.graph.ops import to_dtype
 from torchfuse.graph.torchfuse_ops import records_grad
 
@@ -106,15 +107,6 @@ class _PlanRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 class DoubleBackwardError(AutogradError):
     """Differentiating a compiled backward again (``create_graph=True`` then another grad)."""
-
-
-@dataclass(slots=True)
-class Stage:
-    """One artifact of the pipeline, stamped with the pass that made it and its duration."""
-
-    name: str
-    graph: S.Graph
-    seconds: float
 
 
 @dataclass(slots=True)
@@ -238,7 +230,7 @@ class AotFunction:
             t0 = time.perf_counter()
             with gc_paused():
                 functional = functionalize(self._flat)
-            self.stages.append(Stage("functionalize", functional, time.perf_counter() - t0))
+            self.stages.append(Stage("functionalize", time.perf_counter() - t0, functional))
             observe.record_time("aot.functionalize", self.stages[-1].seconds)
             _verify("functionalize", functional)
             self._functional = functional
@@ -314,7 +306,7 @@ class AotFunction:
     def _stage(self, plan: _Plan, name: str, fn: Callable[[], S.Graph]) -> S.Graph:
         t0 = time.perf_counter()
         graph = fn()
-        plan.stages.append(Stage(name, graph, time.perf_counter() - t0))
+        plan.stages.append(Stage(name, time.perf_counter() - t0, graph))
         self.stages.append(plan.stages[-1])
         observe.record_time(f"aot.{name}", plan.stages[-1].seconds)
         _verify(name, graph)
@@ -383,8 +375,8 @@ class AotFunction:
             return None
         seconds = time.perf_counter() - t0
         observe.record_time("aot.cache_lookup", seconds)
-        plan.stages += [Stage("cache.forward", part.forward, seconds),
-                        Stage("cache.backward", part.backward, 0.0)]
+        plan.stages += [Stage("cache.forward", seconds, part.forward),
+                        Stage("cache.backward", 0.0, part.backward)]
         self.stages += plan.stages[-2:]
         return plan
 
@@ -401,8 +393,8 @@ class AotFunction:
         part = partition(joint, strategy=self.strategy, memory_budget=self.memory_budget)
         seconds = time.perf_counter() - t0
         observe.record_time("aot.partition", seconds)
-        plan.stages += [Stage("partition.forward", part.forward, seconds),
-                        Stage("partition.backward", part.backward, 0.0)]
+        plan.stages += [Stage("partition.forward", seconds, part.forward),
+                        Stage("partition.backward", 0.0, part.backward)]
         _verify("partition.forward", part.forward)
         _verify("partition.backward", part.backward)
         self.stages += plan.stages[-2:]

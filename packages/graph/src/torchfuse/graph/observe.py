@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torchfuse.graph import progress
 
@@ -416,6 +417,18 @@ def current_role() -> str:
 
 
 # ----------------------------------------------------------------------------- stage timings
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pass's result, stamped with the pass name and how long it took: the autograd
+    pipeline keeps its graphs this way (``fn.stages``), the inductor its passes' outputs
+    (``CompileResult.stages``)."""
+
+    name: str
+    seconds: float
+    value: Any
+
 
 
 @dataclass

@@ -25,6 +25,7 @@ from torchfuse.autograd import DecompositionError, decompose
 from torchfuse.graph import observe
 from torchfuse.graph import schema as S
 from torchfuse.graph.kernel_source import mark_trusted
+from torchfuse.graph.observe import Stage
 from torchfuse.inductor import ir
 from torchfuse.inductor.cache import graph_device
 from torchfuse.inductor.codegen import generate_kernel
@@ -70,15 +71,6 @@ def _vouch(program: S.Program) -> None:
     for kernel in program.kernels:
         if kernel.language == "triton":
             mark_trusted(kernel.source)
-
-
-@dataclass(frozen=True, slots=True)
-class Stage:
-    """One pass's result, stamped with the pass name and how long it took."""
-
-    name: str
-    seconds: float
-    value: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,7 @@ class Config:
     """Keep each GPU call function's launch handles on disk, and let a warm start launch from
     them without warming anything up ([`torchfuse.runtime.handle_cache`][torchfuse.runtime.handle_cache];
     ``TORCHFUSE_HANDLE_CACHE=0``: neither kept nor read)."""
-    library_warmup: bool = False
+    library_warmup: bool = True
     """On a Program's first GPU call, call its distinct convolutions once in a background
     thread, so that CUDA has loaded their library kernels when the caller reaches them
     ([`torchfuse.runtime.library_warmup`][torchfuse.runtime.library_warmup]). Off until it is
@@ -161,7 +161,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Config:
         direct_launch=_flag(env, "TORCHFUSE_DIRECT_LAUNCH", True),
         quick_launch=_flag(env, "TORCHFUSE_QUICK_LAUNCH", True),
         handle_cache=_flag(env, "TORCHFUSE_HANDLE_CACHE", True),
-        library_warmup=_flag(env, "TORCHFUSE_LIBRARY_WARMUP", False),
+        library_warmup=_flag(env, "TORCHFUSE_LIBRARY_WARMUP", True),
         compile_threads=max(1, int(threads)) if threads else max(1, min(8, ncores)),
         # a worker beside every core would slow the process it works for: at most cores - 1
         compile_workers=(max(0, min(int(workers), ncores - 1)) if workers
