@@ -220,11 +220,11 @@ def test_kernels_of_equal_code_share_one_function_whatever_their_names():
 
 
 def test_logs_switches_for_progress_and_perf_hints():
-    cfg = observe.ObserveConfig.from_env({"TORCHFUSE_LOGS": "-progress,perf_hints"})
+    cfg = observe.ObserveConfig.from_environment({"TORCHFUSE_LOGS": "-progress,perf_hints"})
     assert cfg.off == frozenset({"progress"}) and cfg.logs == frozenset({"perf_hints"})
-    assert "progress" not in observe.ObserveConfig.from_env({"TORCHFUSE_LOGS": "all"}).logs
-    assert observe.ObserveConfig.from_env({"CI": "true"}).ci
-    assert not observe.ObserveConfig.from_env({"CI": ""}).ci
+    assert "progress" not in observe.ObserveConfig.from_environment({"TORCHFUSE_LOGS": "all"}).logs
+    assert observe.ObserveConfig.from_environment({"CI": "true"}).ci
+    assert not observe.ObserveConfig.from_environment({"CI": ""}).ci
 
 
 class _Terminal(io.StringIO):

@@ -78,12 +78,12 @@ def assert_snapshot(name: str, program: S.Program) -> None:
     """The program's kernel sources equal the golden file ``snapshots/<name>.py.txt``;
     ``TORCHFUSE_UPDATE_SNAPSHOTS=1`` rewrites it, and a missing one is written and fails."""
     import pytest
-    from torchfuse.inductor.config import from_env
+    from torchfuse.inductor.config import from_environment
 
     text = "\n# ----\n".join(k.source for k in program.kernels)
     path = SNAPSHOTS / f"{name}.py.txt"
-    if from_env().update_snapshots or not path.exists():
+    if from_environment().update_snapshots or not path.exists():
         path.write_text(text)
-        if not from_env().update_snapshots:
+        if not from_environment().update_snapshots:
             pytest.fail(f"snapshot {path.name} was missing and has been written; review and rerun")
     assert text == path.read_text(), f"generated code changed; TORCHFUSE_UPDATE_SNAPSHOTS=1 to accept ({path})"

@@ -13,7 +13,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph import trace
 from torchfuse.inductor import compile_graph, compile_graph_stages
 from torchfuse.inductor.combo import MAX_MEMBERS, combos_apply, verify_combos
-from torchfuse.inductor.config import InductorConfig, from_env
+from torchfuse.inductor.config import InductorConfig, from_environment
 from torchfuse.inductor.scheduler import Schedule, ScheduleVerifyError
 
 pytestmark = pytest.mark.triton_cpu  # combos are Triton kernels: run by the interpreter here
@@ -111,9 +111,9 @@ def test_combo_source_is_plain_triton():
 def test_off_switch_and_environment():
     inputs = independent_inputs()
     assert not combos(compile_fn(independent, *inputs, options=OFF))
-    assert from_env({"TORCHFUSE_COMBO_KERNELS": "0"}).combo_kernels is False
-    assert from_env({}).combo_kernels is False
-    assert from_env({"TORCHFUSE_COMBO_KERNELS": "1"}).combo_kernels is True
+    assert from_environment({"TORCHFUSE_COMBO_KERNELS": "0"}).combo_kernels is False
+    assert from_environment({}).combo_kernels is False
+    assert from_environment({"TORCHFUSE_COMBO_KERNELS": "1"}).combo_kernels is True
     assert combos_apply(_prog_stub(), InductorConfig(combo_kernels=False)) == "combo_kernels=False"
 
 

@@ -38,14 +38,14 @@ def test_kernels_are_cpp_with_parallel_outer_and_simd_inner_loops():
 def test_cpp_is_the_cpu_default_and_triton_interpret_asks_for_triton():
     """``cpu_backend="auto"`` (the default): C++, or Triton when ``TRITON_INTERPRET=1``; an
     explicit setting wins either way. Every compile says which one wrote its kernels."""
-    from torchfuse.inductor.config import cpu_kernels, from_env
+    from torchfuse.inductor.config import cpu_kernels, from_environment
 
-    assert from_env({}).cpu_backend == "auto"
-    assert cpu_kernels(from_env({}))[0] == "cpp"
-    assert cpu_kernels(from_env({"TRITON_INTERPRET": "1"}))[0] == "triton"
-    assert cpu_kernels(from_env({"TRITON_INTERPRET": "0"}))[0] == "cpp"
-    assert cpu_kernels(from_env({"TRITON_INTERPRET": "1", "TORCHFUSE_CPU_BACKEND": "cpp"}))[0] == "cpp"
-    assert cpu_kernels(from_env({"TORCHFUSE_CPU_BACKEND": "triton"}))[0] == "triton"
+    assert from_environment({}).cpu_backend == "auto"
+    assert cpu_kernels(from_environment({}))[0] == "cpp"
+    assert cpu_kernels(from_environment({"TRITON_INTERPRET": "1"}))[0] == "triton"
+    assert cpu_kernels(from_environment({"TRITON_INTERPRET": "0"}))[0] == "cpp"
+    assert cpu_kernels(from_environment({"TRITON_INTERPRET": "1", "TORCHFUSE_CPU_BACKEND": "cpp"}))[0] == "cpp"
+    assert cpu_kernels(from_environment({"TORCHFUSE_CPU_BACKEND": "triton"}))[0] == "triton"
     x = torch.randn(4, 8)
     for interpret, language in [(False, "cpp"), (True, "triton")]:
         program = compile_fn(lambda x: x + 1, x, options={"cpu_backend": "auto", "triton_interpret": interpret})

@@ -106,12 +106,12 @@ def test_symbolic_sizes_serve_several_shapes():
 
 
 def test_config_from_env_and_logs(capsys):
-    from torchfuse.inductor.config import from_env
+    from torchfuse.inductor.config import from_environment
 
-    cfg = from_env({"TORCHFUSE_LOGS": "schedule, output_code", "TORCHFUSE_DEBUG": "1"})
+    cfg = from_environment({"TORCHFUSE_LOGS": "schedule, output_code", "TORCHFUSE_DEBUG": "1"})
     assert cfg.logs == {"schedule", "output_code"} and cfg.debug
     assert cfg.pad_mm and cfg.mm_templates == "auto" and cfg.pointwise_rows == 0
-    cfg = from_env({"TORCHFUSE_PAD_MM": "0", "TORCHFUSE_MM_TEMPLATES": "never", "TORCHFUSE_POINTWISE_ROWS": "1024"})
+    cfg = from_environment({"TORCHFUSE_PAD_MM": "0", "TORCHFUSE_MM_TEMPLATES": "never", "TORCHFUSE_POINTWISE_ROWS": "1024"})
     assert not cfg.pad_mm and cfg.mm_templates == "never" and cfg.pointwise_rows == 1024
     x = torch.randn(4, 8)
     compile_fn(lambda x: x.softmax(-1), x, options={"logs": frozenset({"schedule", "output_code"})})

@@ -59,7 +59,7 @@ class ObserveConfig:
     (``TORCHFUSE_GC_PAUSE=0``: it does nothing)."""
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ObserveConfig:
+    def from_environment(cls, env: dict[str, str] | None = None) -> ObserveConfig:
         env = dict(os.environ if env is None else env)
         items = [n.strip() for n in env.get("TORCHFUSE_LOGS", "").split(",") if n.strip()]
         off = {n[1:].strip() for n in items if n.startswith("-")}
@@ -80,7 +80,7 @@ class ObserveConfig:
         )
 
 
-config = ObserveConfig.from_env()
+config = ObserveConfig.from_environment()
 _handler: logging.Handler | None = None
 # the progress line asks these settings (read at each call: tests and reload_config swap them)
 progress.set_switch(lambda: "progress" not in config.off and not config.ci)
@@ -89,7 +89,7 @@ progress.set_switch(lambda: "progress" not in config.off and not config.ci)
 def reload_config() -> None:
     """Re-read the environment (tests change it)."""
     global config, _run_dir
-    config = ObserveConfig.from_env()
+    config = ObserveConfig.from_environment()
     _run_dir = None
     with _folders_lock:
         _folder_of.clear()

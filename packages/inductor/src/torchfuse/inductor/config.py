@@ -181,7 +181,7 @@ def _on(value: str) -> bool:
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def from_env(env: dict[str, str] | None = None) -> InductorConfig:
+def from_environment(env: dict[str, str] | None = None) -> InductorConfig:
     env = dict(os.environ) if env is None else env
     logs = frozenset(x.strip() for x in env.get("TORCHFUSE_LOGS", "").split(",") if x.strip())
     return InductorConfig(
@@ -203,5 +203,5 @@ def from_env(env: dict[str, str] | None = None) -> InductorConfig:
     )
 
 
-config = from_env()
+config = from_environment()
 """The process-wide default, read at import."""
