@@ -50,9 +50,26 @@ def test_run_calls_each_job_on_tensors_of_its_sizes_strides_and_dtype(monkeypatc
     assert bias is None and padding == [1, 1] and transposed is False and groups == 1
 
 
-def test_the_setting_is_off_by_default_and_read_from_the_environment():
-    assert rconfig.from_environment({}).library_warmup is False
-    assert rconfig.from_environment({"TORCHFUSE_LIBRARY_WARMUP": "1"}).library_warmup is True
+def test_the_setting_is_on_by_default_and_read_from_the_environment():
+    assert rconfig.from_environment({}).library_warmup is True
+    assert rconfig.from_environment({"TORCHFUSE_LIBRARY_WARMUP": "0"}).library_warmup is False
+
+
+def test_background_busy_counts_work_queued_or_running():
+    """`background.busy`, which keeps the warm-up from starting beside a backward's compiles."""
+    import threading
+
+    from torchfuse.runtime import background
+
+    background.wait_for_background()
+    assert not background.busy()
+    release = threading.Event()
+    first, second = background.submit(release.wait), background.submit(lambda: None)
+    assert background.busy()  # one running, one queued
+    release.set()
+    first.result(), second.result()
+    background.wait_for_background()
+    assert not background.busy()
 
 
 def test_a_cpu_program_starts_no_warmup_even_when_asked(monkeypatch):

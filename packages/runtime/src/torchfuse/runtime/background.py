@@ -12,6 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 _pool: ThreadPoolExecutor | None = None
+_pending = 0
+_pending_lock = threading.Lock()
 _exiting = False
 """Set when the interpreter starts shutting down: deferred candidates not yet compiling are
 dropped (a script that exits after one call should not wait for compiles it will never use;
@@ -20,10 +22,27 @@ the backward warm-ups still run, their first calls wait for them)."""
 
 def submit(fn: Callable[..., Any], *args: Any) -> Future[Any]:
     """Run ``fn(*args)`` on the background thread, after everything submitted before."""
-    global _pool
+    global _pool, _pending
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchfuse-warmup")
-    return _pool.submit(fn, *args)
+    with _pending_lock:
+        _pending += 1
+    return _pool.submit(_counted, fn, *args)
+
+
+def _counted(fn: Callable[..., Any], *args: Any) -> Any:
+    global _pending
+    try:
+        return fn(*args)
+    finally:  # before the result is set: whoever sees it done sees the count without it
+        with _pending_lock:
+            _pending -= 1
+
+
+def busy() -> bool:
+    """Whether work submitted to the background thread is still queued or running (a
+    training step's backward being compiled while its forward's first call runs)."""
+    return _pending > 0
 
 
 def exiting() -> bool:

@@ -10,7 +10,7 @@
 | `TORCHFUSE_FAST_LAUNCH` | `0`: launch through `fn[grid](...)`, not the compiled launcher; default on |
 | `TORCHFUSE_DIRECT_LAUNCH` | `0`: the fast path calls `CompiledKernel.run`, not the C launcher; default on |
 | `TORCHFUSE_QUICK_LAUNCH` | `0`: Triton 3.6's C launchers built before a first launch; default: after |
-| `TORCHFUSE_LIBRARY_WARMUP` | `1`: a first GPU call loads its convolution kernels in a thread; default off |
+| `TORCHFUSE_LIBRARY_WARMUP` | `0`: no loading of a first GPU call's convolution kernels in a thread |
 | `TORCHFUSE_CUDAGRAPH_MAX` | CUDA graphs kept per program under reduce-overhead; default 8, `0`: unlimited |
 | `TORCHFUSE_COMPILE_THREADS` | threads compiling kernels ahead of time; default `min(8, cpu count)` |
 | `TORCHFUSE_COMPILE_WORKERS` | compile processes (GPU); default `min(16, cores - 1)` from 4 cores, or 0 |
@@ -76,8 +76,9 @@ class Config:
     library_warmup: bool = True
     """On a Program's first GPU call, call its distinct convolutions once in a background
     thread, so that CUDA has loaded their library kernels when the caller reaches them
-    ([`torchfuse.runtime.library_warmup`][torchfuse.runtime.library_warmup]). Off until it is
-    measured on a GPU."""
+    ([`torchfuse.runtime.library_warmup`][torchfuse.runtime.library_warmup]), unless the
+    background thread is compiling then (a training step's backward): measured faster in
+    inference, slower beside a backward's compiles."""
     compile_threads: int = 4
     """Threads that compile kernels concurrently before the first GPU call."""
     compile_workers: int = 0

@@ -264,8 +264,10 @@ class CompiledProgram:
             _add(self.stats.first_call, "wait", time.perf_counter() - t0)
             env = self._bind(args)
             # not under reduce-overhead: a thread launching while a CUDA graph is captured
-            # would break the capture
-            if self._gpu and rconfig.config.library_warmup and self.mode != "reduce-overhead":
+            # would break the capture; not while the background thread compiles (a training
+            # step's backward): the two threads would slow each other (`library_warmup`)
+            if self._gpu and rconfig.config.library_warmup and self.mode != "reduce-overhead" \
+                    and not background.busy():
                 self.stats.library_warmups = library_warmup.start(self.program, env, _cuda_device(args))
             if not self._gpu and self._serial:
                 _warn_interpreter_once()
