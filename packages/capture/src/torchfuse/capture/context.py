@@ -125,10 +125,11 @@ class Capture:
         """Grad mode when the call began."""
         self.grad_entry = False
         """See [`grad_entry`][torchfuse.capture.convert.CaptureResult.grad_entry]."""
-        self.made_leaves: set[int] = set()
+        self.made_leaves: dict[int, torch.Tensor] = {}
         """Fakes of tensors made in the function and then made to require grad there
-        (``t.requires_grad = True``): an output whose gradient reaches only these cannot be
-        returned from the graph as eager returns it (`OutputBuilder`)."""
+        (``t.requires_grad = True``), by id (held, so no id is reused): an output whose
+        gradient reaches only these cannot be returned from the graph as eager returns it
+        (`OutputBuilder`)."""
         self.random_draws = 0
         """Python random draws made graph inputs so far (`torchfuse.capture.pyrandom`)."""
         self.break_draws: set[int] = set()

@@ -161,7 +161,7 @@ def _requires_grad_(obj: V.TensorVar, args: list[V.Var], kwargs: dict[str, V.Var
     made = flag and obj.source is None and not obj.fake.requires_grad
     ctx.call_torch(obj.fake.requires_grad_, [flag], {}, "Tensor.requires_grad_")  # a non-leaf: a break
     if made:
-        ctx.made_leaves.add(id(obj.fake))
+        ctx.made_leaves[id(obj.fake)] = obj.fake
     return obj
 
 

@@ -30,7 +30,7 @@ import functools
 import inspect
 import json
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -183,7 +183,7 @@ class OutputBuilder:
         return self.spec(value)
 
 
-def _grad_only_from_made_leaves(fake: torch.Tensor, made: set[int]) -> bool:
+def _grad_only_from_made_leaves(fake: torch.Tensor, made: Mapping[int, torch.Tensor]) -> bool:
     """Whether every leaf ``fake``'s gradient reaches is a tensor made to require grad inside
     the function (or ``fake`` is one): autograd recorded the fakes' history, so walk it."""
     if fake.grad_fn is None:
