@@ -601,12 +601,45 @@ def _alias(g: S.Graph, o: S.GraphOutput, value: Any, inputs: Sequence[Any],
         return value
 
 
+def _views_made_plain(user: list[Any], saved: Sequence[Any]) -> list[Any]:
+    """The outputs, each one the compiled forward made as a view of a buffer of its own
+    (``(x @ w).view(-1)``) and that shares its memory with no other output and no saved
+    tensor replaced by a tensor over the same memory that is not a view.
+
+    Returned from a custom Function, such a view may not be written in place ("Output 0 of
+    _CompiledFunction is a view and is being modified inplace"), while eager's result is a
+    view of an intermediate nobody else holds, which may be (wav2vec2 masks its hidden
+    states so after a graph break). Where the memory is shared, a write would change what
+    the backward reads, or another output, behind autograd's back: those stay views, and
+    autograd keeps refusing the write. Outputs that alias an input are made again from that
+    input afterwards (`_alias`)."""
+    def key(t: Any) -> int | None:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return None
+        return t.untyped_storage().data_ptr()
+
+    count: dict[int, int] = {}
+    for t in [*user, *saved]:
+        k = key(t)
+        if k is not None:
+            count[k] = count.get(k, 0) + 1
+    out = []
+    for t in user:
+        if type(t) is torch.Tensor and t._base is not None and count.get(key(t), 0) == 1:
+            plain = t.new_empty(0)
+            plain.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+            t = plain
+        out.append(t)
+    return out
+
+
 class _CompiledFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn: AotFunction, plan: _Plan, *inputs: Any):  # type: ignore[override]
         results = list(plan.forward(*inputs))
         n = len(plan.functional.outputs)
         user, saved = results[:n], results[n:]
+        user = _views_made_plain(user, saved)
         ctx.fn, ctx.plan = fn, plan
         # backward() takes None for a gradient autograd did not compute (and makes zeros only
         # where the backward graph reads one): autograd would otherwise make a zero tensor
