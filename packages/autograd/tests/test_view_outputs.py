@@ -1,4 +1,5 @@
-"""Outputs the compiled forward makes as views of its own buffers (`glue._views_made_plain`):
+"""Outputs the compiled forward makes as views of its own buffers
+(`torchfuse.autograd.output_views.views_made_plain`):
 eager returns a view of an intermediate nobody else holds, which the caller may write in
 place; a custom Function's view output may not be. Such an output comes back as a plain
 tensor over the same memory, unless its memory is shared with another output or a saved

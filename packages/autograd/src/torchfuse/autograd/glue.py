@@ -63,6 +63,7 @@ from torchfuse.autograd.decompositions import DEFAULT_TABLE, Table, decompose
 from torchfuse.autograd.functionalize import functionalize
 from torchfuse.autograd.joint import joint_graph, tangent_index
 from torchfuse.autograd.opclass import is_random
+from torchfuse.autograd.output_views import alias_input, views_made_plain
 from torchfuse.autograd.partition import Partition, Strategy, num_saved, partition
 from torchfuse.autograd.unread import drop_unread_arguments
 from torchfuse.graph import observe
@@ -445,7 +446,7 @@ class AotFunction:
         position = {i.name: k for k, i in enumerate(g.inputs)}
         if len(outs) > self.num_user_outputs:
             _write_back(g, self.num_user_outputs, position, inputs, outs)
-        user = [_alias(g, o, v, inputs, position)
+        user = [alias_input(g, o, v, inputs, position)
                 for o, v in zip(g.outputs[: self.num_user_outputs], outs, strict=False)]
         grouped: list[Any] = []
         it = iter(user)
@@ -580,66 +581,13 @@ def _foreach_safe(targets: list[torch.Tensor], values: list[torch.Tensor]) -> bo
     return not any(v.data_ptr() in starts for v in values)
 
 
-def _alias(g: S.Graph, o: S.GraphOutput, value: Any, inputs: Sequence[Any],
-           position: dict[str, int]) -> Any:
-    """An output that is a view of an input is re-made as a view of the real input."""
-    if not o.aliases_input or not isinstance(o.value, S.TensorRef):
-        return value
-    base = inputs[position[o.aliases_input]]
-    if o.value.name == o.aliases_input:
-        return base
-    try:
-        env = bind_symbols(g.symbols, inputs)
-        meta, base_meta = g.values[o.value.name], g.values[o.aliases_input]
-        sizes = [evaluate(s, env) for s in meta.sizes]
-        strides = [evaluate(s, env) for s in meta.strides]
-        offset = evaluate(meta.storage_offset, env) - evaluate(base_meta.storage_offset, env)
-        if [evaluate(s, env) for s in base_meta.strides] != list(base.stride()):
-            return value  # the caller's input is laid out differently: keep the copy
-        return base.as_strided(sizes, strides, base.storage_offset() + offset)
-    except (KeyError, ValueError, RuntimeError):
-        return value
-
-
-def _views_made_plain(user: list[Any], saved: Sequence[Any]) -> list[Any]:
-    """The outputs, each one the compiled forward made as a view of a buffer of its own
-    (``(x @ w).view(-1)``) and that shares its memory with no other output and no saved
-    tensor replaced by a tensor over the same memory that is not a view.
-
-    Returned from a custom Function, such a view may not be written in place ("Output 0 of
-    _CompiledFunction is a view and is being modified inplace"), while eager's result is a
-    view of an intermediate nobody else holds, which may be (wav2vec2 masks its hidden
-    states so after a graph break). Where the memory is shared, a write would change what
-    the backward reads, or another output, behind autograd's back: those stay views, and
-    autograd keeps refusing the write. Outputs that alias an input are made again from that
-    input afterwards (`_alias`)."""
-    def key(t: Any) -> int | None:
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-            return None
-        return t.untyped_storage().data_ptr()
-
-    count: dict[int, int] = {}
-    for t in [*user, *saved]:
-        k = key(t)
-        if k is not None:
-            count[k] = count.get(k, 0) + 1
-    out = []
-    for t in user:
-        if type(t) is torch.Tensor and t._base is not None and count.get(key(t), 0) == 1:
-            plain = t.new_empty(0)
-            plain.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
-            t = plain
-        out.append(t)
-    return out
-
-
 class _CompiledFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn: AotFunction, plan: _Plan, *inputs: Any):  # type: ignore[override]
         results = list(plan.forward(*inputs))
         n = len(plan.functional.outputs)
         user, saved = results[:n], results[n:]
-        user = _views_made_plain(user, saved)
+        user = views_made_plain(user, saved)
         ctx.fn, ctx.plan = fn, plan
         # backward() takes None for a gradient autograd did not compute (and makes zeros only
         # where the backward graph reads one): autograd would otherwise make a zero tensor
