@@ -113,7 +113,6 @@ def _writes(x):
 
 @pytest.mark.filterwarnings("ignore:torch.utils.checkpoint")
 @pytest.mark.parametrize("make, reason", [
-    (lambda: Net(p=0.5), "draws random numbers"),
     (lambda: Net(reentrant=None), "without a constant use_reentrant"),
     (lambda: Net(reentrant=True, scale=2.0), "use_reentrant=True) with keyword arguments"),
     (lambda: Net(context_fn=lambda: (torch.no_grad(), torch.no_grad())), "with a context_fn"),
@@ -123,6 +122,59 @@ def test_what_capture_does_not_model_is_a_break(make, reason):
     x = torch.randn(2, 8, 32, requires_grad=True)
     e = explain(model)(x)
     assert e.graph_break_count >= 1 and any(reason in r.reason for r in e.break_reasons), e.break_reasons
+
+
+def _dropped(model, x, fn, seed=123):
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    loss = fn(x)
+    loss.backward()
+    return [loss.detach(), x.grad.clone(), *(p.grad.clone() for p in model.parameters())]
+
+
+def test_a_region_that_draws_keeps_its_draws_for_the_recompute():
+    """Dropout inside checkpointed blocks: one graph; the region's draws are kept (one
+    ``clone`` per draw, the region's extra outputs), and the recompute reads them: with the
+    generator seeded alike, loss and gradients are eager's (eager replays the generator)."""
+    from torchfuse.graph import checkpoint_region
+
+    model = Net(p=0.5).train()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    e = explain(model)(x)
+    assert (e.graph_count, e.graph_break_count) == (1, 0), e.break_reasons
+    regions = [checkpoint_region.loads(n.args[0].value) for g in e.graphs for n in g.nodes
+               if n.op == "torchfuse.checkpoint.default"]
+    assert [checkpoint_region.draws(r) for r in regions] == [1, 1, 1]
+    again = checkpoint_region.recompute_graph(regions[0])
+    assert len(again.inputs) == len(regions[0].inputs) + 1 and len(again.outputs) == len(regions[0].outputs) - 1
+    assert not any(n.op.startswith("aten.bernoulli") for n in again.nodes)
+    for got, want in zip(_dropped(model, x, compile(model, backend="aot_eager")), _dropped(model, x, model),
+                         strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_recompute_reads_the_numbers_the_forward_drew(backend):
+    """Inductor draws numbers of its own, not eager's, so compare with the forward's own
+    mask: for ``out = dropout(x, p) * a`` the gradients are ``x.grad = mask * a / (1 - p)``
+    and ``a.grad = out.sum() / a``, which only hold if the recompute masked as the forward."""
+    a = torch.tensor(1.5, requires_grad=True)
+
+    def region(h):
+        return torch.nn.functional.dropout(h, 0.5, True) * a
+
+    def f(x):
+        return checkpoint(region, x, use_reentrant=False)
+
+    x = torch.randn(64, 32, requires_grad=True)
+    assert explain(f)(x).graph_break_count == 0
+    out = compile(f, backend=backend)(x)
+    out.sum().backward()
+    kept = (out != 0).float()
+    assert 0.3 < kept.mean().item() < 0.7  # it did drop
+    torch.testing.assert_close(x.grad, kept * 1.5 / 0.5)
+    torch.testing.assert_close(a.grad, out.sum().detach() / 1.5)
 
 
 def test_a_region_that_writes_outside_itself_is_a_break_and_writes_as_eager():

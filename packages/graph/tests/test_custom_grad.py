@@ -146,3 +146,25 @@ def test_a_symbol_used_only_in_a_list_argument_counts_as_used():
         dtype="float32", sizes=["s0", 4], strides=[4, 1])})
     assert carrier(carried, "s0") == "input:0.size(0)"
     assert CG.bound_to_inputs(carried).symbols[0].source == "input:0.size(0)"
+
+
+def test_a_region_whose_kept_draws_are_malformed_fails_verify():
+    """A stranger's region that claims kept draws its nodes do not make: `verify` names it
+    (the backward would otherwise derive a recompute from it)."""
+    from torchfuse.graph.checkpoint_region import DRAWS, RegionError, recompute_graph
+
+    b = GraphBuilder("region")
+    x = b.add_input(S.TensorMeta(dtype="float32", sizes=[3], strides=[1]), name="x")
+    (y,) = b.add_node("aten.sin.default", [S.TensorRef(name=x)], {},
+                      [S.TensorMeta(dtype="float32", sizes=[3], strides=[1])])
+    b.add_output(S.TensorRef(name=y))
+    region = msgspec.structs.replace(b.build(), meta={DRAWS: "1"})  # its one output is no draw
+    with pytest.raises(RegionError, match="not the clones keep_draws writes"):
+        recompute_graph(region)
+    outer = GraphBuilder("outer")
+    xi = outer.add_input(S.TensorMeta(dtype="float32", sizes=[3], strides=[1]), name="x")
+    (o,) = outer.add_node(CHECKPOINT, [S.Str(value=CG.dumps(region)), S.ListArg(items=(S.TensorRef(name=xi),))],
+                          {}, [S.TensorMeta(dtype="float32", sizes=[3], strides=[1])])
+    outer.add_output(S.TensorRef(name=o))
+    with pytest.raises(VerificationError, match="region graph: its kept draws"):
+        verify(outer.build(), check_meta=False)

@@ -19,9 +19,10 @@ What stays a break (torch runs the call, with its own checks and warnings): ``us
 not given (torch warns, then picks the reentrant variant) or not a constant; the reentrant
 variant with keyword arguments (torch raises) or with no tensor argument that requires grad
 (its outputs then require no grad, and the region's parameters get no gradient); a
-``context_fn`` (selective checkpointing policies); a region that draws random
-numbers (eager replays the generator's state to draw the same numbers when it recomputes);
-one that writes outside itself (eager runs the write twice); results other than tensors and
+``context_fn`` (selective checkpointing policies); a region whose random op (eager
+replays the generator's state to draw the same numbers when it recomputes; here what it drew
+is kept, `checkpoint_region.keep_draws`) has several outputs or a layout a copy would not
+keep; one that writes outside itself (eager runs the write twice); results other than tensors and
 constants, flat or in one tuple or list; a checkpoint inside a checkpointed function.
 """
 
@@ -119,15 +120,19 @@ def _region(function: V.Var, args: list[V.Var], kwargs: dict[str, V.Var], interp
             raise Unsupported("a checkpointed function using a size symbol none of its inputs has", ctx.loc)
     finally:
         ctx.rec, ctx.outer_rec = main, None
-    if any(_draws(n) for n in graph.nodes):
-        raise Unsupported("a checkpointed function that draws random numbers", ctx.loc)
+    if any(_draws(n) for n in graph.nodes):  # kept for the recompute, as eager replays them
+        kept = checkpoint_region.keep_draws(graph, _draws)
+        if kept is None:
+            raise Unsupported("a checkpointed function whose random op has several outputs or a "
+                              "layout a copy would not keep", ctx.loc)
+        graph = kept
     sources = {**sub.lifted, **sub.constants}
     if any(inp.name not in sources for inp in graph.inputs):
         raise Unsupported("a checkpointed function that makes graph inputs of its own", ctx.loc)
     inputs = [sources[inp.name] for inp in graph.inputs]
     fakes = ctx.call_torch(torch.ops.torchfuse.checkpoint.default,
                            [checkpoint_region.dumps(graph), inputs], {}, "torch.utils.checkpoint")
-    fresh = {id(v): from_py(f) for v, f in zip(tensors, fakes, strict=True)}
+    fresh = {id(v): from_py(f) for v, f in zip(tensors, fakes[:len(tensors)], strict=True)}
     new = [fresh.get(id(v), v) for v in items]
     return V.ListVar(new, out.kind) if type(out) is V.ListVar else new[0]
 

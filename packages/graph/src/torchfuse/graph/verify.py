@@ -186,6 +186,8 @@ class _GraphChecker:
             why = check(node.args[0] if node.args else None,
                         lambda g: verify(g, check_meta=self.check_meta),
                         "backward graph" if node.op == CUSTOM_GRAD else "region graph")
+            if why is None and node.op == CHECKPOINT:
+                why = _recompute_problem(node.args[0])
             if why is not None:
                 self.fail(why)
         self.args(node.args)
@@ -553,3 +555,16 @@ def program_size_problem(program: S.Program) -> str | None:
 def verify_program(program: S.Program) -> None:
     """Check every invariant of ``program``; raise `VerificationError` naming the step."""
     _ProgramChecker(program).run()
+
+
+def _recompute_problem(region: Any) -> str | None:
+    """Why a checkpoint region's recompute cannot be derived (its kept draws not laid out as
+    `checkpoint_region.keep_draws` lays them out), or None."""
+    from torchfuse.graph.checkpoint_region import RegionError, recompute_graph
+    from torchfuse.graph.custom_grad import loads
+
+    try:
+        recompute_graph(loads(region.value))
+    except RegionError as e:
+        return f"region graph: {e}"
+    return None
