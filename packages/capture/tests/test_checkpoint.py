@@ -5,6 +5,8 @@ with torch's own behaviour, for what capture does not model."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -255,3 +257,32 @@ def test_checkpointed_blocks_on_the_gpu_with_triton_kernels():
     torch.testing.assert_close(got_loss, want_loss)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3)
+
+
+def test_the_callers_saved_tensor_hooks_see_no_fakes():
+    """Under the caller's ``saved_tensors_hooks`` (activation offloading), capture and the
+    joint graph run ops on fakes with hooks of their own: a checkpointed function is one
+    graph (it fell back to eager: the caller's hook was handed a fake), and the caller's
+    hook packs only real tensors."""
+    from torchfuse.graph.tracing import FakeTensor
+
+    model = Net().train()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    compiled = compile(model, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = compiled(x)
+    loss.backward()
+    assert packed and not any(isinstance(t, FakeTensor) for t in packed)
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    model(x).backward()
+    for g, want in zip(got, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(g, want)

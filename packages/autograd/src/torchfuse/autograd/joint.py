@@ -52,7 +52,7 @@ from torchfuse.autograd.functionalize import functionalize, has_mutations
 from torchfuse.graph import schema as S
 from torchfuse.graph.ops import encode_arg, flatten_result, resolve_op
 from torchfuse.graph.symbolic import SizeEnv
-from torchfuse.graph.tracing import FakeTensor, Recorder
+from torchfuse.graph.tracing import FakeTensor, Recorder, no_user_saved_tensor_hooks
 
 NUM_FWD_OUTPUTS = "autograd.num_fwd_outputs"
 """``Graph.meta`` key of a joint graph: how many leading outputs are forward outputs."""
@@ -116,7 +116,7 @@ def joint_graph(graph: S.Graph, requires_grad: Sequence[bool]) -> S.Graph:
     builder, env = retrace_builder(graph, f"{graph.name}_joint")
     rec = PassRecorder(builder)
     primals: list[FakeTensor] = []
-    with retracing(env), rec, torch.enable_grad():
+    with retracing(env), rec, torch.enable_grad(), no_user_saved_tensor_hooks():
         for inp, rg in zip(graph.inputs, requires_grad, strict=True):
             fake = fake_from_meta(graph.values[inp.name], env, requires_grad=rg)
             primals.append(rec.input(fake, name=inp.name, kind=inp.kind, target=inp.target))

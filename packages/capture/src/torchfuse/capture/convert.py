@@ -40,7 +40,7 @@ from torchfuse.graph import schema as S
 from torchfuse.graph.ops import resolve_op
 from torchfuse.graph.symbolic import SpecializationError
 from torchfuse.graph.torchfuse_ops import SET_GRAD_ENABLED, records_grad
-from torchfuse.graph.tracing import is_view_op, mutated_arguments
+from torchfuse.graph.tracing import is_view_op, mutated_arguments, no_user_saved_tensor_hooks
 
 
 @dataclasses.dataclass
@@ -191,7 +191,8 @@ def capture(fn: types.FunctionType, L: tuple[Any, ...], name: str, *,
     Raises [`DynamicShapeError`][torchfuse.capture.errors.DynamicShapeError] when the code makes a
     ``mark_dynamic`` size constant."""
     try:
-        return _capture(fn, L, name, wrap_arg, dynamic)
+        with no_user_saved_tensor_hooks():  # the caller's would be handed fakes
+            return _capture(fn, L, name, wrap_arg, dynamic)
     except SpecializationError as e:
         if isinstance(e, DynamicShapeError):
             raise

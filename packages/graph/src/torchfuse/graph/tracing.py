@@ -62,6 +62,18 @@ _DATA_DEPENDENT_OPS = {
 }
 
 
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def no_user_saved_tensor_hooks() -> contextlib.AbstractContextManager:
+    """Keep the caller's ``torch.autograd.graph.saved_tensors_hooks`` (activation offloading,
+    ``save_on_cpu``) away from fake tensors: an identity pair, pushed innermost, packs what
+    autograd saves while capture or the joint graph runs ops on fakes. The compiled call's
+    real saved tensors still go through the caller's hooks."""
+    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+
+
 def outside_dispatch() -> contextlib.AbstractContextManager:
     """No ``__torch_dispatch__`` runs inside (no mode, no tensor subclass): for making the
     meta tensors behind fakes while a recorder or pass mode is active, whose factory calls
