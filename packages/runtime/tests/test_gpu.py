@@ -413,21 +413,29 @@ def test_a_warm_start_launches_from_the_kept_handles_without_triton_jit(tmp_path
     assert warm["entry"] == "call_fast" and warm["made"] == [False, False], warm
 
 
+def _warmup_case(monkeypatch, mode="default"):
+    """The warm-up switched on, and a CUDA Program of one convolution (and an mm) with its
+    inputs: ``fn, (x, w, m)``."""
+    import msgspec
+    import torchfuse.runtime.config as rconfig
+
+    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, library_warmup=True))
+    program = P.conv_program("cuda")
+    program = msgspec.structs.replace(program, steps=program.steps[:2] + program.steps[3:])
+    fn = load(program, device="cuda", mode=mode)
+    x = torch.randn(2, 4, 8, 8, device="cuda").to(memory_format=torch.channels_last)
+    w, m = torch.randn(6, 4, 3, 3, device="cuda"), torch.randn(3, 3, device="cuda")
+    return fn, (x, w, m)
+
+
 def test_library_warmup_loads_the_convolutions_in_a_thread(monkeypatch, caplog):
     """``TORCHFUSE_LIBRARY_WARMUP``: the first call hands its one distinct convolution to the
     thread, which runs it without an error, and the call's results are eager's."""
     import logging
 
-    import msgspec
-    import torchfuse.runtime.config as rconfig
     from torchfuse.runtime import library_warmup
 
-    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, library_warmup=True))
-    program = P.conv_program("cuda")
-    program = msgspec.structs.replace(program, steps=program.steps[:2] + program.steps[3:])
-    fn = load(program, device="cuda")
-    x = torch.randn(2, 4, 8, 8, device="cuda").to(memory_format=torch.channels_last)
-    w, m = torch.randn(6, 4, 3, 3, device="cuda"), torch.randn(3, 3, device="cuda")
+    fn, (x, w, m) = _warmup_case(monkeypatch)
     with caplog.at_level(logging.DEBUG, logger="torchfuse.runtime"):
         y0, y1, mm = fn(x, w, m)
         library_warmup.join_all()
@@ -439,15 +447,7 @@ def test_library_warmup_loads_the_convolutions_in_a_thread(monkeypatch, caplog):
 
 
 def test_library_warmup_stays_off_under_reduce_overhead(monkeypatch):
-    import msgspec
-    import torchfuse.runtime.config as rconfig
-
-    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, library_warmup=True))
-    program = P.conv_program("cuda")
-    program = msgspec.structs.replace(program, steps=program.steps[:2] + program.steps[3:])
-    fn = load(program, device="cuda", mode="reduce-overhead")
-    x = torch.randn(2, 4, 8, 8, device="cuda").to(memory_format=torch.channels_last)
-    w, m = torch.randn(6, 4, 3, 3, device="cuda"), torch.randn(3, 3, device="cuda")
+    fn, (x, w, m) = _warmup_case(monkeypatch, mode="reduce-overhead")
     y0, _, _ = fn(x, w, m)
     torch.testing.assert_close(y0, torch.nn.functional.conv2d(x, w, padding=1))
     assert fn.stats.library_warmups == 0
@@ -459,16 +459,9 @@ def test_library_warmup_waits_out_the_background_compiler(monkeypatch):
     ResNet-50 and MobileNet-V3 training, H100): the call is as without it."""
     import threading
 
-    import msgspec
-    import torchfuse.runtime.config as rconfig
     from torchfuse.runtime import background
 
-    monkeypatch.setattr(rconfig, "config", dataclasses.replace(rconfig.config, library_warmup=True))
-    program = P.conv_program("cuda")
-    program = msgspec.structs.replace(program, steps=program.steps[:2] + program.steps[3:])
-    fn = load(program, device="cuda")
-    x = torch.randn(2, 4, 8, 8, device="cuda").to(memory_format=torch.channels_last)
-    w, m = torch.randn(6, 4, 3, 3, device="cuda"), torch.randn(3, 3, device="cuda")
+    fn, (x, w, m) = _warmup_case(monkeypatch)
     release = threading.Event()
     job = background.submit(release.wait)
     try:

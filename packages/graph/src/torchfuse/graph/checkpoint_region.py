@@ -43,6 +43,9 @@ from torchfuse.graph.custom_grad import dumps, loads, run_held
 from torchfuse.graph.layouts import is_dense
 from torchfuse.graph.tracing import mutated_arguments
 
+__all__ = ["DRAWS", "RegionError", "after", "draws", "dumps", "keep_draws", "loads", "recompute_graph",
+           "region_meta", "run_region", "with_grad"]
+
 DRAWS = "checkpoint.draws"
 """Meta key of a region Graph: how many of its last outputs are kept draws."""
 
@@ -135,6 +138,7 @@ def recompute_graph(graph: S.Graph) -> S.Graph:
 
 @functools.lru_cache(maxsize=64)
 def _recompute(region: str) -> S.Graph:
+    """The Graph the backward runs for ``region`` (itself when it keeps no draws)."""
     return recompute_graph(loads(region))
 
 
@@ -144,9 +148,6 @@ def _fresh(values: dict[str, S.TensorMeta], base: str) -> str:
         n += 1
         name = f"{base}_{n}"
     return name
-
-__all__ = ["after", "dumps", "loads", "region_meta", "run_region", "with_grad"]
-
 
 def run_region(region: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The op below autograd: the region Graph run on ``inputs``."""
@@ -194,14 +195,13 @@ class _Checkpoint(torch.autograd.Function):
         inputs = [t.detach().requires_grad_(need) for t, need in
                   zip(saved[:ctx.n_inputs], ctx.needs_input_grad[1:], strict=True)]
         kept = [t.detach() for t in saved[ctx.n_inputs:]]
-        graph = loads(ctx.region)
         grads = grads[:len(grads) - len(kept)] if kept else grads
         # the recompute reads the inputs through `after` a gradient: traced into a joint graph,
         # its ops then depend on a tangent, so the partition keeps them in the backward
         # (ops that depend on primals alone it may move to the forward and save)
         anchor = [g for g in grads if g is not None][:1]
         with torch.enable_grad():
-            outs = run_held(_recompute(ctx.region) if kept else graph,
+            outs = run_held(_recompute(ctx.region),
                             [*(after(t, anchor) if anchor else t for t in inputs), *kept])
         pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
         wanted = [t for t in inputs if t.requires_grad]
